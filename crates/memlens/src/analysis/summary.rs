@@ -1,0 +1,1 @@
+//! `memlens summary`: the allocator state at dump time.

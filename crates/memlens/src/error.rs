@@ -1,0 +1,80 @@
+//! Errors of the library. Each one renders as a single line that names the
+//! file and what is wrong with it; the CLI prints it and exits with code 2.
+
+use std::path::PathBuf;
+
+/// Shorthand for results in this crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong while reading or analysing a snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The file could not be opened or read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file that failed.
+        path: PathBuf,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The input is a directory, or a pattern that names no single file.
+    #[error("{path}: {what}")]
+    NotAFile {
+        /// What the user passed.
+        path: PathBuf,
+        /// Why it is not usable ("is a directory; pass one snapshot file").
+        what: String,
+    },
+    /// The bytes are not in any format memlens reads.
+    #[error("{path}: {what}")]
+    UnknownFormat {
+        /// The file.
+        path: PathBuf,
+        /// What was found instead.
+        what: String,
+    },
+    /// The pickle stream is malformed, truncated or hostile.
+    #[error("{path}: {source}")]
+    Pickle {
+        /// The file.
+        path: PathBuf,
+        /// The reader's error, with the byte offset.
+        #[source]
+        source: crate::pickle::PickleError,
+    },
+    /// The file decoded, but it is not a PyTorch memory snapshot.
+    #[error("{path}: not a PyTorch memory snapshot: {what}")]
+    NotASnapshot {
+        /// The file.
+        path: PathBuf,
+        /// What was found instead.
+        what: String,
+    },
+    /// The compressed container (gzip, zstd) is damaged.
+    #[error("{path}: {what}")]
+    Decompress {
+        /// The file.
+        path: PathBuf,
+        /// The decompressor's complaint.
+        what: String,
+    },
+    /// A bad argument or value given by the user (a size, a config string).
+    #[error("{0}")]
+    Usage(String),
+    /// A JSON input that is not valid JSON.
+    #[error("{path}: invalid JSON: {what}")]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// serde_json's message.
+        what: String,
+    },
+}
+
+impl Error {
+    /// A usage error with the given message.
+    pub fn usage(msg: impl Into<String>) -> Self {
+        Error::Usage(msg.into())
+    }
+}

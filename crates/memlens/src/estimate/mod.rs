@@ -1,0 +1,1 @@
+//! `memlens estimate`: memory a training step will need, before running it.

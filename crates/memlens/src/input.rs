@@ -1,0 +1,1 @@
+//! Input formats, detected from the bytes: raw pickle, gzip, zstd, JSON.

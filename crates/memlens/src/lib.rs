@@ -1,0 +1,39 @@
+//! memlens: a GPU memory doctor for PyTorch.
+//!
+//! The library holds every piece of logic; the CLI and the Python package only
+//! parse arguments and render. Data flows one way:
+//!
+//! ```text
+//! bytes -> input -> pickle -> snapshot -> replay (sim) -> analysis -> report
+//! ```
+//!
+//! * [`input`] detects the container (raw pickle, gzip, zstd, JSON) from the bytes.
+//! * [`pickle`] is a safe streaming reader of the pickle opcodes PyTorch emits; it
+//!   never runs code.
+//! * [`snapshot`] is the typed model: segments, blocks, trace events per device,
+//!   allocator settings, annotations, with frames and stacks interned.
+//! * [`sim`] models PyTorch's CUDA caching allocator; [`replay`] walks a trace
+//!   through it.
+//! * [`analysis`] holds the analyses (summary, peak, diff, leaks, ...), each a pure
+//!   function returning a plain data struct.
+//! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities.
+
+pub mod analysis;
+pub mod error;
+pub mod estimate;
+pub mod example;
+pub mod input;
+pub mod live;
+pub mod oom;
+pub mod pickle;
+pub mod replay;
+pub mod report;
+pub mod sim;
+pub mod snapshot;
+pub mod units;
+
+pub use error::{Error, Result};
+pub use snapshot::Snapshot;
+
+/// The schema tag every JSON document memlens writes carries (`"schema": "memlens/1"`).
+pub const JSON_SCHEMA: &str = "memlens/1";

@@ -1,0 +1,1 @@
+//! Live GPU memory (`memlens top`): the sampling model, alerts and data sources.

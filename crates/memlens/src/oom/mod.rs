@@ -1,0 +1,1 @@
+//! The OOM explainer: parse `CUDA out of memory` messages and analyse snapshots at an OOM.

@@ -1,0 +1,1 @@
+//! Replay of a snapshot's trace through the allocator model.

@@ -1,0 +1,374 @@
+//! The typed snapshot model: what `torch.cuda.memory._snapshot()` holds, in a
+//! compact form.
+//!
+//! * Segments and their blocks, as the allocator reported them at dump time.
+//! * One trace per device: allocation events in order, each a small `Copy`
+//!   struct with a [`StackId`] (no per-event heap allocation).
+//! * Frames and whole stacks interned once: every distinct `(filename, line,
+//!   name)` is one [`FrameId`], every distinct list of frames one [`StackId`].
+//! * Allocator settings and `record_function` annotations.
+//!
+//! [`Snapshot::load`] reads a file of any supported format; the parsing lives in
+//! [`build`] and [`crate::pickle`].
+
+pub mod build;
+mod strings;
+
+pub use strings::{StrId, Strings};
+
+use serde::Serialize;
+use std::path::Path;
+
+/// Index of an interned frame in [`Snapshot::frames`].
+pub type FrameId = u32;
+
+/// Index of an interned stack in [`Snapshot::stacks`]. Stack 0 is always the
+/// empty stack (no frames recorded).
+pub type StackId = u32;
+
+/// The stack id used when no frames were recorded.
+pub const EMPTY_STACK: StackId = 0;
+
+/// One Python (or C++) frame: `filename:line` in function `name`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Frame {
+    /// Source file.
+    pub filename: StrId,
+    /// Line number (0 when unknown).
+    pub line: u32,
+    /// Function name.
+    pub name: StrId,
+}
+
+/// What a trace event records (`TraceEntry::Action` in PyTorch).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum Action {
+    /// A block was handed to the user; `size` is the unrounded request.
+    Alloc = 0,
+    /// The user freed a block; it may wait on stream events before reuse.
+    FreeRequested = 1,
+    /// The block went back to the pool and may be reused.
+    FreeCompleted = 2,
+    /// `cudaMalloc` of a new segment; `size` is the segment size.
+    SegmentAlloc = 3,
+    /// `cudaFree` of a whole segment.
+    SegmentFree = 4,
+    /// Pages mapped into an expandable segment.
+    SegmentMap = 5,
+    /// Pages unmapped from an expandable segment.
+    SegmentUnmap = 6,
+    /// A snapshot was taken; `size` is the total active bytes.
+    Snapshot = 7,
+    /// An allocation failed; `size` is the rounded request and `addr` holds
+    /// the `device_free` bytes.
+    Oom = 8,
+}
+
+impl Action {
+    /// All actions, in discriminant order.
+    pub const ALL: [Action; 9] = [
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+        Action::Snapshot,
+        Action::Oom,
+    ];
+
+    /// The name PyTorch uses in the snapshot.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Snapshot => "snapshot",
+            Action::Oom => "oom",
+        }
+    }
+
+    /// Parses PyTorch's action name.
+    pub fn parse(s: &str) -> Option<Action> {
+        Action::ALL.iter().copied().find(|a| a.as_str() == s)
+    }
+}
+
+/// One entry of a device trace, 32 bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TraceEvent {
+    /// Block or segment address; for [`Action::Oom`] the `device_free` bytes.
+    pub addr: u64,
+    /// Size in bytes; its meaning depends on the action (see [`Action`]).
+    pub size: u64,
+    /// Epoch microseconds, or 0 when the snapshot has no `time_us`.
+    pub time_us: i64,
+    /// The stack recorded with the event ([`EMPTY_STACK`] when none).
+    pub stack: StackId,
+    /// Index into [`Snapshot::streams`].
+    pub stream: u16,
+    /// What happened.
+    pub action: Action,
+    /// Bit flags, see [`TraceEvent::HAS_FRAMES`].
+    pub flags: u8,
+}
+
+impl TraceEvent {
+    /// Flag: the event carried a `frames` key (even an empty one).
+    pub const HAS_FRAMES: u8 = 1;
+    /// Flag: the event carried a non-default `compile_context` or `user_metadata`
+    /// (see [`DeviceTrace::extras`]).
+    pub const HAS_EXTRAS: u8 = 2;
+
+    /// For an [`Action::Oom`] event, the free device bytes PyTorch saw.
+    pub fn device_free(&self) -> Option<u64> {
+        (self.action == Action::Oom).then_some(self.addr)
+    }
+}
+
+/// Rarely-set string fields of a trace event, kept aside to keep events small.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EventExtras {
+    /// Index of the event in its device trace.
+    pub index: u32,
+    /// `compile_context` (`"N/A"` is the default and not stored).
+    pub compile_context: Option<StrId>,
+    /// `user_metadata` (`""` is the default and not stored).
+    pub user_metadata: Option<StrId>,
+}
+
+/// The trace of one device, oldest event first.
+#[derive(Clone, Debug, Default)]
+pub struct DeviceTrace {
+    /// The device ordinal.
+    pub device: u32,
+    /// Events in the order PyTorch recorded them.
+    pub events: Vec<TraceEvent>,
+    /// Non-default `compile_context` / `user_metadata`, sorted by event index.
+    pub extras: Vec<EventExtras>,
+}
+
+/// State of a block at dump time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BlockState {
+    /// Held by a tensor.
+    ActiveAllocated,
+    /// Freed by the user but waiting on stream events (`record_stream`).
+    ActivePendingFree,
+    /// Free in the pool.
+    Inactive,
+}
+
+/// A block inside a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Block {
+    /// Address of the block.
+    pub address: u64,
+    /// Size in bytes (rounded; may include an unsplit remainder).
+    pub size: u64,
+    /// The original request; stale for inactive blocks, 0 for split-off ones.
+    pub requested_size: u64,
+    /// Allocated, pending free, or free.
+    pub state: BlockState,
+    /// Stack recorded when the block was allocated.
+    pub stack: StackId,
+}
+
+/// Which of the allocator's two pools a segment belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PoolKind {
+    /// Blocks of at most 1 MiB, in 2 MiB segments.
+    Small,
+    /// Everything else.
+    Large,
+}
+
+/// A segment: one `cudaMalloc` (or one mapped range of an expandable segment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Segment {
+    /// Device ordinal.
+    pub device: u32,
+    /// Address of the first block.
+    pub address: u64,
+    /// Bytes reserved by the segment.
+    pub total_size: u64,
+    /// Bytes in allocated blocks, as PyTorch reported it.
+    pub allocated_size: u64,
+    /// Bytes in active blocks, as PyTorch reported it.
+    pub active_size: u64,
+    /// Requested bytes of active blocks (0 in legacy snapshots).
+    pub requested_size: u64,
+    /// Index into [`Snapshot::streams`].
+    pub stream: u16,
+    /// Small or large pool.
+    pub pool: PoolKind,
+    /// `segment_pool_id`: `(0, 0)` is the default pool; anything else a private
+    /// pool (CUDA graphs, `torch.cuda.MemPool`).
+    pub pool_id: (i64, i64),
+    /// The segment is a mapped range of an expandable segment.
+    pub is_expandable: bool,
+    /// Stack recorded when the segment was allocated.
+    pub stack: StackId,
+    /// Blocks in address order.
+    pub blocks: Vec<Block>,
+}
+
+/// A `record_function` annotation (`external_annotations`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Annotation {
+    /// Device ordinal.
+    pub device: u32,
+    /// Epoch microseconds.
+    pub time_us: i64,
+    /// The scope's name, e.g. `Optimizer.step#AdamW.step`.
+    pub name: StrId,
+    /// True for `START`, false for `END`.
+    pub start: bool,
+}
+
+/// The allocator settings recorded with the snapshot (`allocator_settings`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AllocatorSettings {
+    /// Whether the snapshot had an `allocator_settings` dict at all.
+    pub present: bool,
+    /// The raw `PYTORCH_CUDA_ALLOC_CONF` string last parsed.
+    pub alloc_conf: String,
+    /// `max_split_size` in bytes; `None` when unlimited (-1).
+    pub max_split_size: Option<u64>,
+    /// `garbage_collection_threshold` (0 = off).
+    pub garbage_collection_threshold: f64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `roundup_power2_divisions`, one value per power-of-two interval starting
+    /// at 1 MiB (16 intervals); empty when not recorded.
+    pub roundup_power2_divisions: Vec<u32>,
+    /// `trace_alloc_overflowed`, when recorded.
+    pub trace_alloc_overflowed: Option<bool>,
+    /// `trace_alloc_max_entries`, when recorded.
+    pub trace_alloc_max_entries: Option<u64>,
+    /// Every other key, verbatim as JSON, for display.
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+/// Which container and format the snapshot came in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Container {
+    /// An uncompressed pickle.
+    Pickle,
+    /// A gzip-compressed pickle.
+    Gzip,
+    /// A zstd-compressed pickle.
+    Zstd,
+    /// A JSON document.
+    Json,
+}
+
+/// A PyTorch CUDA memory snapshot.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Segments of all devices, as dumped.
+    pub segments: Vec<Segment>,
+    /// One trace per device ordinal (possibly empty).
+    pub traces: Vec<DeviceTrace>,
+    /// Allocator settings.
+    pub settings: AllocatorSettings,
+    /// `record_function` annotations.
+    pub annotations: Vec<Annotation>,
+    /// Interned frames.
+    pub frames: Vec<Frame>,
+    /// Interned stacks: stack `i` is `stack_frames[stack_ranges[i].0 .. stack_ranges[i].1]`,
+    /// innermost frame first. Stack 0 is empty.
+    pub stack_ranges: Vec<(u32, u32)>,
+    /// Frame ids of all stacks, concatenated.
+    pub stack_frames: Vec<FrameId>,
+    /// The raw `cudaStream_t` values; events and segments store an index here.
+    /// Index 0 is always stream 0 (the default stream).
+    pub streams: Vec<i64>,
+    /// Interned strings.
+    pub strings: Strings,
+    /// The snapshot is the legacy bare list of segments (PyTorch <= 2.0).
+    pub legacy: bool,
+    /// Problems found while reading that do not stop the analysis.
+    pub warnings: Vec<String>,
+}
+
+impl Snapshot {
+    /// Reads a snapshot from a file in any supported format.
+    pub fn load(path: &Path) -> crate::Result<Snapshot> {
+        build::load_path(path)
+    }
+
+    /// Reads a snapshot from bytes already in memory; `name` is used in errors.
+    pub fn from_bytes(bytes: &[u8], name: &Path) -> crate::Result<Snapshot> {
+        build::load_bytes(bytes, name)
+    }
+
+    /// The example snapshot built into the binary.
+    pub fn example() -> Snapshot {
+        // The embedded bytes are a fixture read by the test suite; failing to
+        // read them is a build defect, not bad input.
+        build::load_bytes(
+            crate::example::EXAMPLE_SNAPSHOT,
+            Path::new(crate::example::EXAMPLE_NAME),
+        )
+        .expect("the embedded example snapshot is valid")
+    }
+
+    /// The frames of a stack, innermost first.
+    pub fn stack(&self, id: StackId) -> &[FrameId] {
+        match self.stack_ranges.get(id as usize) {
+            Some(&(a, b)) => &self.stack_frames[a as usize..b as usize],
+            None => &[],
+        }
+    }
+
+    /// A frame by id.
+    pub fn frame(&self, id: FrameId) -> &Frame {
+        &self.frames[id as usize]
+    }
+
+    /// An interned string.
+    pub fn str(&self, id: StrId) -> &str {
+        self.strings.get(id)
+    }
+
+    /// The raw `cudaStream_t` of a stream index.
+    pub fn stream(&self, index: u16) -> i64 {
+        self.streams.get(index as usize).copied().unwrap_or(0)
+    }
+
+    /// Total number of trace events over all devices.
+    pub fn event_count(&self) -> usize {
+        self.traces.iter().map(|t| t.events.len()).sum()
+    }
+
+    /// Device ordinals that appear in segments or traces, sorted.
+    pub fn devices(&self) -> Vec<u32> {
+        let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
+        d.extend(
+            self.traces
+                .iter()
+                .filter(|t| !t.events.is_empty())
+                .map(|t| t.device),
+        );
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
+    /// Formats a frame as `file:line` (the short form users know).
+    pub fn frame_location(&self, id: FrameId) -> String {
+        let f = self.frame(id);
+        format!("{}:{}", self.str(f.filename), f.line)
+    }
+}
