@@ -2,7 +2,6 @@
 
 use serde::Serialize;
 use std::io::Write;
-use std::process::ExitCode;
 
 /// Exit code for success.
 pub const OK: u8 = 0;
@@ -38,9 +37,9 @@ pub fn print_text(text: &str) -> anyhow::Result<()> {
 }
 
 /// Prints the one-line error and returns exit code 2 (bad input or usage).
-pub fn fail(e: &anyhow::Error) -> ExitCode {
+pub fn fail(e: &anyhow::Error) -> u8 {
     // `{:#}` joins the context chain on one line: "while reading X: Y".
     let line = format!("{e:#}").replace('\n', " ");
     eprintln!("memlens: error: {line}");
-    ExitCode::from(2)
+    2
 }
