@@ -17,6 +17,8 @@ use nvml_wrapper::{Device, Nvml};
 /// GPU figures from the NVIDIA driver.
 pub struct NvmlSource {
     nvml: Nvml,
+    // Name and UUID per index: they never change, so they are read once.
+    names: std::collections::HashMap<u32, (String, Option<String>)>,
 }
 
 impl NvmlSource {
@@ -24,7 +26,10 @@ impl NvmlSource {
     /// [`LiveError::NoDriver`], never a panic.
     pub fn open() -> Result<Self, LiveError> {
         Nvml::init()
-            .map(|nvml| NvmlSource { nvml })
+            .map(|nvml| NvmlSource {
+                nvml,
+                names: Default::default(),
+            })
             .map_err(classify)
     }
 
@@ -33,13 +38,23 @@ impl NvmlSource {
         self.nvml.sys_driver_version().ok()
     }
 
-    fn read_device(&self, index: u32) -> Result<GpuReading, NvmlError> {
+    fn read_device(&mut self, index: u32) -> Result<GpuReading, NvmlError> {
         let device = self.nvml.device_by_index(index)?;
-        let (total_bytes, used_bytes) = self.memory(&device)?;
+        let (total_bytes, used_bytes) = Self::memory(&self.nvml, &device)?;
+        let (name, uuid) = self
+            .names
+            .entry(index)
+            .or_insert_with(|| {
+                (
+                    device.name().unwrap_or_else(|_| "NVIDIA GPU".to_string()),
+                    device.uuid().ok(),
+                )
+            })
+            .clone();
         Ok(GpuReading {
             index,
-            name: device.name().unwrap_or_else(|_| "NVIDIA GPU".to_string()),
-            uuid: device.uuid().ok(),
+            name,
+            uuid,
             total_bytes,
             used_bytes,
             utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
@@ -48,12 +63,12 @@ impl NvmlSource {
     }
 
     /// (total, used) bytes: v2 (what `nvidia-smi` shows), else v1.
-    fn memory(&self, device: &Device) -> Result<(u64, u64), NvmlError> {
+    fn memory(nvml: &Nvml, device: &Device) -> Result<(u64, u64), NvmlError> {
         let v2_err = match device.memory_info() {
             Ok(m) => return Ok((m.total, m.used)),
             Err(e) => e,
         };
-        let Ok(sym) = self.nvml.lib().nvmlDeviceGetMemoryInfo.as_ref() else {
+        let Ok(sym) = nvml.lib().nvmlDeviceGetMemoryInfo.as_ref() else {
             return Err(v2_err);
         };
         let mut v1 = nvml_wrapper_sys::bindings::nvmlMemory_t {

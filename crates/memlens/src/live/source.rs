@@ -2,29 +2,32 @@
 //! (NVML in real use) and [`FakeSource`], a scripted source for tests.
 
 use super::LiveError;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 /// One GPU as the driver reports it at one instant.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct GpuReading {
     /// The driver's index (as `nvidia-smi` numbers GPUs).
     pub index: u32,
     /// The product name, e.g. "NVIDIA H100 80GB HBM3".
     pub name: String,
     /// The GPU's UUID, when known.
+    #[serde(default)]
     pub uuid: Option<String>,
     /// Total device memory in bytes.
     pub total_bytes: u64,
     /// Device memory in use in bytes (as `nvidia-smi` counts it).
     pub used_bytes: u64,
     /// Percent of the last sample period a kernel was running, when known.
+    #[serde(default)]
     pub utilization_pct: Option<u32>,
     /// The processes holding memory on this GPU.
+    #[serde(default)]
     pub processes: Vec<ProcessReading>,
 }
 
 /// One process on one GPU as the driver reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessReading {
     /// The PID, in the driver's (the host's) PID namespace.
     pub pid: u32,
@@ -53,6 +56,14 @@ impl FakeSource {
     /// A source that always returns `gpus`.
     pub fn fixed(gpus: Vec<GpuReading>) -> Self {
         Self::scripted(vec![gpus])
+    }
+
+    /// A source read from JSON: a list of frames, each a list of GPU readings
+    /// (`memlens top --fake-source FILE`, for trying the UI with no GPU).
+    pub fn from_json(text: &str) -> Result<Self, LiveError> {
+        serde_json::from_str(text)
+            .map(Self::scripted)
+            .map_err(|e| LiveError::Usage(format!("invalid fake source: {e}")))
     }
 
     /// A source that returns `frames[0]`, `frames[1]`, ... then the last frame.
@@ -100,5 +111,11 @@ mod tests {
         let used: Vec<u64> = (0..4).map(|_| s.read().unwrap()[0].used_bytes).collect();
         assert_eq!(used, [1, 2, 2, 2]);
         assert!(FakeSource::default().read().unwrap().is_empty());
+        let json = r#"[[{"index":0,"name":"G","total_bytes":100,"used_bytes":7,
+            "processes":[{"pid":1,"used_bytes":null}]}]]"#;
+        let g = FakeSource::from_json(json).unwrap().read().unwrap();
+        assert_eq!(g[0].used_bytes, 7);
+        assert_eq!(g[0].processes[0].used_bytes, None);
+        assert!(FakeSource::from_json("[{").is_err());
     }
 }
