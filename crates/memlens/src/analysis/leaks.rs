@@ -407,7 +407,7 @@ mod tests {
             "growth that stops"
         );
         assert_eq!(
-            judge(&[5 * mib, 2 * mib, 9 * mib, 1 * mib, 7 * mib]),
+            judge(&[5 * mib, 2 * mib, 9 * mib, mib, 7 * mib]),
             Some(Confidence::Low)
         );
     }
