@@ -6,7 +6,9 @@ use std::process::{Command, Output};
 fn fixtures() -> PathBuf {
     std::env::var("MEMLENS_FIXTURES")
         .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures"))
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        })
 }
 
 fn memlens(args: &[&str]) -> Output {
@@ -70,11 +72,17 @@ fn bad_inputs_exit_2_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
     let empty = dir.path().join("empty.pickle");
     std::fs::write(&empty, b"").unwrap();
-    assert_bad_input(&["summary", empty.to_str().unwrap()], "empty.pickle: the file is empty");
+    assert_bad_input(
+        &["summary", empty.to_str().unwrap()],
+        "empty.pickle: the file is empty",
+    );
 
     let text = dir.path().join("notes.txt");
     std::fs::write(&text, b"just some text\n").unwrap();
-    assert_bad_input(&["summary", text.to_str().unwrap()], "not a memory snapshot");
+    assert_bad_input(
+        &["summary", text.to_str().unwrap()],
+        "not a memory snapshot",
+    );
 
     let trunc = dir.path().join("trunc.pickle.zst");
     let zst = std::fs::read(fixture("gpt2_train.pickle.zst")).unwrap();
@@ -82,10 +90,20 @@ fn bad_inputs_exit_2_with_one_line() {
     assert_bad_input(&["summary", trunc.to_str().unwrap()], "trunc.pickle.zst");
 
     let evil = dir.path().join("evil.pickle");
-    std::fs::write(&evil, b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.").unwrap();
-    assert_bad_input(&["summary", evil.to_str().unwrap()], "asks to run code (GLOBAL os.system)");
+    std::fs::write(
+        &evil,
+        b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.",
+    )
+    .unwrap();
+    assert_bad_input(
+        &["summary", evil.to_str().unwrap()],
+        "asks to run code (GLOBAL os.system)",
+    );
 
-    assert_bad_input(&["summary", "/nonexistent/x.pickle"], "/nonexistent/x.pickle: no such file");
+    assert_bad_input(
+        &["summary", "/nonexistent/x.pickle"],
+        "/nonexistent/x.pickle: no such file",
+    );
     assert_bad_input(&["summary", dir.path().to_str().unwrap()], "is a directory");
 }
 

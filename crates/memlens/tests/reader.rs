@@ -15,7 +15,9 @@ fn load(name: &str) -> Snapshot {
 }
 
 fn stat(v: &serde_json::Value, key: &str) -> u64 {
-    v[key].as_u64().unwrap_or_else(|| panic!("stats has no {key}"))
+    v[key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("stats has no {key}"))
 }
 
 /// The final snapshot's state reproduces `torch.cuda.memory_stats()` `.current`.
@@ -29,16 +31,36 @@ fn summary_matches_memory_stats_of_every_fixture() {
             continue;
         }
         let s = summarize(&load(&format!("{name}.pickle.zst")));
-        assert_eq!(s.reserved_bytes, stat(ms, "reserved_bytes.all.current"), "{name} reserved");
-        assert_eq!(s.allocated_bytes, stat(ms, "allocated_bytes.all.current"), "{name} allocated");
-        assert_eq!(s.active_bytes, stat(ms, "active_bytes.all.current"), "{name} active");
-        assert_eq!(s.requested_bytes, stat(ms, "requested_bytes.all.current"), "{name} requested");
+        assert_eq!(
+            s.reserved_bytes,
+            stat(ms, "reserved_bytes.all.current"),
+            "{name} reserved"
+        );
+        assert_eq!(
+            s.allocated_bytes,
+            stat(ms, "allocated_bytes.all.current"),
+            "{name} allocated"
+        );
+        assert_eq!(
+            s.active_bytes,
+            stat(ms, "active_bytes.all.current"),
+            "{name} active"
+        );
+        assert_eq!(
+            s.requested_bytes,
+            stat(ms, "requested_bytes.all.current"),
+            "{name} requested"
+        );
         assert_eq!(
             s.inactive_split_bytes,
             stat(ms, "inactive_split_bytes.all.current"),
             "{name} inactive split"
         );
-        assert_eq!(s.segments, stat(ms, "segment.all.current"), "{name} segments");
+        assert_eq!(
+            s.segments,
+            stat(ms, "segment.all.current"),
+            "{name} segments"
+        );
         checked += 1;
     }
     assert_eq!(checked, FIXTURES.len(), "every fixture has memory_stats");
@@ -52,7 +74,10 @@ fn oom_snapshot_matches_stats_at_oom() {
     let s = summarize(&load("oom.at_oom.pickle.zst"));
     assert_eq!(s.reserved_bytes, stat(ms, "reserved_bytes.all.current"));
     assert_eq!(s.allocated_bytes, stat(ms, "allocated_bytes.all.current"));
-    assert_eq!(s.inactive_split_bytes, stat(ms, "inactive_split_bytes.all.current"));
+    assert_eq!(
+        s.inactive_split_bytes,
+        stat(ms, "inactive_split_bytes.all.current")
+    );
     assert_eq!(s.segments, stat(ms, "segment.all.current"));
     assert_eq!(s.trace_events_by_action.get("oom"), Some(&1));
 }
@@ -64,11 +89,17 @@ fn summary_counts_trace_and_settings() {
     assert_eq!(s.allocator_settings.alloc_conf, "max_split_size_mb:64");
     assert_eq!(s.allocator_settings.max_split_size, Some(64 << 20));
     assert_eq!(s.trace_events, snap.event_count() as u64);
-    assert_eq!(s.trace_events_by_action.values().sum::<u64>(), s.trace_events);
+    assert_eq!(
+        s.trace_events_by_action.values().sum::<u64>(),
+        s.trace_events
+    );
     assert_eq!(s.frees_without_alloc, 0);
     let exp = summarize(&load("varlen@expandable.pickle.zst"));
     assert!(exp.allocator_settings.expandable_segments);
-    assert_eq!(exp.segments, 0, "expandable ranges are not cudaMalloc segments");
+    assert_eq!(
+        exp.segments, 0,
+        "expandable ranges are not cudaMalloc segments"
+    );
     assert!(exp.expandable_ranges > 0);
 }
 
@@ -87,7 +118,10 @@ fn frames_and_stacks_are_interned() {
         .any(|&f| snap.str(snap.frame(f).filename) == "/home/user/train/workloads.py"));
     // Far fewer distinct stacks than events: sharing was kept.
     assert!(snap.stack_ranges.len() * 4 < snap.event_count());
-    assert!(snap.annotations.iter().any(|a| snap.str(a.name).contains("AdamW")));
+    assert!(snap
+        .annotations
+        .iter()
+        .any(|a| snap.str(a.name).contains("AdamW")));
 }
 
 #[test]
@@ -154,7 +188,13 @@ fn canon(s: &Snapshot) -> Vec<String> {
         }
     }
     for a in &s.annotations {
-        out.push(format!("ann {} {} {} {}", a.device, a.time_us, s.str(a.name), a.start));
+        out.push(format!(
+            "ann {} {} {} {}",
+            a.device,
+            a.time_us,
+            s.str(a.name),
+            a.start
+        ));
     }
     out.push(format!("{:?}", s.settings));
     out
@@ -196,7 +236,12 @@ with open(src + ".json", "w") as f:
 #[test]
 fn every_container_and_protocol_reads_identically() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for name in ["gpt2_train", "oom.at_oom", "varlen@expandable", "cache_leak.step1"] {
+    for name in [
+        "gpt2_train",
+        "oom.at_oom",
+        "varlen@expandable",
+        "cache_leak.step1",
+    ] {
         let reference = canon(&load(&format!("{name}.pickle.zst")));
         for path in variants(name, dir.path()) {
             let snap = Snapshot::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -224,7 +269,13 @@ seg = {"device": 0, "address": 1 << 40, "total_size": 2097152, "allocated_size":
                   {"size": 2096128, "state": "inactive"}]}
 pickle.dump([seg], open(sys.argv[1], "wb"), protocol=2)
 "#;
-    assert!(Command::new("python3").arg("-c").arg(script).arg(&path).status().unwrap().success());
+    assert!(Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .status()
+        .unwrap()
+        .success());
     let snap = Snapshot::load(&path).expect("legacy reads");
     assert!(snap.legacy);
     let s = summarize(&snap);
@@ -274,11 +325,13 @@ fn code_running_pickles_are_refused() {
 #[test]
 fn pickles_that_are_not_snapshots_say_what_they_are() {
     // pickle.dumps([1, 2, 3], protocol=4)
-    let e = err_of(b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00]\x94(K\x01K\x02K\x03e.").to_string();
+    let e =
+        err_of(b"\x80\x04\x95\x0b\x00\x00\x00\x00\x00\x00\x00]\x94(K\x01K\x02K\x03e.").to_string();
     assert!(e.contains("not a PyTorch memory snapshot"), "{e}");
     assert!(e.contains("segments[0] is a int"), "{e}");
     // pickle.dumps({"model": 1}, protocol=4)
-    let e = err_of(b"\x80\x04\x95\r\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x05model\x94K\x01s.").to_string();
+    let e = err_of(b"\x80\x04\x95\r\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x05model\x94K\x01s.")
+        .to_string();
     assert!(e.contains("found a dict with keys \"model\""), "{e}");
     // pickle.dumps(42)
     let e = err_of(b"\x80\x04K*.").to_string();
@@ -309,11 +362,15 @@ fn truncation_at_any_byte_is_an_error_not_a_panic() {
 
 #[test]
 fn missing_files_directories_and_globs() {
-    let e = Snapshot::load(Path::new("/nonexistent/snap.pickle")).unwrap_err().to_string();
+    let e = Snapshot::load(Path::new("/nonexistent/snap.pickle"))
+        .unwrap_err()
+        .to_string();
     assert_eq!(e, "/nonexistent/snap.pickle: no such file");
     let dir = tempfile::tempdir().unwrap();
     let e = Snapshot::load(dir.path()).unwrap_err().to_string();
     assert!(e.contains("is a directory"), "{e}");
-    let e = Snapshot::load(&dir.path().join("*.pickle")).unwrap_err().to_string();
+    let e = Snapshot::load(&dir.path().join("*.pickle"))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("glob pattern"), "{e}");
 }

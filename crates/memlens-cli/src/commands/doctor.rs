@@ -26,7 +26,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     for path in &args.snapshots {
         let snap = memlens::Snapshot::load(path)
             .with_context(|| format!("cannot read snapshot {}", path.display()))?;
-        output::print_text(&super::summary::render(&summarize(&snap), &path.display().to_string()))?;
+        output::print_text(&super::summary::render(
+            &summarize(&snap),
+            &path.display().to_string(),
+        ))?;
     }
     Ok(output::OK)
 }

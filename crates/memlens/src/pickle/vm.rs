@@ -698,9 +698,11 @@ impl Vm {
                 "this is a protocol-0 text pickle; PyTorch snapshots use binary protocols 2 to 5"
                     .into(),
             )),
-            other => return Err(Fault::Msg(format!(
+            other => {
+                return Err(Fault::Msg(format!(
                 "byte 0x{other:02x} is not a pickle opcode (the file is corrupt or not a pickle)"
-            ))),
+            )))
+            }
         }
         Ok(true)
     }

@@ -508,9 +508,11 @@ impl Allocator {
         self.stats.num_ooms += 1;
     }
 
-    /// Records a cudaMalloc retry seen in a trace (`num_alloc_retries`).
+    /// Records a cache flush and cudaMalloc retry seen in a trace
+    /// (`num_alloc_retries`, and the stream sync the flush does).
     pub fn count_retry(&mut self) {
         self.stats.num_alloc_retries += 1;
+        self.stats.num_sync_all_streams += 1;
     }
 
     fn largest_free_on(&self, stream: u64, pool: u16) -> u64 {
@@ -1412,6 +1414,37 @@ impl Allocator {
             st.oversize_allocations.increase(1);
         }
         Some(self.handle(id))
+    }
+
+    /// Allocates a block for a request of `requested` bytes at `addr`, sized
+    /// as the model would size it there: the rounded request, plus the rest of
+    /// the free block when that rest would not have been split off.
+    pub fn alloc_at_request(&mut self, addr: u64, requested: u64, tag: u64) -> Option<Handle> {
+        let size = round_size(&self.config, requested);
+        let id = self.block_containing(addr)?;
+        let b = self.b(id);
+        let end = b.addr + b.size;
+        if b.status != BlockStatus::Free || addr + size > end {
+            return None;
+        }
+        let remaining = end - addr - size;
+        let keep = if self.pool_small(b.pool) || self.is_expandable_block(id) {
+            remaining < MIN_BLOCK_SIZE
+        } else if size >= self.config.max_split() {
+            remaining < self.config.max_non_split_rounding
+        } else {
+            remaining <= SMALL_SIZE
+        };
+        let size = if keep { end - addr } else { size };
+        self.alloc_at(addr, size, requested, tag)
+    }
+
+    /// Whether the segment holding `addr` is in a small pool, and its memory
+    /// pool index.
+    pub fn pool_at(&self, addr: u64) -> Option<(bool, u16)> {
+        let seg = self.seg_containing(addr)?;
+        let pool = self.segs[seg as usize].pool;
+        Some((self.pool_small(pool), pool / 2))
     }
 
     /// Free blocks of a split segment: their count and bytes.

@@ -62,8 +62,9 @@ pub enum DeviceOp {
 
 /// 2 MiB: the granularity of CUDA's virtual address allocations.
 const VA_ALIGN: u64 = 2 << 20;
-/// Where synthetic addresses start; they grow downwards, as CUDA's tend to.
-const VA_TOP: u64 = 0x7f00_0000_0000;
+/// Where synthetic addresses start (below the 0x7f.. range real CUDA
+/// addresses use); they grow downwards, as CUDA's tend to.
+const VA_TOP: u64 = 0x6000_0000_0000;
 
 /// A GPU with a capacity (or none) that hands out made-up addresses.
 ///
