@@ -1,7 +1,9 @@
 //! Analyses: pure functions of a snapshot (and its replay) that return plain data.
 
+pub mod categories;
 pub mod diff;
 pub mod leaks;
+pub mod peak;
 pub mod sites;
 pub mod steps;
 pub mod summary;
