@@ -7,3 +7,4 @@ pub mod peak;
 pub mod sites;
 pub mod steps;
 pub mod summary;
+pub mod check;
