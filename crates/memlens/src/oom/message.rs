@@ -94,8 +94,9 @@ pub enum MessageForm {
     /// reserved in total by PyTorch) If reserved memory is >> allocated ...".
     #[serde(rename = "v1_10_to_2_0")]
     V1_10To2_0,
-    /// The parenthesised form ending at "reserved in total by PyTorch)" (or
-    /// "cached)"); a 1.10-2.0 message cut after the parenthesis reads the same.
+    /// The parenthesised form ending at "reserved in total by PyTorch)" (or,
+    /// before 1.4, "X cached)" where X is the cached-but-unallocated part); a
+    /// 1.10-2.0 message cut after the parenthesis reads the same.
     #[serde(rename = "before_1_10")]
     Before1_10,
     /// `backend:cudaMallocAsync`: "Allocation on device d would exceed allowed
@@ -121,10 +122,10 @@ impl MessageForm {
             MessageForm::V2_1 => "2.1",
             MessageForm::Modern => "2.2 or later",
             MessageForm::V1_10To2_0 => "1.10 to 2.0",
-            MessageForm::Before1_10 => "before 1.10 (or a cut 1.10-2.0 message)",
-            MessageForm::CudaMallocAsync => "cudaMallocAsync backend",
-            MessageForm::CudaMallocAsyncShort => "cudaMallocAsync backend (first line only)",
-            MessageForm::MoreThan1Eb => "any",
+            MessageForm::Before1_10 => "before 1.10, or a cut 1.10-2.0 message",
+            MessageForm::CudaMallocAsync => "2.0 or later, cudaMallocAsync backend",
+            MessageForm::CudaMallocAsyncShort => "2.0 or later, cudaMallocAsync backend",
+            MessageForm::MoreThan1Eb => "any version",
         }
     }
 }
@@ -180,9 +181,10 @@ pub struct OomMessage {
     /// "with X allocated in private pools (e.g., CUDA Graphs)": despite the
     /// wording, the free cached blocks of private pools.
     pub private_pools: Option<Figure>,
-    /// "X is reserved by PyTorch but unallocated": cached, free, but kept.
+    /// "X is reserved by PyTorch but unallocated": cached, free, but kept
+    /// ("X cached" before 1.4).
     pub reserved_unallocated: Option<Figure>,
-    /// "X reserved in total by PyTorch" (or "cached") of the older forms.
+    /// "X reserved in total by PyTorch" of the parenthesised forms.
     pub reserved_total: Option<Figure>,
     /// The message as found, with whitespace collapsed and any log prefixes of
     /// continuation lines removed.
@@ -348,8 +350,7 @@ fn strip_shared_prefix<'a>(prev: &str, line: &'a str) -> &'a str {
     let mut cut = 0;
     let bytes = shared.as_bytes();
     for (i, &b) in bytes.iter().enumerate() {
-        if matches!(b, b':' | b']' | b'|' | b'>' | b'#' | b')') && bytes.get(i + 1) == Some(&b' ')
-        {
+        if matches!(b, b':' | b']' | b'|' | b'>' | b'#' | b')') && bytes.get(i + 1) == Some(&b' ') {
             cut = i + 2;
         }
     }
@@ -412,12 +413,17 @@ fn find_anchors(lower: &str) -> Vec<Anchor> {
             });
         }
     }
+    let mut native: Vec<usize> = anchors
+        .iter()
+        .filter(|a| a.kind == AnchorKind::Native)
+        .map(|a| a.start)
+        .collect();
+    native.sort_unstable();
     for needle in ["has a total capacity of", "has a total capacty of"] {
         for pos in match_indices(lower, needle) {
             // Part of a whole message when one starts shortly before it.
-            let owned = anchors
-                .iter()
-                .any(|a| a.kind == AnchorKind::Native && a.start < pos && pos - a.start < 400);
+            let i = native.partition_point(|&s| s < pos);
+            let owned = i > 0 && pos - native[i - 1] < 400;
             if let (false, Some(start)) = (owned, device_word_start(lower, pos)) {
                 anchors.push(Anchor {
                     start,
@@ -478,18 +484,25 @@ struct SizeToken {
     figure: Figure,
 }
 
-/// The end markers of each form: the message stops after the first one found.
+/// The end markers of each form, most specific first: the message stops after
+/// the first one found (a 1.10-2.0 message holds both its closing parenthesis
+/// and, later, its own tail).
 const TAILS: &[(&str, &str)] = &[
     // Current and 2.2-2.9: the link, up to its closing parenthesis.
     ("notes/cuda.html#", ")"),
-    // 2.1 and 1.10-2.0.
-    ("see documentation for memory management and pytorch_cuda_alloc_conf", ""),
-    // Before 1.10.
-    ("reserved in total by pytorch)", ""),
-    ("cached)", ""),
+    // 2.1 and 1.10-2.0 ("... and PYTORCH_CUDA_ALLOC_CONF", or another backend's).
+    (
+        "see documentation for memory management and pytorch_",
+        "alloc_conf",
+    ),
     // XPU.
     ("to release all unoccupied cached memory.", ""),
 ];
+
+/// The parenthesised forms close here; 1.10-2.0 adds a hint after it.
+const PAREN_TAILS: &[&str] = &["reserved in total by pytorch)", "cached)"];
+const PAREN_HINT: &str = "if reserved memory is >> allocated memory";
+const PAREN_HINT_END: &str = "to avoid fragmentation.";
 
 fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
     let lower_full = window.to_ascii_lowercase();
@@ -570,13 +583,16 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         } else if after.starts_with("total capacity") {
             parenthesised = true;
             &mut m.total_capacity
-        } else if after.starts_with("free;") || after.starts_with("free)") {
-            &mut m.device_free
-        } else if label.ends_with("free (according to cuda)") {
-            &mut m.device_free
-        } else if after.starts_with("reserved in total by pytorch") || after.starts_with("cached")
+        } else if after.starts_with("free;")
+            || after.starts_with("free)")
+            || label.ends_with("free (according to cuda)")
         {
+            &mut m.device_free
+        } else if after.starts_with("reserved in total by pytorch") {
             &mut m.reserved_total
+        } else if after.starts_with("cached") {
+            // Before 1.4 "cached" was the cached-but-unallocated part.
+            &mut m.reserved_unallocated
         } else if label.ends_with("device limit") {
             &mut m.total_capacity
         } else {
@@ -607,7 +623,7 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
     } else if capacty {
         MessageForm::V2_1
     } else if parenthesised {
-        if lower.contains("if reserved memory is >>") {
+        if lower.contains(PAREN_HINT) {
             MessageForm::V1_10To2_0
         } else {
             MessageForm::Before1_10
@@ -656,7 +672,12 @@ fn message_end(lower: &str, kind: AnchorKind) -> usize {
         let first = "(out of memory)";
         let head = lower.find(first).map_or(lower.len(), |p| p + first.len());
         // Figures may follow on the next "lines" (now spaces) without the limit.
-        let figures = ["currently allocated", "requested", "device limit", "free (according to cuda)"];
+        let figures = [
+            "currently allocated",
+            "requested",
+            "device limit",
+            "free (according to cuda)",
+        ];
         let mut end = head;
         for label in figures {
             if let Some(p) = lower[head..].find(label) {
@@ -670,8 +691,6 @@ fn message_end(lower: &str, kind: AnchorKind) -> usize {
         }
         return end;
     }
-    // The first tail in TAILS order wins: a 1.10-2.0 message holds both the
-    // closing parenthesis and, later, its hint.
     for (marker, closing) in TAILS {
         if let Some(p) = lower.find(marker) {
             let e = p + marker.len();
@@ -683,9 +702,34 @@ fn message_end(lower: &str, kind: AnchorKind) -> usize {
                 .map_or(lower.len(), |q| e + q + closing.len());
         }
     }
-    // No tail: end after the last sentence that carries a figure we read.
+    for marker in PAREN_TAILS {
+        if let Some(p) = lower.find(marker) {
+            let e = p + marker.len();
+            let rest = &lower[e..];
+            let hint = rest.trim_start();
+            if hint.starts_with(PAREN_HINT) {
+                let from = e + (rest.len() - hint.len());
+                if let Some(q) = hint.find(PAREN_HINT_END) {
+                    return from + q + PAREN_HINT_END.len();
+                }
+            }
+            return e;
+        }
+    }
+    // No tail. The modern forms' last sentence before the hint:
+    let last = "is reserved by pytorch but unallocated.";
+    if let Some(p) = lower.find(last) {
+        return p + last.len();
+    }
+    // Cut earlier: end after the last labelled figure of an unbroken run (the
+    // templates put at most some 60 bytes of text between two figures, so a
+    // larger gap means the text has moved on to something else).
+    const MAX_GAP: usize = 120;
     let mut end = 0;
     for tok in scan_sizes(lower) {
+        if end > 0 && tok.start > end + MAX_GAP {
+            break;
+        }
         let rest = &lower[tok.end..];
         let stop = rest
             .find(['.', ';', ')'])
@@ -752,10 +796,17 @@ fn device_index(lower: &str, kind: AnchorKind, parenthesised: bool) -> Option<u3
         let p = lower.find("tried to allocate")?;
         let open = p + lower[p..].find('(')?;
         let inner = &lower[open + 1..];
-        let word = inner.len() - inner.trim_start_matches(|c: char| c.is_ascii_alphabetic()).len();
+        let word = inner.len()
+            - inner
+                .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                .len();
         let rest = &inner[word..];
         let idx = leading_uint(rest)?;
-        return rest.trim_start().trim_start_matches(|c: char| c.is_ascii_digit()).starts_with(';').then_some(idx);
+        return rest
+            .trim_start()
+            .trim_start_matches(|c: char| c.is_ascii_digit())
+            .starts_with(';')
+            .then_some(idx);
     }
     let p = lower
         .find("has a total capacity of")
@@ -798,7 +849,8 @@ fn scan_sizes(s: &str) -> Vec<SizeToken> {
     let mut i = 0;
     while i < b.len() {
         let starts_number = b[i].is_ascii_digit()
-            && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.' || b[i - 1] == b'_'));
+            && (i == 0
+                || !(b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'.' || b[i - 1] == b'_'));
         if !starts_number {
             i += 1;
             continue;
@@ -900,12 +952,12 @@ mod tests {
 
     #[test]
     fn prefixes_are_stripped() {
-        assert_eq!(
-            normalize("[rank0]: a b\n[rank0]: c d"),
-            "[rank0]: a b c d"
-        );
+        assert_eq!(normalize("[rank0]: a b\n[rank0]: c d"), "[rank0]: a b c d");
         assert_eq!(normalize("E   one\nE   two"), "E one two");
-        assert_eq!(normalize("Process 1 x\nProcess 2 y"), "Process 1 x Process 2 y");
+        assert_eq!(
+            normalize("Process 1 x\nProcess 2 y"),
+            "Process 1 x Process 2 y"
+        );
         assert_eq!(normalize("a\\nb"), "a b");
     }
 }

@@ -168,24 +168,33 @@ fn classify(f: &Facts, m: &OomMessage) -> (Cause, bool) {
 }
 
 fn text_or(fig: &Option<super::message::Figure>, fallback: &str) -> String {
-    fig.as_ref().map_or(fallback.to_string(), |x| x.text.clone())
+    fig.as_ref()
+        .map_or(fallback.to_string(), |x| x.text.clone())
 }
 
 fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String {
     let mut s = String::new();
-    let req = text_or(&m.requested, "an unknown size");
+    let req = text_or(&m.requested, "the request");
     let device = match (&m.device_kind, m.device_index) {
         (Some(k), Some(i)) => format!("{k} device {i}"),
         (None, Some(i)) => format!("device {i}"),
         (Some(k), None) => format!("the {k} device"),
         (None, None) => "the device".to_string(),
     };
-    let what = if m.allocator == Allocator::CudaMallocAsync {
-        format!("cudaMallocAsync could not allocate {req} on {device}")
-    } else if m.form == MessageForm::MoreThan1Eb {
-        format!("PyTorch was asked for more than 1 EiB on {device}")
-    } else {
-        format!("PyTorch's caching allocator could not get a {req} block on {device}")
+    let what = match (&m.requested, m.allocator) {
+        (None, Allocator::CudaMallocAsync) => {
+            format!("cudaMallocAsync ran out of memory on {device}")
+        }
+        (Some(_), Allocator::CudaMallocAsync) => {
+            format!("cudaMallocAsync could not allocate {req} on {device}")
+        }
+        _ if m.form == MessageForm::MoreThan1Eb => {
+            format!("PyTorch was asked for more than 1 EiB on {device}")
+        }
+        (None, _) => format!("PyTorch's caching allocator ran out of memory on {device}"),
+        (Some(_), _) => {
+            format!("PyTorch's caching allocator could not get a {req} block on {device}")
+        }
     };
     s.push_str(&what);
     match (&m.total_capacity, &m.device_free) {
@@ -251,6 +260,10 @@ fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String 
         }
         Cause::Capacity => {
             match (f.requested, f.total) {
+                _ if m.form == MessageForm::MoreThan1Eb => s.push_str(
+                    "No device has that much memory: the size is almost certainly a bug (a wrong \
+                     shape, or a size computation that overflowed or went negative). ",
+                ),
                 (Some(r), Some(t)) if r > t => s.push_str(&format!(
                     "The request alone is larger than the whole device: no allocator setting can \
                      fit it. PyTorch held {held}. "
@@ -268,7 +281,11 @@ fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String 
         }
     }
     if cause != Cause::OtherProcesses && f.others > 0 {
-        let n = m.other_processes.iter().filter(|p| !p.likely_this_process).count();
+        let n = m
+            .other_processes
+            .iter()
+            .filter(|p| !p.likely_this_process)
+            .count();
         s.push_str(&format!(
             "Other processes hold {} of the device ({n} process{}). ",
             format_bytes(f.others),
@@ -300,7 +317,14 @@ fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String 
             ));
         }
     }
-    if m.allocator == Allocator::Native && m.form != MessageForm::MoreThan1Eb {
+    let any_figure = m.total_capacity.is_some() || m.device_free.is_some() || m.allocated.is_some();
+    if !any_figure {
+        return s.trim_end().to_string();
+    }
+    if m.allocator == Allocator::Native
+        && m.requested.is_some()
+        && m.form != MessageForm::MoreThan1Eb
+    {
         s.push_str(
             "Figures are as printed (two decimals); \"Tried to allocate\" is the rounded block \
              size the allocator asked the device for, not the tensor's size.",
@@ -339,10 +363,9 @@ fn fixes(f: &Facts, m: &OomMessage, cause: Cause) -> Vec<Fix> {
     let mut out = Vec::new();
     match cause {
         Cause::MemoryCap => {
-            let room = m
-                .device_free
-                .as_ref()
-                .map_or(String::new(), |x| format!(": the device had {} free", x.text));
+            let room = m.device_free.as_ref().map_or(String::new(), |x| {
+                format!(": the device had {} free", x.text)
+            });
             out.push(Fix::advice(format!(
                 "Raise or remove the per-process memory cap (torch.cuda.set_per_process_memory_fraction{}){room}",
                 m.allowed
@@ -350,7 +373,9 @@ fn fixes(f: &Facts, m: &OomMessage, cause: Cause) -> Vec<Fix> {
                     .filter(|_| f.cap.is_some())
                     .map_or(String::new(), |a| format!(", now {}", a.text))
             )));
-            out.push(Fix::advice(format!("Or make the step fit under the cap: {LOWER_BATCH}")));
+            out.push(Fix::advice(format!(
+                "Or make the step fit under the cap: {LOWER_BATCH}"
+            )));
         }
         Cause::PrivatePools => {
             out.push(Fix::advice(
@@ -380,7 +405,15 @@ fn fixes(f: &Facts, m: &OomMessage, cause: Cause) -> Vec<Fix> {
                 "Free the device: stop the other processes (pid {pids}), or run on a GPU of your \
                  own (CUDA_VISIBLE_DEVICES)"
             )));
-            out.push(Fix::advice(format!("Or fit in what is left: {LOWER_BATCH}")));
+            out.push(Fix::advice(format!(
+                "Or fit in what is left: {LOWER_BATCH}"
+            )));
+        }
+        Cause::Capacity if m.form == MessageForm::MoreThan1Eb => {
+            out.push(Fix::advice(
+                "Check the shape and dtype of the tensor being created: a size over 1 EiB comes \
+                 from a bug (an overflowed or negative dimension), not from memory pressure",
+            ));
         }
         Cause::Capacity => {
             if matches!((f.requested, f.total), (Some(r), Some(t)) if r > t) {
@@ -395,7 +428,9 @@ fn fixes(f: &Facts, m: &OomMessage, cause: Cause) -> Vec<Fix> {
                 "For training, shrink optimizer state and gradients: an 8-bit or sharded optimizer \
                  (FSDP, ZeRO), or gradient accumulation with a smaller micro-batch",
             ));
-            out.push(Fix::advice("Use a GPU with more memory, or shard the model across GPUs"));
+            out.push(Fix::advice(
+                "Use a GPU with more memory, or shard the model across GPUs",
+            ));
         }
     }
     if cause != Cause::Fragmentation && f.unallocated_significant() {
@@ -406,9 +441,13 @@ fn fixes(f: &Facts, m: &OomMessage, cause: Cause) -> Vec<Fix> {
 
 /// The fragmentation fix the message's PyTorch supports.
 fn expandable_fix(m: &OomMessage) -> Fix {
-    // expandable_segments arrived in 2.1.
-    let old = matches!(m.form, MessageForm::V1_10To2_0 | MessageForm::Before1_10);
-    if old {
+    // max_split_size_mb arrived in 1.10, expandable_segments in 2.1.
+    if m.form == MessageForm::Before1_10 {
+        Fix::advice(
+            "Upgrade PyTorch (2.1 or later) and set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+             so segments grow in place instead of leaving unusable pieces",
+        )
+    } else if m.form == MessageForm::V1_10To2_0 {
         Fix::advice(
             "Set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:<size> (e.g. 128) so large cached \
              blocks are not split; on PyTorch 2.1 or later prefer expandable_segments:True",
