@@ -4,7 +4,6 @@
 //! those analyses land.
 
 use crate::output;
-use anyhow::Context;
 use memlens::analysis::summary::summarize;
 use std::path::PathBuf;
 
@@ -24,8 +23,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(output::OK);
     }
     for path in &args.snapshots {
-        let snap = memlens::Snapshot::load(path)
-            .with_context(|| format!("cannot read snapshot {}", path.display()))?;
+        let snap = super::load(path)?;
         output::print_text(&super::summary::render(
             &summarize(&snap),
             &path.display().to_string(),
