@@ -8,3 +8,4 @@ pub mod peak;
 pub mod sites;
 pub mod steps;
 pub mod summary;
+pub mod doctor;
