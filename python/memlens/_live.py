@@ -25,6 +25,10 @@ SCHEMA = "memlens/1"
 MIN_INTERVAL_S = 1.0
 
 
+def _monotonic() -> float:
+    return time.monotonic()
+
+
 def runtime_dir() -> str:
     """Where live files go: ``$MEMLENS_RUNTIME_DIR`` or ``/tmp/memlens-<uid>``."""
     env = os.environ.get("MEMLENS_RUNTIME_DIR")
@@ -66,12 +70,12 @@ class Publisher:
         self,
         torch: Any,
         devices: Callable[[], Iterable[int]],
-        clock: Callable[[], float] = time.monotonic,
+        clock: Optional[Callable[[], float]] = None,
         directory: Optional[str] = None,
     ) -> None:
         self._torch = torch
         self._devices = devices
-        self._clock = clock
+        self._clock = clock or (lambda: _monotonic())
         self._dir = directory or runtime_dir()
         self._last: Optional[float] = None
         self._written: Dict[int, str] = {}

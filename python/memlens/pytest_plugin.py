@@ -51,7 +51,9 @@ def _limits(item: Any) -> Any:
     try:
         return limits(*marker.args, **marker.kwargs)
     except (TypeError, ValueError) as e:
-        pytest.fail(f"memlens: bad @pytest.mark.{MARKER}(...): {e}", pytrace=False)
+        problem = str(e)
+    # Outside the except block, so the report is the one line, not a chain.
+    pytest.fail(f"memlens: bad @pytest.mark.{MARKER}(...): {problem}", pytrace=False)
 
 
 def _snapshot_dir(config: Any) -> str:
