@@ -15,18 +15,8 @@ def explain_oom(path: str) -> str:
     explain = getattr(_native, "explain_oom_file", None)
     if explain is not None:
         return str(explain(path))
-    from ._analysis import load
-
     try:
-        summary = load(path).summary()
-    except (NotImplementedError, _native.MemlensError) as e:
-        return f"  (this build of memlens cannot read it: {e})\n  explain it with: memlens oom {path}"
-    lines = ["  allocator state at the OOM (memlens summary):"]
-    for key, value in summary.to_dict().items():
-        if key == "schema" or isinstance(value, (list, dict)):
-            continue
-        if key.endswith("_bytes") and isinstance(value, int):
-            value = _native.format_bytes(value)
-        lines.append(f"    {key.replace('_bytes', '').replace('_', ' ')}: {value}")
-    lines.append(f"  explain it with: memlens oom {path}")
-    return "\n".join(lines)
+        text = _native.summary_text(path)
+    except _native.MemlensError as e:
+        text = f"(this build of memlens cannot read it: {e})"
+    return f"{text.rstrip()}\n  explain it with: memlens oom {path}"

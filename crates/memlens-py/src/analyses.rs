@@ -6,7 +6,7 @@
 //! the same name (`memlens.Snapshot.<name>`) starts working.
 
 use crate::options::Options;
-use memlens::{Error, Result, Snapshot};
+use memlens::{analysis, Error, Result, Snapshot};
 use serde::Serialize;
 
 /// One analysis: its name (as in `memlens NAME`) and how to run it on the
@@ -19,7 +19,13 @@ pub struct Analysis {
 }
 
 /// Every analysis this build binds.
-pub static ANALYSES: &[Analysis] = &[];
+pub static ANALYSES: &[Analysis] = &[
+    // name        run: snapshots and options -> the --json document
+    Analysis {
+        name: "summary",
+        run: |s, _| doc(&analysis::summary::summarize(one(s)?)),
+    },
+];
 
 /// The analysis called `name`, if this build has it.
 pub fn find(name: &str) -> Option<&'static Analysis> {
@@ -36,7 +42,6 @@ struct Doc<'a, T: Serialize> {
 }
 
 /// Serialises a result as a memlens JSON document.
-#[allow(dead_code)]
 fn doc<T: Serialize>(body: &T) -> Result<String> {
     serde_json::to_string(&Doc {
         schema: memlens::JSON_SCHEMA,
@@ -46,7 +51,6 @@ fn doc<T: Serialize>(body: &T) -> Result<String> {
 }
 
 /// The one snapshot an analysis of a single snapshot works on.
-#[allow(dead_code)]
 fn one<'a>(snaps: &[&'a Snapshot]) -> Result<&'a Snapshot> {
     match snaps {
         [s] => Ok(s),

@@ -137,6 +137,21 @@ fn run_cli(py: Python<'_>, argv: Vec<OsString>) -> u8 {
     py.detach(|| memlens_cli::run(argv))
 }
 
+/// The text `memlens summary PATH` prints (used when no OOM explainer is
+/// built in: the state at the OOM is the next best thing to show).
+#[pyfunction]
+fn summary_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    py.detach(|| {
+        let snap = Snapshot::load(&path)?;
+        let summary = memlens::analysis::summary::summarize(&snap);
+        Ok(memlens_cli::commands::summary::render(
+            &summary,
+            &path.display().to_string(),
+        ))
+    })
+    .map_err(to_py_err)
+}
+
 /// Parses a size such as `8GiB`, `512MiB`, `80GB` or a number of bytes.
 #[pyfunction]
 fn parse_size(text: &str) -> PyResult<u64> {
@@ -158,6 +173,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySnapshot>()?;
     m.add_function(wrap_pyfunction!(analysis_names, m)?)?;
     m.add_function(wrap_pyfunction!(run_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(summary_text, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     Ok(())
