@@ -36,7 +36,8 @@ if [ "${MEMLENS_WHEEL:-}" = portable ]; then
     compat=(--zig --compatibility manylinux2014)
 fi
 echo "== building the wheel (release)"
-"$BUILD_VENV/bin/maturin" build --release --out "$WHEELS" "${compat[@]}"
+# maturin finds zig as `python3 -m ziglang` on the PATH: the build venv's.
+PATH="$BUILD_VENV/bin:$PATH" "$BUILD_VENV/bin/maturin" build --release --out "$WHEELS" "${compat[@]}"
 WHEEL=$(ls "$WHEELS"/memlens-*.whl)
 echo "== built $WHEEL"
 case "$WHEEL" in
