@@ -191,6 +191,12 @@ def test_leaky():
 
 def check_marker(out: str) -> None:
     """The pytest marker on a real GPU: one test passes, two fail with the diagnosis."""
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        report(False, "marker.pytest_missing",
+               "pytest is not installed here; carry it with MEMLENS_GPU_WHEELHOUSE (see run.sh)")
+        return
     d = os.path.join(out, "marker")
     os.makedirs(d, exist_ok=True)
     test_file = os.path.join(d, "test_gpu_marker.py")
@@ -238,10 +244,16 @@ def main() -> int:
     if what != "all":
         CHECKS[what](out)
         return 0 if all(RESULTS) else 1
-    import torch
+    try:
+        import torch
 
-    import memlens
+        import memlens
 
+        assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
+    except (ImportError, AssertionError) as e:
+        print(f"FAIL setup: {e}")
+        print("0 passed, 1 failed")
+        return 1
     print(f"INFO env: torch {torch.__version__}, CUDA {torch.version.cuda}, "
           f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, "
           f"python {sys.version.split()[0]}, memlens {memlens.__version__} from {os.path.dirname(memlens.__file__)}, "

@@ -11,6 +11,10 @@
 # lines and a closing "N passed, N failed"; everything printed is also in
 # OUTDIR/gpu-results.txt (default: tests/gpu/out), for tests/gpu/RESULTS.md.
 # Takes well under a minute on an H100.
+#
+# The marker check needs pytest on that machine. Without network, carry it
+# too: `pip download pytest -d wheelhouse` here, then
+#   MEMLENS_GPU_WHEELHOUSE=wheelhouse tests/gpu/run.sh WHEEL
 set -uo pipefail
 
 WHEEL=${1:?usage: tests/gpu/run.sh path/to/memlens-*.whl [OUTDIR]}
@@ -27,6 +31,10 @@ SITE=$(mktemp -d)/site
         echo "FAIL install: pip could not install $WHEEL"
         echo "0 passed, 1 failed"
         exit 1
+    fi
+    if ! "$PY" -c "import pytest" 2>/dev/null && [ -n "${MEMLENS_GPU_WHEELHOUSE:-}" ]; then
+        "$PY" -m pip install -q --disable-pip-version-check --no-index \
+            --find-links "$MEMLENS_GPU_WHEELHOUSE" --target "$SITE" pytest
     fi
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
     export PATH="$SITE/bin:$PATH"
