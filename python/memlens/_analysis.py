@@ -21,6 +21,7 @@ PathLike = Union[str, "os.PathLike[str]"]
 # The list-valued key that makes the natural table of each analysis, for
 # Result.to_pandas() with no key. Presentation only.
 _TABLE_KEYS = {
+    "check": "failures",
     "doctor": "findings",
     "peak": "live_at_peak",
     "diff": "grown",
@@ -239,6 +240,14 @@ class Snapshot:
     def tune(self, device_memory: Union[int, str, None] = None) -> Result:
         """Simulates the usual allocator settings and ranks them (``memlens tune``)."""
         return self._run("tune", device_memory=device_memory)
+
+    def check(
+        self,
+        max_peak: Union[int, str, None] = None,
+        max_reserved: Union[int, str, None] = None,
+    ) -> Result:
+        """A memory gate: ``ok`` is False when a peak is over its limit (``memlens check``)."""
+        return self._run("check", max_peak=max_peak, max_reserved=max_reserved)
 
     def report(self, path: PathLike, *others: SnapshotLike) -> Result:
         """Writes the self-contained HTML report to ``path`` (``memlens report``)."""

@@ -24,6 +24,7 @@ METHODS = {
     "simulate": lambda s, o: s.simulate(config="expandable_segments:True", device_memory="80GiB"),
     "tune": lambda s, o: s.tune(device_memory="80GiB"),
     "doctor": lambda s, o: s.doctor(),
+    "check": lambda s, o: s.check(max_peak="1GiB"),
 }
 FINAL = [p for p in fixture_files() if ".step" not in p.name and ".at_oom" not in p.name]
 
@@ -46,6 +47,50 @@ def test_summary_equals_the_cli_json(path, memlens_exe):
     py = memlens.load(path).summary().to_dict()
     assert py == cli_json(memlens_exe, "summary", str(path))
     assert py["schema"] == "memlens/1"
+
+
+CLI_SAME = [
+    # (analysis, Python call, CLI arguments), on fixtures of this kind
+    ("peak", lambda f, fx: memlens.load(f).peak(), lambda f, fx: ["peak", str(f)]),
+    ("peak", lambda f, fx: memlens.load(f).peak(top=3), lambda f, fx: ["peak", str(f), "--top", "3"]),
+    ("leaks", lambda f, fx: memlens.load(f).leaks(), lambda f, fx: ["leaks", str(f)]),
+    ("check", lambda f, fx: memlens.load(f).check(max_peak="1GiB"),
+     lambda f, fx: ["check", str(f), "--max-peak", "1GiB"]),
+]
+
+
+@pytest.mark.parametrize("name, py, cli", CLI_SAME, ids=[c[0] + str(i) for i, c in enumerate(CLI_SAME)])
+@pytest.mark.parametrize("fixture", ["cache_leak.pickle.zst", "gpt2_train.pickle.zst", "oom.at_oom.pickle.zst"])
+def test_analyses_equal_the_cli_json(name, py, cli, fixture, fixtures_dir, memlens_exe):
+    if name not in memlens.available():
+        pytest.skip(f"{name} is not in this build")
+    f = fixtures_dir / fixture
+    proc = subprocess.run([memlens_exe, *cli(f, fixtures_dir), "--json"], capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stderr  # check exits 1 when a limit is broken
+    ours, theirs = py(f, fixtures_dir).to_dict(), json.loads(proc.stdout)
+    if name == "leaks":
+        ours, theirs = without_stacks(ours), without_stacks(theirs)
+    assert ours == theirs
+
+
+def without_stacks(doc):
+    doc["leaks"] = [{k: v for k, v in row.items() if k != "stack"} for row in doc["leaks"]]
+    return doc
+
+
+def test_diff_and_leaks_across_snapshots_equal_the_cli_json(fixtures_dir, memlens_exe):
+    steps = [str(fixtures_dir / f"gpt2_eval_leak.step{k}.pickle.zst") for k in (1, 5, 11)]
+    if "diff" in memlens.available():
+        py = memlens.load(steps[0]).diff(steps[2]).to_dict()
+        assert py == cli_json(memlens_exe, "diff", steps[0], steps[2])
+        assert py["grown"] and py["grown"][0]["bytes"] > 0
+    if "leaks" in memlens.available():
+        py = memlens.load(steps[0]).leaks(steps[1], steps[2])
+        # The example `stack` of a leak is picked from a HashMap walk in the
+        # library and varies from process to process (a tie between equal
+        # blocks); every figure is compared.
+        assert without_stacks(py.to_dict()) == without_stacks(cli_json(memlens_exe, "leaks", *steps))
+        assert py.leaks and py.leaks[0].site.startswith("/home/user/train/workloads.py:")
 
 
 def test_summary_figures_match_torch_memory_stats(fixtures_dir):

@@ -104,11 +104,19 @@ impl PySnapshot {
             ))
         })?;
         let opts = options::Options::parse(options).map_err(to_py_err)?;
-        let mut snaps: Vec<Arc<Snapshot>> = vec![Arc::clone(&self.inner)];
-        snaps.extend(others.iter().map(|o| Arc::clone(&o.inner)));
+        let mut snaps: Vec<(String, Arc<Snapshot>)> =
+            vec![(self.path.clone(), Arc::clone(&self.inner))];
+        snaps.extend(
+            others
+                .iter()
+                .map(|o| (o.path.clone(), Arc::clone(&o.inner))),
+        );
         py.detach(|| {
-            let refs: Vec<&Snapshot> = snaps.iter().map(|s| s.as_ref()).collect();
-            (analysis.run)(&refs, &opts)
+            let inputs: Vec<analyses::Input<'_>> = snaps
+                .iter()
+                .map(|(name, snap)| analyses::Input { name, snap })
+                .collect();
+            (analysis.run)(&inputs, &opts)
         })
         .map_err(to_py_err)
     }
