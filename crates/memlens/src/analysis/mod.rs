@@ -3,9 +3,9 @@
 pub mod categories;
 pub mod check;
 pub mod diff;
+pub mod doctor;
 pub mod leaks;
 pub mod peak;
 pub mod sites;
 pub mod steps;
 pub mod summary;
-pub mod doctor;
