@@ -81,10 +81,19 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     let mut findings = Vec::new();
 
     // Leaks.
-    for l in leaks.leaks.iter().filter(|l| l.confidence >= Confidence::Medium).take(2) {
+    for l in leaks
+        .leaks
+        .iter()
+        .filter(|l| l.confidence >= Confidence::Medium)
+        .take(2)
+    {
         findings.push(Finding {
             kind: "leak".into(),
-            severity: if l.confidence == Confidence::High { Severity::Critical } else { Severity::Warning },
+            severity: if l.confidence == Confidence::High {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
             title: format!(
                 "Leak: {} per step at {} in {}",
                 format_bytes(l.bytes_per_step),
@@ -96,8 +105,15 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             fix: Some(l.suggestion.clone()),
             evidence: vec![format!(
                 "live bytes at {}: {}",
-                l.evidence_labels.first().map(String::as_str).unwrap_or("each point"),
-                l.evidence.iter().map(|b| format_bytes(*b)).collect::<Vec<_>>().join(" -> ")
+                l.evidence_labels
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("each point"),
+                l.evidence
+                    .iter()
+                    .map(|b| format_bytes(*b))
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
             )],
             stack: l.stack.clone(),
         });
@@ -121,19 +137,28 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             ),
             site: None,
             bytes: Some(e.size),
-            fix: Some("run `memlens oom` on this snapshot for the cause and the fixes that would work".into()),
+            fix: Some(
+                "run `memlens oom` on this snapshot for the cause and the fixes that would work"
+                    .into(),
+            ),
             evidence: Vec::new(),
             stack: Vec::new(),
         });
     }
 
     // Fragmentation: reserved memory at the reserved peak that held no tensor.
-    let slack = peak.peak_reserved_bytes.saturating_sub(peak.peak_allocated_bytes);
+    let slack = peak
+        .peak_reserved_bytes
+        .saturating_sub(peak.peak_allocated_bytes);
     let fragmented = peak.peak_reserved_bytes > 0
         && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
         && slack > 512 << 20;
     let tune = if fragmented || oom.is_some() {
-        let device = last.traces.iter().find(|t| !t.events.is_empty()).map_or(0, |t| t.device);
+        let device = last
+            .traces
+            .iter()
+            .find(|t| !t.events.is_empty())
+            .map_or(0, |t| t.device);
         let sim = SimulateOptions {
             config: AllocatorConfig::from_settings(&last.settings),
             device_memory: opts.device_memory,
@@ -226,5 +251,11 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         });
     }
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
-    Diagnosis { findings, summary, peak, leaks, tune }
+    Diagnosis {
+        findings,
+        summary,
+        peak,
+        leaks,
+        tune,
+    }
 }
