@@ -48,13 +48,14 @@ pub enum LiveError {
     #[error("NVML: {0}")]
     Source(String),
     /// A file (the record file) could not be written.
-    #[error("{path}: {source}")]
+    // The OS error is part of the message, not a `source`: the CLI prints
+    // the whole chain on one line and would show it twice.
+    #[error("{path}: {error}")]
     Io {
         /// The file.
         path: PathBuf,
         /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A bad option value (a rate, a threshold, a record file name).
     #[error("{0}")]

@@ -61,9 +61,9 @@ impl Recorder {
     /// Opens `path` for appending (creating it), in the format its name asks.
     pub fn open(path: &Path) -> Result<Self, LiveError> {
         let format = Format::from_path(path)?;
-        let io = |source| LiveError::Io {
+        let io = |error| LiveError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = OpenOptions::new()
             .create(true)
@@ -116,10 +116,10 @@ impl Recorder {
         r.map_err(|e| self.io(e))
     }
 
-    fn io(&self, source: std::io::Error) -> LiveError {
+    fn io(&self, error: std::io::Error) -> LiveError {
         LiveError::Io {
             path: self.path.clone(),
-            source,
+            error,
         }
     }
 }
