@@ -190,7 +190,19 @@ fn read_cmdline(dir: &Path) -> Option<String> {
         .filter(|a| !a.is_empty())
         .collect::<Vec<_>>()
         .join(" ");
-    (!joined.is_empty()).then_some(joined)
+    let clean = one_line(&joined);
+    (!clean.is_empty()).then_some(clean)
+}
+
+/// A command line on one line: control characters (an argument of
+/// `python -c` holds newlines) become spaces, and the ends are trimmed, so a
+/// table row or a CSV line stays one line.
+pub fn one_line(text: &str) -> String {
+    text.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect::<String>()
+        .trim()
+        .to_string()
 }
 
 /// The process's start time (field 22 of `stat`), which tells a reused PID
@@ -306,6 +318,22 @@ mod tests {
         assert_eq!(fs.lookup(42).cmdline.as_deref(), Some("other"));
         fs.retain(&|p| p == 42);
         assert_eq!(fs.cache.len(), 1);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn command_lines_are_one_line() {
+        assert_eq!(
+            one_line("python -c \nimport x\n\tprint(1)\n"),
+            "python -c  import x  print(1)"
+        );
+        let root = scratch("procfs-oneline");
+        add_proc(&root, 9, &["python", "-c", "import os\nos.getpid()"], true);
+        let mut fs = ProcFs::with_roots(&root, root.join("passwd"));
+        assert_eq!(
+            fs.lookup(9).cmdline.as_deref(),
+            Some("python -c import os os.getpid()")
+        );
         std::fs::remove_dir_all(root).unwrap();
     }
 

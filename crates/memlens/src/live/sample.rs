@@ -266,9 +266,9 @@ fn attach_publications(
                     pid: p.pid,
                     visibility: Visibility::Local,
                     user: d.user,
-                    cmdline: d
-                        .cmdline
-                        .or_else(|| (!p.cmdline.is_empty()).then(|| p.cmdline.clone())),
+                    cmdline: d.cmdline.or_else(|| {
+                        Some(super::procfs::one_line(&p.cmdline)).filter(|c| !c.is_empty())
+                    }),
                     seen_by_nvml: false,
                     used_bytes: None,
                     torch: Some(TorchView::new(&p, None, now)),
