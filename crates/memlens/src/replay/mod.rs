@@ -214,6 +214,7 @@ pub struct Replay<'s> {
     mismatches: u64,
     warnings: Vec<String>,
     initial: InitialState,
+    segment_sizes: Vec<u64>,
 }
 
 impl<'s> Replay<'s> {
@@ -257,6 +258,7 @@ impl<'s> Replay<'s> {
             mismatches: 0,
             warnings: Vec::new(),
             initial: InitialState::default(),
+            segment_sizes: Vec::new(),
         };
         if snap.settings.trace_alloc_overflowed == Some(true) {
             r.warn("the trace ring buffer overflowed: events before the first one were lost");
@@ -308,9 +310,12 @@ impl<'s> Replay<'s> {
                 Some(size) => self
                     .model
                     .alloc_at(b.addr, size, b.requested, NO_INDEX as u64),
-                None => self
-                    .model
-                    .alloc_at_request(b.addr, b.requested, NO_INDEX as u64),
+                None => self.model.alloc_at_request_within(
+                    b.addr,
+                    b.requested,
+                    b.end_bound.unwrap_or(u64::MAX),
+                    NO_INDEX as u64,
+                ),
             };
             let Some(h) = h else {
                 self.warn(format!(
@@ -401,6 +406,13 @@ impl<'s> Replay<'s> {
     /// wins): 0 when the model reproduced the run exactly.
     pub fn mismatches(&self) -> u64 {
         self.mismatches
+    }
+
+    /// Sizes of the segments (and expandable mappings) the model made, in
+    /// order: equal to the trace's `segment_alloc`/`segment_map` sizes when
+    /// it reproduces the run.
+    pub fn segment_sizes(&self) -> &[u64] {
+        &self.segment_sizes
     }
 
     /// Problems met so far (at most 20).
@@ -498,6 +510,7 @@ impl<'s> Replay<'s> {
             stats: self.model.stats().clone(),
             starts_at_birth: self.initial.is_empty(),
             mismatches: self.mismatches,
+            segment_sizes: self.segment_sizes,
             warnings: self.warnings,
         }
     }
@@ -635,6 +648,13 @@ impl<'s> Replay<'s> {
             .malloc(e.size, stream, pool, index as u64, &mut dev);
         let clean = dev.clean();
         let done = std::mem::take(&mut dev.done);
+        for (op, _) in &done {
+            if let crate::sim::DeviceOp::SegmentAlloc { size, .. }
+            | crate::sim::DeviceOp::SegmentMap { size, .. } = op
+            {
+                self.segment_sizes.push(*size);
+            }
+        }
         let leftover = dev.unmatched_trace_ops();
         self.fake_va = fake;
         let placed = match res {
@@ -902,6 +922,8 @@ pub struct ReplaySummary {
     pub starts_at_birth: bool,
     /// Allocations the model placed differently from the trace.
     pub mismatches: u64,
+    /// Sizes of the segments (and mappings) the model made, in order.
+    pub segment_sizes: Vec<u64>,
     /// Problems met (at most 20).
     pub warnings: Vec<String>,
 }

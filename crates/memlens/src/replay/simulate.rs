@@ -215,6 +215,29 @@ pub fn simulate(
                     }
                 }
             }
+            Action::Oom => {
+                // The request that failed in the recorded run (its size is
+                // already rounded). Under other settings it may fit; its
+                // lifetime is unknown, so it is freed at once.
+                let stream = snap.stream(e.stream) as u64;
+                match model.malloc(e.size, stream, DEFAULT_POOL, i as u64, &mut dev) {
+                    Ok(h) => {
+                        model.free(h);
+                    }
+                    Err(oom) => {
+                        if first_oom.is_none() {
+                            first_oom = Some(SimulatedOom {
+                                event_index: i,
+                                requested_bytes: e.size,
+                                alloc_size: oom.alloc_size,
+                                allocated_bytes: oom.allocated_bytes,
+                                reserved_bytes: oom.reserved_bytes,
+                                stack: e.stack,
+                            });
+                        }
+                    }
+                }
+            }
             Action::FreeRequested => {
                 if let Some(Some(h)) = live.get(&e.addr) {
                     model.free_requested(*h);
@@ -312,7 +335,12 @@ fn load_initial(
     for b in init.blocks.iter().rev() {
         let h = match b.size {
             Some(size) => model.alloc_at(b.addr, size, b.requested, u64::MAX),
-            None => model.alloc_at_request(b.addr, b.requested, u64::MAX),
+            None => model.alloc_at_request_within(
+                b.addr,
+                b.requested,
+                b.end_bound.unwrap_or(u64::MAX),
+                u64::MAX,
+            ),
         };
         if let Some(h) = h {
             if b.pending {

@@ -1037,6 +1037,13 @@ impl Allocator {
 
     /// A new expandable segment: one unmapped block over its address space.
     fn new_expandable(&mut self, base: u64, size: u64, page: u64, stream: u64, pool: u16) -> u32 {
+        // With recorded addresses the real reservation size is unknown: keep
+        // address spaces from overlapping, which would misattribute addresses.
+        let mut size = size;
+        if let Some((&next, _)) = self.seg_index.range(base.saturating_add(1)..).next() {
+            size = size.min(next - base);
+        }
+        self.clip_expandable_before(base);
         let seg = self.new_seg(SegmentRec {
             addr: base,
             size,
@@ -1051,6 +1058,39 @@ impl Allocator {
         self.bm(id).mapped = false;
         self.insert_unmapped(id);
         id
+    }
+
+    /// Ends the expandable address space that contains `base` just before
+    /// it, when only its unmapped tail lies beyond.
+    fn clip_expandable_before(&mut self, base: u64) {
+        let Some(seg) = self.seg_containing(base) else {
+            return;
+        };
+        if !self.segs[seg as usize].is_expandable() {
+            return;
+        }
+        let Some(id) = self.block_containing(base) else {
+            return;
+        };
+        let (addr, next, prev, mapped) = {
+            let b = self.b(id);
+            (b.addr, b.next, b.prev, b.mapped)
+        };
+        if mapped || next != NIL || self.b(id).status != BlockStatus::Free {
+            return;
+        }
+        if addr < base {
+            self.bm(id).size = base - addr;
+        } else {
+            if prev == NIL {
+                return;
+            }
+            self.remove_unmapped(id);
+            self.bm(prev).next = NIL;
+            self.delete_block(id);
+        }
+        let s = &mut self.segs[seg as usize];
+        s.size = base - s.addr;
     }
 
     /// `map_block`: maps whole pages covering `[addr, addr + size)` at the
@@ -1305,7 +1345,13 @@ impl Allocator {
         dev: &mut dyn Device,
     ) -> bool {
         let pool_index = self.pool_index(pool, small);
-        let id = match self.block_containing(addr) {
+        // An address space of another pool or stream that merely covers
+        // `addr` (its real size being unknown) is not the one.
+        let own = self.block_containing(addr).filter(|&id| {
+            let seg = &self.segs[self.b(id).seg as usize];
+            seg.is_expandable() && seg.pool == pool_index && seg.stream == stream
+        });
+        let id = match own {
             Some(id) => id,
             None => {
                 let page = if small {
@@ -1314,9 +1360,6 @@ impl Allocator {
                     self.config.large_segment_size
                 };
                 let va = self.va_per_expandable.div_ceil(page) * page;
-                if self.seg_containing(addr + va - 1).is_some() {
-                    return false;
-                }
                 self.new_expandable(addr, va, page, stream, pool_index)
             }
         };
@@ -1420,10 +1463,22 @@ impl Allocator {
     /// as the model would size it there: the rounded request, plus the rest of
     /// the free block when that rest would not have been split off.
     pub fn alloc_at_request(&mut self, addr: u64, requested: u64, tag: u64) -> Option<Handle> {
+        self.alloc_at_request_within(addr, requested, u64::MAX, tag)
+    }
+
+    /// [`Allocator::alloc_at_request`], with the block known to end at or
+    /// before `end_bound` (the next block seen beside it).
+    pub fn alloc_at_request_within(
+        &mut self,
+        addr: u64,
+        requested: u64,
+        end_bound: u64,
+        tag: u64,
+    ) -> Option<Handle> {
         let size = round_size(&self.config, requested);
         let id = self.block_containing(addr)?;
         let b = self.b(id);
-        let end = b.addr + b.size;
+        let end = (b.addr + b.size).min(end_bound);
         if b.status != BlockStatus::Free || addr + size > end {
             return None;
         }
