@@ -1,3 +1,7 @@
 //! Analyses: pure functions of a snapshot (and its replay) that return plain data.
 
+pub mod diff;
+pub mod leaks;
+pub mod sites;
+pub mod steps;
 pub mod summary;

@@ -160,6 +160,38 @@ impl Memo {
         Ok(())
     }
 
+    /// After the builder converted `old` into `new`, points the memo slot that
+    /// holds `old` at `new`, so later references skip the builder's lookup.
+    /// A dict's memo slot is among the last few: only the memoized strings of
+    /// its own items come after it.
+    fn converted(&mut self, old: Value, new: Value) {
+        let (Ok(old_p), Ok(new_p)) = (self.pack_ref(old), self.pack_ref(new)) else {
+            return;
+        };
+        let n = self.slots.len();
+        for slot in self.slots[n.saturating_sub(8)..].iter_mut().rev() {
+            if *slot == old_p {
+                *slot = new_p;
+                return;
+            }
+        }
+    }
+
+    /// Packs a container or handle (never a scalar) without touching the side table.
+    fn pack_ref(&self, v: Value) -> Result<u32, ()> {
+        let (kind, id) = match v {
+            Value::Dict(i) => (1, i),
+            Value::Frame(i) => (4, i),
+            Value::Event(i) => (6, i),
+            _ => return Err(()),
+        };
+        if id > ID_MASK {
+            return Err(());
+        }
+        Ok((kind << ID_BITS) | id)
+    }
+
+    #[inline]
     fn get(&self, index: usize) -> Result<Value, String> {
         match self.slots.get(index) {
             Some(&p) if p != MEMO_EMPTY => self
@@ -557,6 +589,9 @@ impl Vm {
                 let up = builder.set_items(target, &self.stack[mark..])?;
                 self.stack.truncate(mark);
                 self.stack[mark - 1] = up;
+                if up != target {
+                    self.memo.converted(target, up);
+                }
             }
             SETITEM => {
                 let floor = self.marks.last().copied().unwrap_or(0);
@@ -564,9 +599,13 @@ impl Vm {
                     return Err(Fault::Msg("SETITEM needs a dict, a key and a value".into()));
                 }
                 let n = self.stack.len();
-                let up = builder.set_items(self.stack[n - 3], &self.stack[n - 2..])?;
+                let target = self.stack[n - 3];
+                let up = builder.set_items(target, &self.stack[n - 2..])?;
                 self.stack.truncate(n - 2);
                 self.stack[n - 3] = up;
+                if up != target {
+                    self.memo.converted(target, up);
+                }
             }
             APPENDS => {
                 let mark = self.pop_mark(op)?;

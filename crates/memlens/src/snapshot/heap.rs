@@ -470,12 +470,17 @@ impl Builder for Heap {
         let slot = self.dicts[id as usize];
         match slot {
             DictSlot::Empty => {
-                // A fresh dict filled in one go: recognise frames and events.
-                if let Some(f) = self.as_frame(items) {
+                // A fresh dict filled in one go: recognise events (PyTorch
+                // writes `action` first) and frames.
+                if items.first() == Some(&Value::Str(self.keys.action)) {
+                    if let Some(e) = self.as_event(items) {
+                        self.dicts[id as usize] = DictSlot::Event(e);
+                        return Ok(Value::Event(e));
+                    }
+                } else if let Some(f) = self.as_frame(items) {
                     self.dicts[id as usize] = DictSlot::Frame(f);
                     return Ok(Value::Frame(f));
-                }
-                if let Some(e) = self.as_event(items) {
+                } else if let Some(e) = self.as_event(items) {
                     self.dicts[id as usize] = DictSlot::Event(e);
                     return Ok(Value::Event(e));
                 }
