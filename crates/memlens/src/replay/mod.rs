@@ -195,6 +195,9 @@ struct LiveEntry {
 }
 
 const NO_INDEX: u32 = u32::MAX;
+
+/// A segment's address and size, and its blocks' (address, size, in use).
+type SegmentShape = (u64, u64, Vec<(u64, u64, bool)>);
 const MAX_WARNINGS: usize = 20;
 
 /// A replay of one device's trace, advanced one event at a time.
@@ -665,7 +668,8 @@ impl<'s> Replay<'s> {
             }
         };
         let (size, small) = match placed.and_then(|h| self.model.block_info(h)) {
-            Some((_, size, _)) => (size, self.model.pool_at(e.addr).is_none_or(|p| p.0)),
+            // The pool follows the rounded request (1 MiB or less: small).
+            Some((_, size, _)) => (size, is_small(round_size(self.model.config(), e.size))),
             None => {
                 let size = round_size(self.model.config(), e.size);
                 (size, is_small(size))
@@ -845,7 +849,7 @@ impl<'s> Replay<'s> {
 
     /// Compares the end state with the dumped segments.
     fn check_final_state(&mut self) {
-        let mut dumped: Vec<(u64, u64, Vec<(u64, u64, bool)>)> = self
+        let mut dumped: Vec<SegmentShape> = self
             .snap
             .segments
             .iter()
@@ -866,7 +870,7 @@ impl<'s> Replay<'s> {
             })
             .collect();
         dumped.sort_unstable_by_key(|s| s.0);
-        let model: Vec<(u64, u64, Vec<(u64, u64, bool)>)> = self
+        let model: Vec<SegmentShape> = self
             .model
             .segments()
             .into_iter()
