@@ -297,3 +297,129 @@ fn tune_prefers_settings_that_avoid_the_oom() {
     // Whatever wins has no more OOMs than the recorded settings.
     assert!(t.candidates[0].num_ooms <= 1);
 }
+
+/// A hand-made trace: `empty_cache()` after a step, then a request the cache
+/// cannot serve, for which the allocator frees the cache and retries.
+fn empty_cache_trace() -> Snapshot {
+    use memlens::snapshot::{
+        Block, BlockState, DeviceTrace, PoolKind, Segment, TraceEvent, EMPTY_STACK,
+    };
+    const MIB: u64 = 1 << 20;
+    let ev = |action, addr, size| TraceEvent {
+        addr,
+        size,
+        time_us: 0,
+        stack: EMPTY_STACK,
+        stream: 0,
+        action,
+        flags: 0,
+    };
+    let (a, b, c) = (
+        0x7f00_0000_0000u64,
+        0x7f00_4000_0000u64,
+        0x7f00_8000_0000u64,
+    );
+    let events = vec![
+        ev(Action::SegmentAlloc, a, 20 * MIB),
+        ev(Action::Alloc, a, 5 * MIB),
+        ev(Action::FreeRequested, a, 5 * MIB),
+        ev(Action::FreeCompleted, a, 5 * MIB),
+        // empty_cache(): A is freed although it could serve the next request.
+        ev(Action::SegmentFree, a, 20 * MIB),
+        ev(Action::SegmentAlloc, b, 20 * MIB),
+        ev(Action::Alloc, b, 5 * MIB),
+        ev(Action::FreeRequested, b, 5 * MIB),
+        ev(Action::FreeCompleted, b, 5 * MIB),
+        // 30 MiB does not fit in B: cudaMalloc failed, B freed, retried.
+        ev(Action::SegmentFree, b, 20 * MIB),
+        ev(Action::SegmentAlloc, c, 30 * MIB),
+        ev(Action::Alloc, c, 30 * MIB),
+    ];
+    Snapshot {
+        segments: vec![Segment {
+            device: 0,
+            address: c,
+            total_size: 30 * MIB,
+            allocated_size: 30 * MIB,
+            active_size: 30 * MIB,
+            requested_size: 30 * MIB,
+            stream: 0,
+            pool: PoolKind::Large,
+            pool_id: (0, 0),
+            is_expandable: false,
+            stack: EMPTY_STACK,
+            blocks: vec![Block {
+                address: c,
+                size: 30 * MIB,
+                requested_size: 30 * MIB,
+                state: BlockState::ActiveAllocated,
+                stack: EMPTY_STACK,
+            }],
+        }],
+        traces: vec![DeviceTrace {
+            device: 0,
+            events,
+            extras: Vec::new(),
+        }],
+        streams: vec![0],
+        stack_ranges: vec![(0, 0)],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn empty_cache_calls_are_told_from_retries_and_replayed() {
+    use memlens::replay::{release_runs, replay_device, ReleaseCause, ReplayOptions};
+    let snap = empty_cache_trace();
+    let runs = release_runs(&snap, 0, &ReplayOptions::default());
+    let causes: Vec<(usize, ReleaseCause)> = runs.iter().map(|r| (r.start, r.cause)).collect();
+    assert_eq!(
+        causes,
+        vec![(4, ReleaseCause::EmptyCache), (9, ReleaseCause::MakeRoom)]
+    );
+    let r = replay_device(&snap, 0, &ReplayOptions::default());
+    assert_eq!(r.mismatches, 0, "{:?}", r.warnings);
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
+    assert_eq!(r.stats.num_alloc_retries, 1);
+    assert_eq!(r.peak_reserved_bytes, 30 << 20);
+    // Free of the recorded segments, with no capacity limit: the empty_cache()
+    // is replayed, the retry is not needed.
+    let s = simulate(&snap, 0, &SimulateOptions::default()).unwrap();
+    assert_eq!(s.empty_cache_calls, 1);
+    assert_eq!(s.num_device_alloc, 3);
+    assert_eq!(s.num_device_free, 1);
+    assert_eq!(s.num_alloc_retries, 0);
+    assert_eq!(s.peak_reserved_bytes, 50 << 20);
+    // With 40 MiB of device the model needs the retry itself, as the run did.
+    let tight = SimulateOptions {
+        device_memory: Some(40 << 20),
+        ..Default::default()
+    };
+    let s = simulate(&snap, 0, &tight).unwrap();
+    assert_eq!(s.num_alloc_retries, 1);
+    assert_eq!(s.num_ooms, 0);
+    assert_eq!(s.peak_reserved_bytes, 30 << 20);
+}
+
+#[test]
+fn a_cut_trace_is_simulated_from_the_recorded_state() {
+    let mut snap = (*load("gpt2_train")).clone();
+    let n = snap.traces[0].events.len();
+    snap.traces[0].events.drain(..n / 2);
+    let r = simulate(
+        &snap,
+        0,
+        &SimulateOptions {
+            config: AllocatorConfig::from_settings(&snap.settings),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(!r.warnings.is_empty());
+    // The second half of the run never needed a new segment.
+    assert_eq!(r.num_device_alloc, 0);
+    assert_eq!(
+        r.peak_reserved_bytes,
+        stat("gpt2_train", "reserved_bytes.all.current")
+    );
+}

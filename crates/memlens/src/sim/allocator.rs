@@ -460,17 +460,8 @@ impl Allocator {
         tag: u64,
         dev: &mut dyn Device,
     ) -> Result<Handle, OomInfo> {
-        let size = round_size(&self.config, orig_size);
-        let pool_index = self.pool_index(pool, is_small(size));
-        let expandable = self.config.expandable_segments
-            && (pool == DEFAULT_POOL || self.config.version.expandable_private_pools());
-        let p = Params {
-            size,
-            stream,
-            pool: pool_index,
-            alloc_size: allocation_size(&self.config, size),
-            expandable,
-        };
+        let p = self.params(orig_size, stream, pool);
+        let (size, pool_index, expandable) = (p.size, p.pool, p.expandable);
         let mut found = self.get_free_block(&p);
         if found.is_none() {
             if self.allowed_memory_maximum.is_some()
@@ -528,11 +519,17 @@ impl Allocator {
     fn get_free_block(&mut self, p: &Params) -> Option<u32> {
         let gc =
             self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let max_split = self.config.max_split();
-        let pool = &mut self.pools[p.pool as usize];
         if gc {
-            pool.get_free_blocks_call_count += 1;
+            self.pools[p.pool as usize].get_free_blocks_call_count += 1;
         }
+        let chosen = self.find_free_block(p)?;
+        self.remove_free(chosen);
+        Some(chosen)
+    }
+
+    /// The search of `get_free_block`, without taking the block.
+    fn find_free_block(&self, p: &Params) -> Option<u32> {
+        let max_split = self.config.max_split();
         let pool = &self.pools[p.pool as usize];
         let mut it = pool.blocks.range((p.stream, p.size, 0)..);
         let (&(stream, _, _), &first) = it.next()?;
@@ -576,8 +573,27 @@ impl Allocator {
         {
             return None;
         }
-        self.remove_free(chosen);
         Some(chosen)
+    }
+
+    /// Whether a request of `orig_size` bytes on `stream` would be served
+    /// from the cache now, without a new segment (changes nothing).
+    pub fn would_reuse(&self, orig_size: u64, stream: u64, pool: u16) -> bool {
+        let p = self.params(orig_size, stream, pool);
+        self.find_free_block(&p).is_some()
+    }
+
+    fn params(&self, orig_size: u64, stream: u64, pool: u16) -> Params {
+        let size = round_size(&self.config, orig_size);
+        let expandable = self.config.expandable_segments
+            && (pool == DEFAULT_POOL || self.config.version.expandable_private_pools());
+        Params {
+            size,
+            stream,
+            pool: self.pool_index(pool, is_small(size)),
+            alloc_size: allocation_size(&self.config, size),
+            expandable,
+        }
     }
 
     fn expandable_size(&self, id: u32) -> u64 {
