@@ -7,7 +7,7 @@ use memlens::analysis::sites::{Site, SiteIndex};
 use memlens::replay::simulate::{simulate, SimulateOptions, SimulationResult};
 use memlens::replay::{replay_device, ReplayOptions};
 use memlens::sim::{AllocatorConfig, TorchVersion};
-use memlens::units::{format_bytes, parse_size};
+use memlens::units::{format_bytes, parse_device_memory, parse_size};
 use memlens::Snapshot;
 use serde::Serialize;
 use std::fmt::Write;
@@ -50,7 +50,7 @@ pub(crate) fn device_options(
     overhead: Option<&str>,
     memory_fraction: Option<f64>,
 ) -> anyhow::Result<SimulateOptions> {
-    let device_memory = device_memory.map(parse_size).transpose()?;
+    let device_memory = device_memory.map(parse_device_memory).transpose()?;
     let overhead = overhead.map(parse_size).transpose()?;
     let allowed_memory_maximum = match (memory_fraction, device_memory) {
         (None, _) => None,
