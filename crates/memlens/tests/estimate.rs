@@ -110,6 +110,32 @@ fn gpt2_train_peak_within_15_percent_of_measured() {
     assert_eq!(cmp.measured_peak_bytes, measured);
 }
 
+/// Two more real runs of the same code: `long` (4 layers, hidden 512, batch 4
+/// x 256) and `varlen`, whose largest step was batch 8 x 2000 (its shapes come
+/// from `random.Random(0)` in workloads.py).
+#[test]
+fn other_gpt2_fixtures_within_5_percent() {
+    for (name, batch, seq) in [("long", 4, 256), ("varlen", 8, 2000)] {
+        let measured = common::stats(name)["memory_stats"]["allocated_bytes.all.peak"]
+            .as_u64()
+            .unwrap();
+        let spec = model(&format!("{name}.config.json"));
+        let o = Options {
+            batch,
+            seq: Some(seq),
+            ..gpt2_train_options()
+        };
+        let est = estimate(&spec, None, &o).unwrap();
+        let err = est.total_bytes as f64 / measured as f64 - 1.0;
+        eprintln!(
+            "{name}: estimated {} vs measured {measured}: {:+.2}%",
+            est.total_bytes,
+            err * 100.0
+        );
+        assert!(err.abs() < 0.05, "{name}: off by {:.1}%", err * 100.0);
+    }
+}
+
 #[test]
 fn gpt2_train_activations_per_layer() {
     // What one layer of that run keeps, term by term as the trace shows it:

@@ -93,7 +93,7 @@ pub(super) fn self_attention(a: &Architecture, c: &Ctx) -> Vec<Term> {
     let mut t = vec![norm_term(a, c, "attention")];
     if c.casts_per_projection() && !a.fused_qkv {
         t.push(term(
-            "Q, K, V projection inputs (autocast casts the fp32 norm output once per projection)",
+            "Q, K, V projection inputs (an autocast cast each)",
             "3·b·s·h·e",
             sat_prod(&[3, b, s, h, e]),
         ));
@@ -112,13 +112,13 @@ pub(super) fn self_attention(a: &Architecture, c: &Ctx) -> Vec<Term> {
     if c.training_cache {
         if a.fused_qkv {
             t.push(term(
-                "K, V copies in the training-time DynamicCache (use_cache; the fused QKV output stays alive too)",
+                "K, V copies in the training DynamicCache (use_cache)",
                 "2·b·s·kv·e",
                 sat_prod(&[2, b, s, kv, e]),
             ));
-        } else if a.rope && c.amp {
+        } else if a.rope && c.casts_per_projection() {
             t.push(term(
-                "fp32 K (RoPE with fp32 cos/sin) held by the training-time DynamicCache (use_cache)",
+                "fp32 K in the training DynamicCache (use_cache)",
                 "b·s·kv·4",
                 sat_prod(&[b, s, kv, 4]),
             ));
@@ -138,7 +138,7 @@ fn attention_core(a: &Architecture, c: &Ctx) -> Vec<Term> {
     let mut t = Vec::new();
     if c.flash {
         t.push(term(
-            "attention output (fused kernel; = output projection input)",
+            "attention output (= output projection input)",
             "b·s·q·e",
             sat_prod(&[b, s, q, e]),
         ));
@@ -214,7 +214,7 @@ pub(super) fn mlp(a: &Architecture, c: &Ctx) -> Vec<Term> {
     let mut t = vec![norm_term(a, c, "MLP")];
     if c.casts_per_projection() && a.gated_mlp {
         t.push(term(
-            "gate and up projection inputs (autocast casts the fp32 norm output for each)",
+            "gate, up projection inputs (an autocast cast each)",
             "2·b·s·h·e",
             sat_prod(&[2, b, s, h, e]),
         ));
@@ -239,24 +239,21 @@ pub(super) fn mlp(a: &Architecture, c: &Ctx) -> Vec<Term> {
         Activation::PythonTanhGelu if c.amp => {
             t.push(term(
                 format!(
-                    "{} in Python under autocast: fp32 input copy (pow), tanh, 1 + tanh (fp32), x/2",
+                    "{} intermediates: fp32 x (pow), tanh, 1+tanh; x/2",
                     a.activation_name
                 ),
                 "b·s·f·(3·4 + e)",
                 bsf(12 + e),
             ));
             t.push(term(
-                "activation output (cast back for the next matmul)",
+                "activation output, cast for the down projection",
                 "b·s·f·e",
                 bsf(e),
             ));
         }
         Activation::PythonTanhGelu => {
             t.push(term(
-                format!(
-                    "{} in Python: input, tanh, 1 + tanh, x/2",
-                    a.activation_name
-                ),
+                format!("{} intermediates: x, tanh, 1+tanh, x/2", a.activation_name),
                 "4·b·s·f·e",
                 bsf(4 * e),
             ));

@@ -35,10 +35,11 @@ pub struct CategoryRow {
     pub category: String,
     /// Estimated bytes of it at the estimated peak.
     pub estimated_bytes: u64,
-    /// Measured bytes of it at the measured peak.
-    pub measured_bytes: u64,
-    /// `estimated - measured`.
-    pub delta_bytes: i64,
+    /// Measured bytes of it at the measured peak; `None` when the
+    /// measurement has no categories (a `memory_stats()` dump).
+    pub measured_bytes: Option<u64>,
+    /// `estimated - measured`, when measured.
+    pub delta_bytes: Option<i64>,
 }
 
 /// The estimate against the measurement.
@@ -87,12 +88,13 @@ pub fn compare(est: &Estimate, measured: &MeasuredMemory) -> Comparison {
         .into_iter()
         .filter_map(|c| {
             let e = estimated.get(&c).copied().unwrap_or(0);
+            let has = !measured.categories.is_empty();
             let m = measured.categories.get(&c).copied().unwrap_or(0);
             (e > 0 || m > 0).then(|| CategoryRow {
-                delta_bytes: delta(e, m),
+                delta_bytes: has.then(|| delta(e, m)),
                 category: c,
                 estimated_bytes: e,
-                measured_bytes: m,
+                measured_bytes: has.then_some(m),
             })
         })
         .collect();

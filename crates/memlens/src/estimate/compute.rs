@@ -76,19 +76,13 @@ pub fn estimate(
 
     let mut parts: Vec<Part> = vec![states::parameters(&sc)];
     let mut layers = Vec::new();
-    let amp_copies = opts.amp && p == 4;
-    if amp_copies {
-        parts.push(states::amp_weight_copies(spec));
-    }
     if training {
         parts.push(states::gradients(&sc));
         parts.push(states::optimizer(&sc, opts.optimizer, spec));
-        parts.push(states::step_temporaries(&sc, opts.optimizer, spec));
-        if let Some(c) = states::comm_buffers(&sc, spec) {
-            parts.push(c);
-        }
     }
-    parts.push(states::workspaces(if training { 2 } else { 1 }));
+    if opts.amp && p == 4 {
+        parts.push(states::amp_weight_copies(spec));
+    }
     if let Some(arch) = &spec.arch {
         if training {
             let (a, l) = training_activations(arch, &ctx, opts);
@@ -105,14 +99,20 @@ pub fn estimate(
                 .into(),
         );
     }
+    parts.push(states::workspaces(if training { 2 } else { 1 }));
+    if training {
+        parts.push(states::step_temporaries(&sc, opts.optimizer, spec));
+        if let Some(c) = states::comm_buffers(&sc, spec) {
+            parts.push(c);
+        }
+    }
     parts.push(Part {
         key: "cuda_context",
-        name: "CUDA context (outside PyTorch's allocator)".into(),
+        name: "CUDA context".into(),
         category: "cuda_context",
         bytes: CUDA_CONTEXT_BYTES,
-        formula:
-            "constant 512 MiB (typically 300-600 MiB; depends on CUDA version, GPU, lazy loading)"
-                .into(),
+        formula: "512 MiB, outside PyTorch's allocator (300-600 MiB typical; CUDA version, GPU)"
+            .into(),
         inputs: BTreeMap::new(),
         terms: vec![],
     });
@@ -286,8 +286,8 @@ fn training_activations(
         total_layers = total_layers.saturating_add(count);
         if !full {
             terms.push(Term {
-                name: format!("{count} {kind} layers"),
-                formula: format!("L·(per-layer terms), L = {count}"),
+                name: format!("{count} {kind} layers (below)"),
+                formula: format!("L·(one layer), L = {count}"),
                 bytes: sat_prod(&[count, per]),
             });
         }

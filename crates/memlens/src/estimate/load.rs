@@ -105,7 +105,8 @@ pub fn load_model(path: &Path) -> Result<(ModelSpec, Option<Checkpoint>)> {
 }
 
 /// Whether `path` is a `.safetensors` file: by its extension, else by its
-/// first byte (JSON starts with `{`).
+/// first bytes (a safetensors header is an 8-byte length then `{`; JSON starts
+/// with `{`). Anything else is neither.
 fn is_safetensors(path: &Path) -> Result<bool> {
     match path.extension().and_then(|e| e.to_str()) {
         Some("safetensors") => return Ok(true),
@@ -113,16 +114,26 @@ fn is_safetensors(path: &Path) -> Result<bool> {
         _ => {}
     }
     use std::io::Read;
-    let mut first = [0u8; 1];
-    let mut f = std::fs::File::open(path).map_err(|source| Error::Io {
+    let io = |source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })?;
-    let n = f.read(&mut first).map_err(|source| Error::Io {
+    };
+    let mut head = Vec::with_capacity(64);
+    std::fs::File::open(path)
+        .map_err(io)?
+        .take(64)
+        .read_to_end(&mut head)
+        .map_err(io)?;
+    if head.get(8) == Some(&b'{') {
+        return Ok(true);
+    }
+    if head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{') {
+        return Ok(false);
+    }
+    Err(Error::Model {
         path: path.to_path_buf(),
-        source,
-    })?;
-    Ok(n == 1 && !first[0].is_ascii_whitespace() && first[0] != b'{')
+        what: "neither a Hugging Face config.json nor a .safetensors file".into(),
+    })
 }
 
 fn sibling_config(path: &Path) -> Option<PathBuf> {

@@ -50,6 +50,17 @@ impl StateCtx {
             f.to_string()
         }
     }
+    /// Each term's share on one GPU, from ZeRO stage `from_stage` on.
+    fn shard_terms(&self, terms: Vec<Term>, from_stage: u8) -> Vec<Term> {
+        terms
+            .into_iter()
+            .map(|t| Term {
+                bytes: self.shard(t.bytes, from_stage),
+                formula: self.shard_formula(&t.formula, from_stage),
+                ..t
+            })
+            .collect()
+    }
     fn inputs(&self, extra: &[(&str, u64)]) -> BTreeMap<String, u64> {
         let mut m: BTreeMap<String, u64> = [("N", self.n), ("p", self.p)]
             .iter()
@@ -154,7 +165,6 @@ pub(super) fn optimizer(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -> Part 
             bytes: sat_prod(&[c.n, 4]),
         });
     }
-    let total = sat_sum(terms.iter().map(|t| t.bytes));
     let formula = if terms.is_empty() {
         "0 (plain SGD keeps no state)".to_string()
     } else {
@@ -167,11 +177,12 @@ pub(super) fn optimizer(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -> Part 
             1,
         )
     };
+    let terms = c.shard_terms(terms, 1);
     part(
         "optimizer_state",
         &format!("optimizer state ({})", opt.name()),
         "optimizer_state",
-        c.shard(total, 1),
+        sat_sum(terms.iter().map(|t| t.bytes)),
         formula,
         c.inputs(&extra),
         terms,
@@ -210,7 +221,6 @@ pub(super) fn step_temporaries(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -
             bytes: sat_prod(&[c.n, 4]),
         });
     }
-    let total = sat_sum(terms.iter().map(|t| t.bytes));
     let formula = if terms.is_empty() {
         "0 (updates in place)".to_string()
     } else {
@@ -223,11 +233,12 @@ pub(super) fn step_temporaries(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -
             1,
         )
     };
+    let terms = c.shard_terms(terms, 1);
     part(
         "optimizer_step_temporaries",
         "optimizer step temporaries",
         "temporary",
-        c.shard(total, 1),
+        sat_sum(terms.iter().map(|t| t.bytes)),
         formula,
         c.inputs(&extra),
         terms,
