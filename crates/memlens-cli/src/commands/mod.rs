@@ -13,3 +13,10 @@ pub mod simulate;
 pub mod summary;
 pub mod top;
 pub mod tune;
+
+use std::path::Path;
+
+/// Loads a snapshot; the library's error already names the file.
+pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
+    Ok(memlens::Snapshot::load(path)?)
+}
