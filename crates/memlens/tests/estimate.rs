@@ -110,6 +110,43 @@ fn gpt2_train_peak_within_15_percent_of_measured() {
     assert_eq!(cmp.measured_peak_bytes, measured);
 }
 
+/// The estimate beside `memlens peak`'s analysis of the real snapshot: the
+/// peak, and what was live at it by category.
+#[test]
+fn gpt2_train_compared_with_the_snapshot() {
+    let snap = memlens::Snapshot::load(&common::fixture("gpt2_train.pickle.zst")).unwrap();
+    let r = memlens::analysis::peak::peak(&snap, 0);
+    let measured = MeasuredMemory {
+        peak_allocated_bytes: r.peak_allocated_bytes,
+        categories: r.categories,
+    };
+    let est = estimate(
+        &model("gpt2_train.config.json"),
+        None,
+        &gpt2_train_options(),
+    )
+    .unwrap();
+    let c = compare(&est, &measured);
+    assert!(c.relative_error.unwrap().abs() < 0.15);
+    let row = |name: &str| {
+        c.categories
+            .iter()
+            .find(|r| r.category == name)
+            .unwrap()
+            .clone()
+    };
+    for (name, tolerance) in [
+        ("parameter", 0.01),
+        ("optimizer_state", 0.01),
+        ("activation", 0.05),
+    ] {
+        let r = row(name);
+        let m = r.measured_bytes.unwrap() as f64;
+        let err = r.estimated_bytes as f64 / m - 1.0;
+        assert!(err.abs() < tolerance, "{name}: {:+.2}%", err * 100.0);
+    }
+}
+
 /// Two more real runs of the same code: `long` (4 layers, hidden 512, batch 4
 /// x 256) and `varlen`, whose largest step was batch 8 x 2000 (its shapes come
 /// from `random.Random(0)` in workloads.py).

@@ -1,11 +1,12 @@
 //! `memlens estimate`: memory a training step will need, before running it.
 
 use crate::output;
+use memlens::analysis::peak::peak;
 use memlens::estimate::{
     compare, estimate, fit, load_model, Checkpointing, Comparison, Dtype, Estimate, Fit,
     MeasuredMemory, Optimizer, Options, Part, Term,
 };
-use memlens::units::{format_bytes, format_delta, parse_size};
+use memlens::units::{format_bytes, format_delta, parse_device_memory};
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::{Path, PathBuf};
@@ -89,14 +90,16 @@ pub struct Args {
     /// Data-parallel GPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     pub gpus: u64,
-    /// Memory of one GPU (80GB, 24GiB, ...): whether it fits, and the largest batch that does.
+    /// Memory of one GPU, a size (80GB, 24GiB) or a GPU name (H100, A100-40GB,
+    /// RTX4090): whether it fits, and the largest batch that does.
     #[arg(long, value_name = "SIZE")]
     pub device_memory: Option<String>,
     /// Estimate inference (weights, KV cache, one layer's working set) instead of training.
     #[arg(long)]
     pub inference: bool,
-    /// Put the estimate beside a measurement: the JSON of `memlens peak --json`,
-    /// or a saved `torch.cuda.memory_stats()` (peak only).
+    /// Put the estimate beside a measurement of the same model and settings: a
+    /// snapshot (peak and categories), the JSON of `memlens peak --json`, or a
+    /// saved `torch.cuda.memory_stats()` (peak only).
     #[arg(long, value_name = "FILE")]
     pub compare: Option<PathBuf>,
     /// Print the JSON document instead of the table.
@@ -154,16 +157,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let device = args
         .device_memory
         .as_deref()
-        .map(parse_size)
-        .transpose()
-        .map_err(one_line)?;
+        .map(parse_device_memory)
+        .transpose()?;
     let measured = args.compare.as_deref().map(read_measured).transpose()?;
-    let (spec, checkpoint) = load_model(&args.model).map_err(one_line)?;
-    let est = estimate(&spec, checkpoint.as_ref(), &opts).map_err(one_line)?;
-    let fit = device
-        .map(|d| fit(&spec, &opts, &est, d))
-        .transpose()
-        .map_err(one_line)?;
+    let (spec, checkpoint) = load_model(&args.model)?;
+    let est = estimate(&spec, checkpoint.as_ref(), &opts)?;
+    let fit = device.map(|d| fit(&spec, &opts, &est, d)).transpose()?;
     let comparison = measured.as_ref().map(|m| compare(&est, m));
     if args.json {
         output::print_json(&Doc {
@@ -185,51 +184,53 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     Ok(output::OK)
 }
 
-/// The library's errors already carry their cause in their message; keeping
-/// them as the source too would print it twice on the one error line.
-fn one_line(e: memlens::Error) -> anyhow::Error {
-    anyhow::anyhow!("{e}")
-}
-
-/// A snapshot file holds at most this much JSON worth reading for `--compare`.
+/// A `--compare` file this small may be a JSON measurement rather than a snapshot.
 const MAX_MEASURED_JSON: u64 = 64 << 20;
 
-/// Reads what `--compare` names: `memlens peak --json` output, or a
-/// `torch.cuda.memory_stats()` dump (top level or under `memory_stats`).
+/// Reads what `--compare` names: a snapshot (its peak and categories, by the
+/// same analysis as `memlens peak`), the JSON of `memlens peak --json`, or a
+/// saved `torch.cuda.memory_stats()` (peak only; top level or under
+/// `memory_stats`).
 fn read_measured(path: &Path) -> anyhow::Result<MeasuredMemory> {
-    let not_yet = || {
-        anyhow::anyhow!(
-            "{}: comparing with a snapshot is not yet available (it needs the peak analysis); \
-             pass the JSON of `memlens peak --json` or a saved torch.cuda.memory_stats()",
-            path.display()
-        )
-    };
+    if let Some(m) = read_measured_json(path)? {
+        return Ok(m);
+    }
+    let snap = super::load(path)?;
+    let r = peak(&snap, 0);
+    Ok(MeasuredMemory {
+        peak_allocated_bytes: r.peak_allocated_bytes,
+        categories: r.categories,
+    })
+}
+
+/// The measurement in a small JSON document, or `None` when the file is
+/// something else (a snapshot).
+fn read_measured_json(path: &Path) -> anyhow::Result<Option<MeasuredMemory>> {
     let meta = std::fs::metadata(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if meta.len() > MAX_MEASURED_JSON {
-        return Err(not_yet());
+        return Ok(None);
     }
     let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(not_yet());
+        return Ok(None);
     }
-    let v: serde_json::Value = serde_json::from_slice(&bytes)
-        .map_err(|e| anyhow::anyhow!("{}: invalid JSON: {e}", path.display()))?;
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(&bytes) else {
+        return Ok(None);
+    };
     if v.get("peak_allocated_bytes").is_some() {
-        return serde_json::from_value(v).map_err(|e| {
+        let m = serde_json::from_value(v).map_err(|e| {
             anyhow::anyhow!("{}: not a `memlens peak` document: {e}", path.display())
-        });
+        })?;
+        return Ok(Some(m));
     }
     let stats = v.get("memory_stats").unwrap_or(&v);
-    if let Some(peak) = stats
+    Ok(stats
         .get("allocated_bytes.all.peak")
         .and_then(|p| p.as_u64())
-    {
-        return Ok(MeasuredMemory {
+        .map(|peak| MeasuredMemory {
             peak_allocated_bytes: peak,
             categories: Default::default(),
-        });
-    }
-    Err(not_yet())
+        }))
 }
 
 fn inputs_line(p: &Part) -> String {
@@ -558,10 +559,7 @@ mod tests {
         assert_eq!(m.categories["activation"], 60);
         let snap = dir.join("snap.pickle");
         std::fs::write(&snap, [0x80u8, 4, 0x95]).unwrap();
-        assert!(read_measured(&snap)
-            .unwrap_err()
-            .to_string()
-            .contains("not yet available"));
+        assert!(read_measured(&snap).is_err());
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

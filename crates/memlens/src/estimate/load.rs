@@ -31,9 +31,9 @@ pub struct Checkpoint {
 
 /// Reads the model at `path`; see the module documentation for what it may be.
 pub fn load_model(path: &Path) -> Result<(ModelSpec, Option<Checkpoint>)> {
-    let io = |source| Error::Io {
+    let io = |error| Error::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let meta = std::fs::metadata(path).map_err(io)?;
     let (config, shards) = if meta.is_dir() {
@@ -114,9 +114,9 @@ fn is_safetensors(path: &Path) -> Result<bool> {
         _ => {}
     }
     use std::io::Read;
-    let io = |source| Error::Io {
+    let io = |error| Error::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let mut head = Vec::with_capacity(64);
     std::fs::File::open(path)
@@ -142,9 +142,9 @@ fn sibling_config(path: &Path) -> Option<PathBuf> {
 }
 
 fn read_json(path: &Path) -> Result<String> {
-    let io = |source| Error::Io {
+    let io = |error| Error::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let len = std::fs::metadata(path).map_err(io)?.len();
     if len > MAX_CONFIG_BYTES {

@@ -68,9 +68,9 @@ pub fn dtype_bytes(dtype: &str) -> Option<u64> {
 
 /// Reads the header of the `.safetensors` file at `path`.
 pub fn read_header(path: &Path) -> Result<SafetensorsHeader> {
-    let io = |source| Error::Io {
+    let io = |error| Error::Io {
         path: path.to_path_buf(),
-        source,
+        error,
     };
     let mut file = std::fs::File::open(path).map_err(io)?;
     let len = file.metadata().map_err(io)?.len();
