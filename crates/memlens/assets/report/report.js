@@ -563,7 +563,8 @@
       fmtBytes(free) + ' free (largest free block ' + fmtBytes(largestFree) + '). One row per segment, in address order.';
     if (S.omitted && S.omitted.count) {
       var o = S.omitted, p = $('segments-omitted');
-      p.textContent = fmtInt(o.count) + ' smaller segments not drawn: ' + fmtBytes(o.bytes) + ' reserved, ' + fmtBytes(o.allocated_bytes) + ' allocated, ' + fmtBytes(o.free_bytes) + ' free.';
+      p.textContent = fmtInt(o.count) + ' smaller segments not drawn: ' + fmtBytes(o.bytes) + ' reserved, ' + fmtBytes(o.allocated_bytes) + ' allocated, ' +
+        (o.pending_free_bytes ? fmtBytes(o.pending_free_bytes) + ' pending free, ' : '') + fmtBytes(o.free_bytes) + ' free.';
       p.hidden = false;
     }
     var legend = $('segments-legend');

@@ -407,6 +407,8 @@ pub struct OmittedSegments {
     pub bytes: u64,
     /// Bytes allocated in them.
     pub allocated_bytes: u64,
+    /// Bytes freed by the user but waiting on stream events in them.
+    pub pending_free_bytes: u64,
     /// Bytes free in them.
     pub free_bytes: u64,
 }

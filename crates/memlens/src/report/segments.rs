@@ -30,10 +30,12 @@ pub fn cap_segments(m: &SegmentMap, max_segments: usize, max_blocks: usize) -> S
         omitted.count += 1;
         omitted.bytes = omitted.bytes.saturating_add(s.size);
         for b in &s.blocks {
-            match b.state {
-                BlockState::Free => omitted.free_bytes = omitted.free_bytes.saturating_add(b.size),
-                _ => omitted.allocated_bytes = omitted.allocated_bytes.saturating_add(b.size),
-            }
+            let sum = match b.state {
+                BlockState::Allocated => &mut omitted.allocated_bytes,
+                BlockState::PendingFree => &mut omitted.pending_free_bytes,
+                BlockState::Free => &mut omitted.free_bytes,
+            };
+            *sum = sum.saturating_add(b.size);
         }
     }
     let mut kept: Vec<usize> = kept.to_vec();
