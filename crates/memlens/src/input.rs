@@ -1,1 +1,200 @@
-//! Input formats, detected from the bytes: raw pickle, gzip, zstd, JSON.
+//! Input formats, detected from the bytes (never from the file name): raw
+//! pickle, gzip, zstd and JSON. Compressed inputs are decompressed on a second
+//! thread while the reader parses, so both cores work.
+
+use crate::error::{Error, Result};
+use crate::snapshot::Container;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver};
+
+/// Size of the chunks the decompression thread hands over.
+const CHUNK: usize = 1 << 20;
+
+/// Detects the container from the first bytes of a file.
+pub fn detect(head: &[u8]) -> Option<Container> {
+    match head {
+        [0x1f, 0x8b, ..] => Some(Container::Gzip),
+        [0x28, 0xb5, 0x2f, 0xfd, ..] => Some(Container::Zstd),
+        // PROTO (protocol >= 2), or the first opcode of a protocol-1 pickle.
+        [0x80, 2..=5, ..] | [b'}' | b']' | b'(', ..] => Some(Container::Pickle),
+        _ => {
+            let first = head.iter().find(|b| !b.is_ascii_whitespace())?;
+            matches!(first, b'{' | b'[').then_some(Container::Json)
+        }
+    }
+}
+
+/// Says what a file that is not a snapshot looks like, for the error message.
+pub fn describe_unknown(head: &[u8]) -> String {
+    let hex: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let guess = match head {
+        [b'P', b'K', 3, 4, ..] => {
+            " (a zip archive: a torch.save() checkpoint? memlens reads the memory snapshots written by torch.cuda.memory._dump_snapshot())"
+        }
+        [0x80, v, ..] if *v > 5 => " (a pickle of an unknown protocol)",
+        [0x7f, b'E', b'L', b'F', ..] => " (an executable)",
+        [b'%', b'P', b'D', b'F', ..] => " (a PDF document)",
+        [b'<', ..] => " (HTML or XML)",
+        _ if head.iter().all(|b| b.is_ascii_graphic() || b.is_ascii_whitespace()) => " (text)",
+        _ => "",
+    };
+    format!(
+        "not a memory snapshot: expected a pickle, gzip, zstd or JSON file, found bytes {}{guess}",
+        hex.join(" ")
+    )
+}
+
+/// Opens a snapshot file: checks it is a file, detects its container, and
+/// returns a reader of the decompressed bytes.
+pub fn open(path: &Path) -> Result<(Container, Box<dyn Read + Send>)> {
+    let io_err = |source| Error::Io {
+        path: path.into(),
+        source,
+    };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound && looks_like_glob(path) => {
+            return Err(Error::NotAFile {
+                path: path.into(),
+                what: "no such file; this looks like a glob pattern: pass the snapshot files themselves (your shell expands patterns)".into(),
+            })
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
+            return Err(Error::NotAFile { path: path.into(), what: "no such file".into() })
+        }
+        Err(e) => return Err(io_err(e)),
+    };
+    if meta.is_dir() {
+        return Err(Error::NotAFile {
+            path: path.into(),
+            what: "is a directory: pass one or more snapshot files".into(),
+        });
+    }
+    let mut file = File::open(path).map_err(io_err)?;
+    let mut head = [0u8; 8];
+    let n = read_up_to(&mut file, &mut head).map_err(io_err)?;
+    if n == 0 {
+        return Err(Error::UnknownFormat {
+            path: path.into(),
+            what: "the file is empty".into(),
+        });
+    }
+    let container = detect(&head[..n]).ok_or_else(|| Error::UnknownFormat {
+        path: path.into(),
+        what: describe_unknown(&head[..n]),
+    })?;
+    let file = File::open(path).map_err(io_err)?;
+    Ok((container, decoder(container, file)))
+}
+
+/// A reader of the decompressed bytes of `source`.
+pub fn decoder<R: Read + Send + 'static>(container: Container, source: R) -> Box<dyn Read + Send> {
+    match container {
+        Container::Pickle | Container::Json => Box::new(source),
+        Container::Gzip => background(flate2::read::MultiGzDecoder::new(source)),
+        Container::Zstd => match zstd::stream::read::Decoder::new(source) {
+            Ok(d) => background(d),
+            Err(e) => Box::new(FailingReader(Some(e))),
+        },
+    }
+}
+
+fn looks_like_glob(path: &Path) -> bool {
+    path.to_string_lossy().contains(['*', '?', '['])
+}
+
+fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut n = 0;
+    while n < buf.len() {
+        match r.read(&mut buf[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(n)
+}
+
+/// Runs a decompressor on its own thread and reads its output through a
+/// bounded channel of chunks.
+fn background<R: Read + Send + 'static>(mut inner: R) -> Box<dyn Read + Send> {
+    let (tx, rx) = sync_channel::<io::Result<Vec<u8>>>(4);
+    std::thread::spawn(move || loop {
+        let mut chunk = vec![0u8; CHUNK];
+        match read_up_to(&mut inner, &mut chunk) {
+            Ok(0) => break,
+            Ok(n) => {
+                chunk.truncate(n);
+                if tx.send(Ok(chunk)).is_err() {
+                    break; // the reader stopped early (an error); nothing to do
+                }
+            }
+            Err(e) => {
+                let _ = tx.send(Err(io::Error::new(
+                    e.kind(),
+                    format!("decompression failed: {e}"),
+                )));
+                break;
+            }
+        }
+    });
+    Box::new(ChannelReader {
+        rx,
+        chunk: Vec::new(),
+        pos: 0,
+    })
+}
+
+struct ChannelReader {
+    rx: Receiver<io::Result<Vec<u8>>>,
+    chunk: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.pos >= self.chunk.len() {
+            match self.rx.recv() {
+                Ok(Ok(c)) => {
+                    self.chunk = c;
+                    self.pos = 0;
+                }
+                Ok(Err(e)) => return Err(e),
+                Err(_) => return Ok(0), // the thread finished: end of stream
+            }
+        }
+        let n = buf.len().min(self.chunk.len() - self.pos);
+        buf[..n].copy_from_slice(&self.chunk[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+struct FailingReader(Option<io::Error>);
+
+impl Read for FailingReader {
+    fn read(&mut self, _: &mut [u8]) -> io::Result<usize> {
+        match self.0.take() {
+            Some(e) => Err(e),
+            None => Ok(0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_containers() {
+        assert_eq!(detect(&[0x80, 4, 0x95]), Some(Container::Pickle));
+        assert_eq!(detect(&[0x1f, 0x8b, 8]), Some(Container::Gzip));
+        assert_eq!(detect(&[0x28, 0xb5, 0x2f, 0xfd]), Some(Container::Zstd));
+        assert_eq!(detect(b"  {\"segments\""), Some(Container::Json));
+        assert_eq!(detect(b"PK\x03\x04"), None);
+        assert!(describe_unknown(b"PK\x03\x04").contains("torch.save"));
+    }
+}

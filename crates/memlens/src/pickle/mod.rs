@@ -1,7 +1,22 @@
 //! A safe, streaming reader of the pickle opcodes PyTorch snapshots use.
 //!
-//! It never runs code: `GLOBAL`, `REDUCE` and the other opcodes that make
-//! Python import or call something are refused.
+//! It never runs code: `GLOBAL`, `STACK_GLOBAL`, `REDUCE`, `BUILD`, `INST`,
+//! `OBJ`, `NEWOBJ`, `NEWOBJ_EX`, `PERSID`, `BINPERSID` and the extension-registry
+//! opcodes are refused with an error that says so. Python's `pickle.load` on an
+//! untrusted snapshot runs whatever the file asks for; this reader cannot.
+//!
+//! The reader is a small virtual machine ([`vm`]) over a buffered byte source
+//! ([`input`]). It does not build a generic object tree: containers are handed
+//! to a [`Builder`], which may turn a finished dict into something compact (a
+//! trace event, an interned frame) and free its storage at once. That is what
+//! keeps memory proportional to the distinct content of a snapshot rather than
+//! to the size of its pickle.
+
+pub mod input;
+pub mod vm;
+
+pub use input::Input;
+pub use vm::{parse, Limits};
 
 /// An error in a pickle stream, with the byte offset where it was found.
 #[derive(Debug, thiserror::Error)]
@@ -11,4 +26,111 @@ pub struct PickleError {
     pub offset: u64,
     /// What is wrong.
     pub message: String,
+}
+
+/// A value on the reader's stack or in its memo. Containers are ids owned by
+/// the [`Builder`]; the last three variants are handles of things the builder
+/// converted containers into.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Value {
+    /// `None`.
+    None,
+    /// `True` / `False`.
+    Bool(bool),
+    /// An integer that fits in `i64`.
+    Int(i64),
+    /// An integer in `i64::MAX+1 ..= u64::MAX`.
+    UInt(u64),
+    /// An integer too large for 64 bits (its value is not kept).
+    BigInt,
+    /// A float.
+    Float(f64),
+    /// An interned string.
+    Str(u32),
+    /// A byte string (its content is not kept).
+    Bytes,
+    /// A dict owned by the builder.
+    Dict(u32),
+    /// A list owned by the builder.
+    List(u32),
+    /// A tuple owned by the builder.
+    Tuple(u32),
+    /// A set or frozenset (its content is not kept).
+    Set,
+    /// A frame dict the builder interned.
+    Frame(u32),
+    /// A list of frames the builder interned as a stack.
+    Stack(u32),
+    /// A trace-entry dict the builder turned into an event.
+    Event(u32),
+}
+
+impl Value {
+    /// The value as an `i64`, when it is an integer that fits (or a bool).
+    pub fn as_i64(self) -> Option<i64> {
+        match self {
+            Value::Int(i) => Some(i),
+            Value::Bool(b) => Some(b as i64),
+            _ => None,
+        }
+    }
+
+    /// The value as a `u64`, when it is a non-negative integer.
+    pub fn as_u64(self) -> Option<u64> {
+        match self {
+            Value::Int(i) if i >= 0 => Some(i as u64),
+            Value::UInt(u) => Some(u),
+            Value::Bool(b) => Some(b as u64),
+            _ => None,
+        }
+    }
+
+    /// The value as a float (integers convert).
+    pub fn as_f64(self) -> Option<f64> {
+        match self {
+            Value::Float(f) => Some(f),
+            Value::Int(i) => Some(i as f64),
+            Value::UInt(u) => Some(u as f64),
+            _ => None,
+        }
+    }
+
+    /// A short name of the value's type, for error messages.
+    pub fn type_name(self) -> &'static str {
+        match self {
+            Value::None => "None",
+            Value::Bool(_) => "bool",
+            Value::Int(_) | Value::UInt(_) | Value::BigInt => "int",
+            Value::Float(_) => "float",
+            Value::Str(_) => "str",
+            Value::Bytes => "bytes",
+            Value::Dict(_) => "dict",
+            Value::List(_) => "list",
+            Value::Tuple(_) => "tuple",
+            Value::Set => "set",
+            Value::Frame(_) => "frame dict",
+            Value::Stack(_) => "list of frames",
+            Value::Event(_) => "trace entry",
+        }
+    }
+}
+
+/// What the reader hands containers to. The builder owns every container;
+/// the reader only moves [`Value`]s around. Container ids are never reused, so
+/// a value on the stack or in the memo can always be resolved.
+pub trait Builder {
+    /// A string was read.
+    fn string(&mut self, s: &str) -> Value;
+    /// `EMPTY_DICT`: a new, empty dict.
+    fn empty_dict(&mut self) -> Result<Value, String>;
+    /// `EMPTY_LIST`: a new, empty list.
+    fn empty_list(&mut self) -> Result<Value, String>;
+    /// A tuple of the given items.
+    fn tuple(&mut self, items: &[Value]) -> Result<Value, String>;
+    /// `dict.update(items)` with `items` alternating keys and values. Returns
+    /// the value that now stands for the dict: the builder may have converted
+    /// it into a frame or an event.
+    fn set_items(&mut self, dict: Value, items: &[Value]) -> Result<Value, String>;
+    /// `list.extend(items)`. Returns the value that now stands for the list.
+    fn append(&mut self, list: Value, items: &[Value]) -> Result<Value, String>;
 }

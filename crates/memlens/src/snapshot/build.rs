@@ -1,22 +1,599 @@
-//! Turns bytes into a [`Snapshot`](super::Snapshot).
+//! Turns bytes into a [`Snapshot`]: detects the container, runs the pickle
+//! reader (or the JSON parser) into the [`Heap`], then assembles the typed model
+//! from the top-level dict.
 
-use super::Snapshot;
+use super::heap::Heap;
+use super::{
+    AllocatorSettings, Annotation, Block, BlockState, Container, DeviceTrace, EventExtras,
+    PoolKind, Segment, Snapshot, EMPTY_STACK,
+};
 use crate::error::{Error, Result};
+use crate::pickle::{self, Builder, Input, Limits, Value};
+use std::io::Read;
 use std::path::Path;
 
-/// Reads a snapshot file.
+/// Reads a snapshot file of any supported format.
 pub fn load_path(path: &Path) -> Result<Snapshot> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.into(),
-        source,
-    })?;
-    load_bytes(&bytes, path)
+    let (container, reader) = crate::input::open(path)?;
+    load_reader(container, reader, path)
 }
 
-/// Reads a snapshot from bytes in memory.
-pub fn load_bytes(_bytes: &[u8], path: &Path) -> Result<Snapshot> {
-    Err(Error::NotASnapshot {
+/// Reads a snapshot from bytes in memory; `path` names it in errors.
+pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Snapshot> {
+    if bytes.is_empty() {
+        return Err(Error::UnknownFormat {
+            path: path.into(),
+            what: "the file is empty".into(),
+        });
+    }
+    let head = &bytes[..bytes.len().min(8)];
+    let container = crate::input::detect(head).ok_or_else(|| Error::UnknownFormat {
         path: path.into(),
-        what: "reader not written yet".into(),
+        what: crate::input::describe_unknown(head),
+    })?;
+    let reader = crate::input::decoder(container, std::io::Cursor::new(bytes.to_vec()));
+    load_reader(container, reader, path)
+}
+
+/// Reads a snapshot from a reader of decompressed bytes.
+pub fn load_reader(
+    container: Container,
+    reader: Box<dyn Read + Send>,
+    path: &Path,
+) -> Result<Snapshot> {
+    let mut heap = Heap::new();
+    let root = match container {
+        Container::Json => from_json(&mut heap, reader, path)?,
+        _ => {
+            let mut input = Input::new(reader);
+            let root =
+                pickle::parse(&mut input, &mut heap, Limits::default()).map_err(|source| {
+                    Error::Pickle {
+                        path: path.into(),
+                        source,
+                    }
+                })?;
+            heap.resolve(root)
+        }
+    };
+    assemble(heap, root, path)
+}
+
+fn from_json(heap: &mut Heap, reader: Box<dyn Read + Send>, path: &Path) -> Result<Value> {
+    let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(reader))
+        .map_err(|e| Error::Json {
+            path: path.into(),
+            what: e.to_string(),
+        })?;
+    json_to_heap(heap, &value).map_err(|what| Error::NotASnapshot {
+        path: path.into(),
+        what,
     })
+}
+
+/// Feeds a JSON document through the same builder the pickle reader uses, so
+/// both formats give the same model. serde_json caps nesting at 128 levels,
+/// which bounds this recursion.
+fn json_to_heap(heap: &mut Heap, v: &serde_json::Value) -> std::result::Result<Value, String> {
+    use serde_json::Value as J;
+    Ok(match v {
+        J::Null => Value::None,
+        J::Bool(b) => Value::Bool(*b),
+        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+            (Some(i), _, _) => Value::Int(i),
+            (_, Some(u), _) => Value::UInt(u),
+            (_, _, Some(f)) => Value::Float(f),
+            _ => Value::BigInt,
+        },
+        J::String(s) => heap.string(s),
+        J::Array(items) => {
+            let l = heap.empty_list()?;
+            let vals = items
+                .iter()
+                .map(|x| json_to_heap(heap, x))
+                .collect::<std::result::Result<Vec<_>, _>>()?;
+            heap.append(l, &vals)?
+        }
+        J::Object(map) => {
+            let d = heap.empty_dict()?;
+            let mut vals = Vec::with_capacity(map.len() * 2);
+            for (k, x) in map {
+                vals.push(heap.string(k));
+                vals.push(json_to_heap(heap, x)?);
+            }
+            if vals.is_empty() {
+                d
+            } else {
+                heap.set_items(d, &vals)?
+            }
+        }
+    })
+}
+
+/// Reads fields of one dict with clear errors.
+struct Fields<'a> {
+    heap: &'a Heap,
+    dict: Value,
+    what: String,
+}
+
+impl<'a> Fields<'a> {
+    fn get(&self, key: &str) -> Option<Value> {
+        self.heap.get_str(self.dict, key)
+    }
+
+    fn u64_req(&self, key: &str) -> std::result::Result<u64, String> {
+        match self.get(key) {
+            Some(v) => v.as_u64().ok_or_else(|| {
+                format!(
+                    "{} has {key} = a {}, not a non-negative integer",
+                    self.what,
+                    v.type_name()
+                )
+            }),
+            None => Err(format!("{} has no {key}", self.what)),
+        }
+    }
+
+    fn u64_or(&self, key: &str, default: u64) -> u64 {
+        self.get(key).and_then(Value::as_u64).unwrap_or(default)
+    }
+
+    fn i64_or(&self, key: &str, default: i64) -> i64 {
+        self.get(key).and_then(Value::as_i64).unwrap_or(default)
+    }
+
+    fn str(&self, key: &str) -> Option<&'a str> {
+        match self.get(key) {
+            Some(Value::Str(s)) => Some(self.heap.strings.get(s)),
+            _ => None,
+        }
+    }
+
+    fn bool_or(&self, key: &str, default: bool) -> bool {
+        match self.get(key) {
+            Some(Value::Bool(b)) => b,
+            Some(Value::Int(i)) => i != 0,
+            _ => default,
+        }
+    }
+
+    fn stack(&self, key: &str) -> u32 {
+        match self.get(key) {
+            Some(Value::Stack(s)) => s,
+            _ => EMPTY_STACK,
+        }
+    }
+}
+
+/// Describes a value for "found X instead" messages.
+fn describe(heap: &Heap, v: Value) -> String {
+    match v {
+        Value::Dict(_) => {
+            let keys: Vec<String> = heap
+                .dict_items(v)
+                .iter()
+                .take(8)
+                .map(|(k, _)| match k {
+                    Value::Str(s) => format!("{:?}", heap.strings.get(*s)),
+                    other => other.type_name().to_string(),
+                })
+                .collect();
+            if keys.is_empty() {
+                "found an empty dict".into()
+            } else {
+                format!("found a dict with keys {}", keys.join(", "))
+            }
+        }
+        Value::List(_) => format!("found a list of {} items", heap.list_len(v)),
+        other => format!("found a {}", other.type_name()),
+    }
+}
+
+fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
+    let not_snapshot = |what: String| Error::NotASnapshot {
+        path: path.into(),
+        what,
+    };
+    let mut snap = Snapshot::default();
+
+    // The top level: a dict, or the legacy bare list of segments.
+    let (segments_v, traces_v, settings_v, annotations_v) = match root {
+        Value::Dict(_) => {
+            let seg = heap.get_str(root, "segments");
+            let tr = heap
+                .get_str(root, "device_traces")
+                .or_else(|| heap.get_str(root, "traces"));
+            if seg.is_none() && tr.is_none() {
+                return Err(not_snapshot(format!(
+                    "{} (a snapshot has \"segments\" and \"device_traces\")",
+                    describe(&heap, root)
+                )));
+            }
+            (
+                seg,
+                tr,
+                heap.get_str(root, "allocator_settings"),
+                heap.get_str(root, "external_annotations"),
+            )
+        }
+        Value::List(_) => {
+            snap.legacy = true;
+            (Some(root), None, None, None)
+        }
+        other => {
+            return Err(not_snapshot(format!(
+                "{} (a snapshot is a dict with \"segments\" and \"device_traces\")",
+                describe(&heap, other)
+            )))
+        }
+    };
+
+    if let Some(v) = segments_v {
+        let items = heap.sequence(v).ok_or_else(|| {
+            not_snapshot(format!("\"segments\" is a {}, not a list", v.type_name()))
+        })?;
+        for (i, s) in items.into_iter().enumerate() {
+            let seg = segment(&mut heap, s, i).map_err(not_snapshot)?;
+            snap.legacy |= seg.1;
+            snap.segments.push(seg.0);
+        }
+    }
+
+    if let Some(v) = traces_v {
+        let devices = heap.sequence(v).ok_or_else(|| {
+            not_snapshot(format!(
+                "\"device_traces\" is a {}, not a list",
+                v.type_name()
+            ))
+        })?;
+        let mut skipped = 0u64;
+        for (d, list) in devices.into_iter().enumerate() {
+            let trace = device_trace(&mut heap, list, d as u32, &mut skipped).ok_or_else(|| {
+                not_snapshot(format!(
+                    "device_traces[{d}] is a {}, not a list",
+                    list.type_name()
+                ))
+            })?;
+            snap.traces.push(trace);
+        }
+        if skipped > 0 {
+            snap.warnings.push(format!(
+                "{skipped} trace entries were skipped: not trace entries, or an action memlens does not know"
+            ));
+        }
+    }
+
+    if let Some(v) = settings_v {
+        snap.settings = settings(&heap, v);
+    }
+    if let Some(v) = annotations_v {
+        snap.annotations = annotations(&heap, v);
+    }
+
+    if heap.odd_frames > 0 {
+        snap.warnings.push(format!(
+            "{} trace entries had frames that were not frame dicts; their stacks are empty",
+            heap.odd_frames
+        ));
+    }
+    if snap.legacy {
+        snap.warnings.push(
+            "legacy snapshot format (PyTorch 2.0 or older): no trace, sizes from block history"
+                .into(),
+        );
+    }
+    let events = snap.event_count();
+    let with_frames: usize = snap
+        .traces
+        .iter()
+        .map(|t| t.events.iter().filter(|e| e.stack != EMPTY_STACK).count())
+        .sum();
+    if events > 0 && with_frames == 0 {
+        snap.warnings.push(
+            "no stacks were recorded: use _record_memory_history(enabled=\"all\", context=\"all\", stacks=\"python\") to see where memory was allocated".into(),
+        );
+    }
+    if snap.settings.trace_alloc_overflowed == Some(true) {
+        snap.warnings.push(
+            "the trace ring buffer overflowed: the oldest events were lost (raise max_entries)"
+                .into(),
+        );
+    }
+
+    snap.frames = std::mem::take(&mut heap.frames);
+    snap.stack_ranges = std::mem::take(&mut heap.stack_ranges);
+    snap.stack_frames = std::mem::take(&mut heap.stack_frames);
+    snap.streams = std::mem::take(&mut heap.streams);
+    snap.strings = std::mem::take(&mut heap.strings);
+    Ok(snap)
+}
+
+/// Reads one segment dict; the bool says the segment is in the legacy form.
+fn segment(
+    heap: &mut Heap,
+    v: Value,
+    index: usize,
+) -> std::result::Result<(Segment, bool), String> {
+    if !matches!(v, Value::Dict(_)) {
+        return Err(format!(
+            "segments[{index}] is a {}, not a dict",
+            v.type_name()
+        ));
+    }
+    let f = Fields {
+        heap,
+        dict: v,
+        what: format!("segments[{index}]"),
+    };
+    let address = f.u64_req("address")?;
+    let total_size = f.u64_req("total_size")?;
+    let pool = match f.str("segment_type") {
+        Some("small") => PoolKind::Small,
+        Some(_) => PoolKind::Large,
+        None if total_size <= 2 << 20 => PoolKind::Small,
+        None => PoolKind::Large,
+    };
+    let pool_id = match f.get("segment_pool_id").and_then(|p| heap.sequence(p)) {
+        Some(p) if p.len() == 2 => (p[0].as_i64().unwrap_or(0), p[1].as_i64().unwrap_or(0)),
+        _ => (0, 0),
+    };
+    let legacy = f.get("requested_size").is_none() && f.get("frames").is_none();
+    let raw_stream = f.i64_or("stream", 0);
+    let mut seg = Segment {
+        device: f.u64_or("device", 0).min(u32::MAX as u64) as u32,
+        address,
+        total_size,
+        allocated_size: f.u64_or("allocated_size", 0),
+        active_size: f.u64_or("active_size", 0),
+        requested_size: f.u64_or("requested_size", 0),
+        stream: 0,
+        pool,
+        pool_id,
+        is_expandable: f.bool_or("is_expandable", false),
+        stack: f.stack("frames"),
+        blocks: Vec::new(),
+    };
+    let blocks_v = f.get("blocks");
+    let what = f.what.clone();
+    seg.stream = heap.stream_id(raw_stream);
+    let blocks = match blocks_v {
+        Some(b) => heap
+            .sequence(b)
+            .ok_or_else(|| format!("{what}.blocks is not a list"))?,
+        None => Vec::new(),
+    };
+    let mut next_addr = address;
+    for (j, b) in blocks.into_iter().enumerate() {
+        let block = block(heap, b, &format!("{what}.blocks[{j}]"), next_addr)?;
+        next_addr = block.address.saturating_add(block.size);
+        seg.blocks.push(block);
+    }
+    Ok((seg, legacy))
+}
+
+fn block(
+    heap: &Heap,
+    v: Value,
+    what: &str,
+    running_addr: u64,
+) -> std::result::Result<Block, String> {
+    if !matches!(v, Value::Dict(_)) {
+        return Err(format!("{what} is a {}, not a dict", v.type_name()));
+    }
+    let f = Fields {
+        heap,
+        dict: v,
+        what: what.to_string(),
+    };
+    let size = f.u64_req("size")?;
+    let state = match f.str("state") {
+        Some("active_allocated") => BlockState::ActiveAllocated,
+        Some("active_pending_free") | Some("active_awaiting_free") => BlockState::ActivePendingFree,
+        Some("inactive") => BlockState::Inactive,
+        Some(other) => return Err(format!("{what} has an unknown state {other:?}")),
+        None => return Err(format!("{what} has no state")),
+    };
+    // Legacy blocks keep their size and stack in `history[0]`.
+    let history = f
+        .get("history")
+        .and_then(|h| heap.sequence(h))
+        .and_then(|h| h.first().copied())
+        .filter(|h| matches!(h, Value::Dict(_)));
+    let (requested, stack) = match (f.get("requested_size"), history) {
+        (Some(r), _) => (r.as_u64().unwrap_or(size), f.stack("frames")),
+        (None, Some(h)) => {
+            let hf = Fields {
+                heap,
+                dict: h,
+                what: what.to_string(),
+            };
+            (hf.u64_or("real_size", size), hf.stack("frames"))
+        }
+        (None, None) => (size, f.stack("frames")),
+    };
+    Ok(Block {
+        address: f.u64_or("address", running_addr),
+        size,
+        requested_size: requested,
+        state,
+        stack,
+    })
+}
+
+fn device_trace(
+    heap: &mut Heap,
+    list: Value,
+    device: u32,
+    skipped: &mut u64,
+) -> Option<DeviceTrace> {
+    if !matches!(list, Value::List(_)) {
+        return None;
+    }
+    let body = heap.take_list_body(list)?;
+    let mut trace = DeviceTrace {
+        device,
+        events: Vec::new(),
+        extras: Vec::new(),
+    };
+    let mut globals: Vec<u32> = Vec::new();
+    if body.items.is_empty() {
+        // The usual case: one contiguous run of events.
+        let (s, n) = (body.ev_start as usize, body.ev_len as usize);
+        if s == 0 && n == heap.events.len() {
+            trace.events = std::mem::take(&mut heap.events);
+        } else {
+            trace.events = heap
+                .events
+                .get(s..s + n)
+                .map(<[_]>::to_vec)
+                .unwrap_or_default();
+        }
+        let end = (s + n) as u32;
+        for &(g, cc, um) in heap.extras.iter().filter(|x| x.0 >= s as u32 && x.0 < end) {
+            trace.extras.push(EventExtras {
+                index: g - s as u32,
+                compile_context: cc,
+                user_metadata: um,
+            });
+        }
+        return Some(trace);
+    }
+    for item in body.items.iter().map(|v| heap.resolve(*v)) {
+        match item {
+            Value::Event(e) => {
+                if let Some(ev) = heap.events.get(e as usize) {
+                    globals.push(e);
+                    trace.events.push(*ev);
+                }
+            }
+            _ => *skipped += 1,
+        }
+    }
+    for &(g, cc, um) in &heap.extras {
+        if let Some(pos) = globals.iter().position(|&x| x == g) {
+            trace.extras.push(EventExtras {
+                index: pos as u32,
+                compile_context: cc,
+                user_metadata: um,
+            });
+        }
+    }
+    Some(trace)
+}
+
+/// Converts a value to JSON for display (depth-limited).
+fn to_json(heap: &Heap, v: Value, depth: usize) -> serde_json::Value {
+    use serde_json::Value as J;
+    if depth > 16 {
+        return J::String("…".into());
+    }
+    match heap.resolve(v) {
+        Value::None => J::Null,
+        Value::Bool(b) => J::Bool(b),
+        Value::Int(i) => J::from(i),
+        Value::UInt(u) => J::from(u),
+        Value::Float(f) => J::from(f),
+        Value::Str(s) => J::String(heap.strings.get(s).to_string()),
+        d @ Value::Dict(_) => J::Object(
+            heap.dict_items(d)
+                .iter()
+                .map(|(k, x)| {
+                    let key = match k {
+                        Value::Str(s) => heap.strings.get(*s).to_string(),
+                        other => other.type_name().to_string(),
+                    };
+                    (key, to_json(heap, *x, depth + 1))
+                })
+                .collect(),
+        ),
+        l @ (Value::List(_) | Value::Tuple(_)) => J::Array(
+            heap.sequence(l)
+                .unwrap_or_default()
+                .into_iter()
+                .take(1000)
+                .map(|x| to_json(heap, x, depth + 1))
+                .collect(),
+        ),
+        other => J::String(format!("<{}>", other.type_name())),
+    }
+}
+
+fn settings(heap: &Heap, v: Value) -> AllocatorSettings {
+    let f = Fields {
+        heap,
+        dict: v,
+        what: "allocator_settings".into(),
+    };
+    let mut s = AllocatorSettings {
+        present: true,
+        ..Default::default()
+    };
+    s.alloc_conf = f.str("PYTORCH_CUDA_ALLOC_CONF").unwrap_or("").to_string();
+    s.max_split_size = match f.get("max_split_size") {
+        Some(Value::Int(i)) if i >= 0 => Some(i as u64),
+        Some(Value::UInt(u)) if u != u64::MAX => Some(u),
+        _ => None,
+    };
+    s.garbage_collection_threshold = f
+        .get("garbage_collection_threshold")
+        .and_then(Value::as_f64)
+        .unwrap_or(0.0);
+    s.expandable_segments = f.bool_or("expandable_segments", false);
+    s.roundup_power2_divisions = match f.get("roundup_power2_divisions") {
+        Some(d @ Value::Dict(_)) => {
+            let mut pairs: Vec<(u64, u32)> = heap
+                .dict_items(d)
+                .iter()
+                .filter_map(|(k, x)| {
+                    let Value::Str(k) = k else { return None };
+                    let key: u64 = heap.strings.get(*k).parse().ok()?;
+                    Some((key, heap.resolve(*x).as_u64().unwrap_or(0) as u32))
+                })
+                .collect();
+            pairs.sort_unstable();
+            pairs.into_iter().map(|(_, x)| x).collect()
+        }
+        Some(l @ Value::List(_)) => heap
+            .sequence(l)
+            .unwrap_or_default()
+            .into_iter()
+            .map(|x| x.as_u64().unwrap_or(0) as u32)
+            .collect(),
+        Some(Value::Int(n)) if n > 0 => vec![n as u32; 16],
+        _ => Vec::new(),
+    };
+    s.trace_alloc_overflowed = match f.get("trace_alloc_overflowed") {
+        Some(Value::Bool(b)) => Some(b),
+        _ => None,
+    };
+    s.trace_alloc_max_entries = f.get("trace_alloc_max_entries").and_then(Value::as_u64);
+    if let serde_json::Value::Object(map) = to_json(heap, v, 0) {
+        s.other = map;
+    }
+    s
+}
+
+fn annotations(heap: &Heap, v: Value) -> Vec<Annotation> {
+    let mut out = Vec::new();
+    for a in heap.sequence(v).unwrap_or_default() {
+        if !matches!(a, Value::Dict(_)) {
+            continue;
+        }
+        let f = Fields {
+            heap,
+            dict: a,
+            what: "annotation".into(),
+        };
+        let Some(Value::Str(name)) = f.get("name") else {
+            continue;
+        };
+        out.push(Annotation {
+            device: f.u64_or("device", 0).min(u32::MAX as u64) as u32,
+            time_us: f.i64_or("time_us", 0),
+            name,
+            start: f.str("stage") != Some("END"),
+        });
+    }
+    out
 }

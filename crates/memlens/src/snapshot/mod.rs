@@ -12,6 +12,7 @@
 //! [`build`] and [`crate::pickle`].
 
 pub mod build;
+mod heap;
 mod strings;
 
 pub use strings::{StrId, Strings};

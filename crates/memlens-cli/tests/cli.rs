@@ -1,0 +1,116 @@
+//! The `memlens` binary: JSON contract and exit codes.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixtures() -> PathBuf {
+    std::env::var("MEMLENS_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        })
+}
+
+fn memlens(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .args(args)
+        .output()
+        .expect("memlens runs")
+}
+
+fn fixture(name: &str) -> String {
+    fixtures().join(name).to_string_lossy().into_owned()
+}
+
+/// Bad input: exit code 2 and exactly one line on stderr naming the file.
+fn assert_bad_input(args: &[&str], needle: &str) {
+    let out = memlens(args);
+    assert_eq!(out.status.code(), Some(2), "{args:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "one line: {err}");
+    assert!(err.starts_with("memlens: error: "), "{err}");
+    assert!(err.contains(needle), "{err} should mention {needle}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.stdout.is_empty());
+}
+
+#[test]
+fn summary_json_carries_the_contract_keys() {
+    let out = memlens(&["summary", &fixture("gpt2_train.pickle.zst"), "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["schema"], "memlens/1");
+    for key in [
+        "reserved_bytes",
+        "allocated_bytes",
+        "active_bytes",
+        "requested_bytes",
+        "inactive_split_bytes",
+        "segments",
+        "expandable_ranges",
+        "trace_events",
+        "largest_free_block_bytes",
+        "devices",
+    ] {
+        assert!(!v[key].is_null(), "missing {key}");
+    }
+    assert_eq!(v["segments"], 77);
+}
+
+#[test]
+fn summary_text_is_readable() {
+    let out = memlens(&["summary", &fixture("oom.at_oom.pickle.zst")]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("reserved"), "{text}");
+    assert!(text.contains("GiB"), "{text}");
+    assert!(text.contains("oom 1"), "{text}");
+}
+
+#[test]
+fn bad_inputs_exit_2_with_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.pickle");
+    std::fs::write(&empty, b"").unwrap();
+    assert_bad_input(
+        &["summary", empty.to_str().unwrap()],
+        "empty.pickle: the file is empty",
+    );
+
+    let text = dir.path().join("notes.txt");
+    std::fs::write(&text, b"just some text\n").unwrap();
+    assert_bad_input(
+        &["summary", text.to_str().unwrap()],
+        "not a memory snapshot",
+    );
+
+    let trunc = dir.path().join("trunc.pickle.zst");
+    let zst = std::fs::read(fixture("gpt2_train.pickle.zst")).unwrap();
+    std::fs::write(&trunc, &zst[..zst.len() / 2]).unwrap();
+    assert_bad_input(&["summary", trunc.to_str().unwrap()], "trunc.pickle.zst");
+
+    let evil = dir.path().join("evil.pickle");
+    std::fs::write(
+        &evil,
+        b"\x80\x02cos\nsystem\nq\x00X\x02\x00\x00\x00idq\x01\x85q\x02Rq\x03.",
+    )
+    .unwrap();
+    assert_bad_input(
+        &["summary", evil.to_str().unwrap()],
+        "asks to run code (GLOBAL os.system)",
+    );
+
+    assert_bad_input(
+        &["summary", "/nonexistent/x.pickle"],
+        "/nonexistent/x.pickle: no such file",
+    );
+    assert_bad_input(&["summary", dir.path().to_str().unwrap()], "is a directory");
+}
+
+#[test]
+fn usage_errors_exit_2_and_help_exits_0() {
+    assert_eq!(memlens(&["summary"]).status.code(), Some(2));
+    assert_eq!(memlens(&["no-such-command"]).status.code(), Some(2));
+    assert_eq!(memlens(&["--help"]).status.code(), Some(0));
+    assert_eq!(memlens(&["--version"]).status.code(), Some(0));
+}

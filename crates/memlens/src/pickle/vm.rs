@@ -1,0 +1,781 @@
+//! The opcode loop. Supports every plain-data opcode of pickle protocols 2 to 5
+//! (and the binary opcodes of protocol 1); refuses every opcode that would
+//! import or call something, and the protocol-0 text opcodes.
+
+use super::input::{Input, InputError};
+use super::{Builder, PickleError, Value};
+use std::io::Read;
+
+/// Bounds that keep a hostile file from taking unbounded memory.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Most values on the stack at once.
+    pub max_stack: usize,
+    /// Most open `MARK`s at once.
+    pub max_marks: usize,
+    /// Largest single string or bytes object.
+    pub max_item_bytes: usize,
+    /// Largest memo index accepted beyond the current memo size.
+    pub max_memo_gap: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_stack: 1 << 24,
+            max_marks: 1 << 20,
+            max_item_bytes: 1 << 30,
+            max_memo_gap: 1 << 20,
+        }
+    }
+}
+
+// Opcodes, named as in CPython's `pickle.py`.
+const MARK: u8 = b'(';
+const STOP: u8 = b'.';
+const POP: u8 = b'0';
+const POP_MARK: u8 = b'1';
+const DUP: u8 = b'2';
+const FLOAT: u8 = b'F';
+const INT: u8 = b'I';
+const BININT: u8 = b'J';
+const BININT1: u8 = b'K';
+const LONG: u8 = b'L';
+const BININT2: u8 = b'M';
+const NONE: u8 = b'N';
+const PERSID: u8 = b'P';
+const BINPERSID: u8 = b'Q';
+const REDUCE: u8 = b'R';
+const STRING: u8 = b'S';
+const BINSTRING: u8 = b'T';
+const SHORT_BINSTRING: u8 = b'U';
+const UNICODE: u8 = b'V';
+const BINUNICODE: u8 = b'X';
+const APPEND: u8 = b'a';
+const BUILD: u8 = b'b';
+const GLOBAL: u8 = b'c';
+const DICT: u8 = b'd';
+const EMPTY_DICT: u8 = b'}';
+const APPENDS: u8 = b'e';
+const GET: u8 = b'g';
+const BINGET: u8 = b'h';
+const INST: u8 = b'i';
+const LONG_BINGET: u8 = b'j';
+const LIST: u8 = b'l';
+const EMPTY_LIST: u8 = b']';
+const OBJ: u8 = b'o';
+const PUT: u8 = b'p';
+const BINPUT: u8 = b'q';
+const LONG_BINPUT: u8 = b'r';
+const SETITEM: u8 = b's';
+const TUPLE: u8 = b't';
+const EMPTY_TUPLE: u8 = b')';
+const SETITEMS: u8 = b'u';
+const BINFLOAT: u8 = b'G';
+const PROTO: u8 = 0x80;
+const NEWOBJ: u8 = 0x81;
+const EXT1: u8 = 0x82;
+const EXT2: u8 = 0x83;
+const EXT4: u8 = 0x84;
+const TUPLE1: u8 = 0x85;
+const TUPLE2: u8 = 0x86;
+const TUPLE3: u8 = 0x87;
+const NEWTRUE: u8 = 0x88;
+const NEWFALSE: u8 = 0x89;
+const LONG1: u8 = 0x8a;
+const LONG4: u8 = 0x8b;
+const SHORT_BINUNICODE: u8 = 0x8c;
+const BINUNICODE8: u8 = 0x8d;
+const BINBYTES8: u8 = 0x8e;
+const EMPTY_SET: u8 = 0x8f;
+const ADDITEMS: u8 = 0x90;
+const FROZENSET: u8 = 0x91;
+const NEWOBJ_EX: u8 = 0x92;
+const STACK_GLOBAL: u8 = 0x93;
+const MEMOIZE: u8 = 0x94;
+const FRAME: u8 = 0x95;
+const BYTEARRAY8: u8 = 0x96;
+const NEXT_BUFFER: u8 = 0x97;
+const READONLY_BUFFER: u8 = 0x98;
+const SHORT_BINBYTES: u8 = b'C';
+const BINBYTES: u8 = b'B';
+
+/// The memo holds values packed in 32 bits: a 4-bit kind and a 28-bit id.
+/// Scalars (rarely memoized) live in a side table. A snapshot memoizes about
+/// three objects per trace event, so this keeps the memo to ~12 bytes an event.
+struct Memo {
+    slots: Vec<u32>,
+    scalars: Vec<Value>,
+}
+
+const MEMO_EMPTY: u32 = u32::MAX;
+const ID_BITS: u32 = 28;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
+
+impl Memo {
+    fn pack(&mut self, v: Value) -> Result<u32, String> {
+        let (kind, id) = match v {
+            Value::Str(i) => (0, i),
+            Value::Dict(i) => (1, i),
+            Value::List(i) => (2, i),
+            Value::Tuple(i) => (3, i),
+            Value::Frame(i) => (4, i),
+            Value::Stack(i) => (5, i),
+            Value::Event(i) => (6, i),
+            scalar => {
+                self.scalars.push(scalar);
+                (7, (self.scalars.len() - 1) as u32)
+            }
+        };
+        if id > ID_MASK {
+            return Err("too many objects in one pickle (more than 268 million)".into());
+        }
+        Ok((kind << ID_BITS) | id)
+    }
+
+    fn unpack(&self, p: u32) -> Option<Value> {
+        let id = p & ID_MASK;
+        Some(match p >> ID_BITS {
+            0 => Value::Str(id),
+            1 => Value::Dict(id),
+            2 => Value::List(id),
+            3 => Value::Tuple(id),
+            4 => Value::Frame(id),
+            5 => Value::Stack(id),
+            6 => Value::Event(id),
+            7 => *self.scalars.get(id as usize)?,
+            _ => return None,
+        })
+    }
+
+    fn put(&mut self, index: usize, v: Value, limits: &Limits) -> Result<(), String> {
+        let packed = self.pack(v)?;
+        if index >= self.slots.len() {
+            if index - self.slots.len() > limits.max_memo_gap {
+                return Err(format!("memo index {index} is far beyond the memo's size"));
+            }
+            self.slots.resize(index + 1, MEMO_EMPTY);
+        }
+        self.slots[index] = packed;
+        Ok(())
+    }
+
+    /// After the builder converted `old` into `new`, points the memo slot that
+    /// holds `old` at `new`, so later references skip the builder's lookup.
+    /// A dict's memo slot is among the last few: only the memoized strings of
+    /// its own items come after it.
+    fn converted(&mut self, old: Value, new: Value) {
+        let (Ok(old_p), Ok(new_p)) = (self.pack_ref(old), self.pack_ref(new)) else {
+            return;
+        };
+        let n = self.slots.len();
+        for slot in self.slots[n.saturating_sub(8)..].iter_mut().rev() {
+            if *slot == old_p {
+                *slot = new_p;
+                return;
+            }
+        }
+    }
+
+    /// Packs a container or handle (never a scalar) without touching the side table.
+    fn pack_ref(&self, v: Value) -> Result<u32, ()> {
+        let (kind, id) = match v {
+            Value::Dict(i) => (1, i),
+            Value::Frame(i) => (4, i),
+            Value::Event(i) => (6, i),
+            _ => return Err(()),
+        };
+        if id > ID_MASK {
+            return Err(());
+        }
+        Ok((kind << ID_BITS) | id)
+    }
+
+    #[inline]
+    fn get(&self, index: usize) -> Result<Value, String> {
+        match self.slots.get(index) {
+            Some(&p) if p != MEMO_EMPTY => self
+                .unpack(p)
+                .ok_or_else(|| format!("memo slot {index} is corrupt")),
+            _ => Err(format!("memo index {index} was never stored")),
+        }
+    }
+}
+
+fn opcode_name(op: u8) -> &'static str {
+    match op {
+        MARK => "MARK",
+        STOP => "STOP",
+        POP => "POP",
+        POP_MARK => "POP_MARK",
+        DUP => "DUP",
+        BININT => "BININT",
+        BININT1 => "BININT1",
+        BININT2 => "BININT2",
+        NONE => "NONE",
+        BINUNICODE => "BINUNICODE",
+        APPEND => "APPEND",
+        DICT => "DICT",
+        EMPTY_DICT => "EMPTY_DICT",
+        APPENDS => "APPENDS",
+        BINGET => "BINGET",
+        LONG_BINGET => "LONG_BINGET",
+        LIST => "LIST",
+        EMPTY_LIST => "EMPTY_LIST",
+        BINPUT => "BINPUT",
+        LONG_BINPUT => "LONG_BINPUT",
+        SETITEM => "SETITEM",
+        TUPLE => "TUPLE",
+        EMPTY_TUPLE => "EMPTY_TUPLE",
+        SETITEMS => "SETITEMS",
+        BINFLOAT => "BINFLOAT",
+        PROTO => "PROTO",
+        TUPLE1 => "TUPLE1",
+        TUPLE2 => "TUPLE2",
+        TUPLE3 => "TUPLE3",
+        NEWTRUE => "NEWTRUE",
+        NEWFALSE => "NEWFALSE",
+        LONG1 => "LONG1",
+        LONG4 => "LONG4",
+        SHORT_BINUNICODE => "SHORT_BINUNICODE",
+        BINUNICODE8 => "BINUNICODE8",
+        BINBYTES8 => "BINBYTES8",
+        EMPTY_SET => "EMPTY_SET",
+        ADDITEMS => "ADDITEMS",
+        FROZENSET => "FROZENSET",
+        MEMOIZE => "MEMOIZE",
+        FRAME => "FRAME",
+        BYTEARRAY8 => "BYTEARRAY8",
+        SHORT_BINBYTES => "SHORT_BINBYTES",
+        BINBYTES => "BINBYTES",
+        BINSTRING => "BINSTRING",
+        SHORT_BINSTRING => "SHORT_BINSTRING",
+        _ => "opcode",
+    }
+}
+
+/// Decodes a little-endian two's-complement integer (`LONG1`/`LONG4`).
+fn decode_long(bytes: &[u8]) -> Value {
+    let n = bytes.len();
+    if n == 0 {
+        return Value::Int(0);
+    }
+    let negative = bytes[n - 1] & 0x80 != 0;
+    if n <= 8 {
+        let mut buf = if negative { [0xffu8; 8] } else { [0u8; 8] };
+        buf[..n].copy_from_slice(bytes);
+        return Value::Int(i64::from_le_bytes(buf));
+    }
+    // Wider encodings: a u64 >= 2^63 takes 9 bytes with a zero sign byte.
+    if !negative && bytes[8..].iter().all(|&b| b == 0) {
+        let mut buf = [0u8; 8];
+        buf.copy_from_slice(&bytes[..8]);
+        let u = u64::from_le_bytes(buf);
+        return if u <= i64::MAX as u64 {
+            Value::Int(u as i64)
+        } else {
+            Value::UInt(u)
+        };
+    }
+    if negative && bytes[8..].iter().all(|&b| b == 0xff) && bytes[7] & 0x80 != 0 {
+        let mut buf = [0u8; 8];
+        buf.copy_from_slice(&bytes[..8]);
+        return Value::Int(i64::from_le_bytes(buf));
+    }
+    Value::BigInt
+}
+
+/// Reads one pickle from `input`, handing containers to `builder`, and returns
+/// the top-level value.
+pub fn parse<R: Read, B: Builder>(
+    input: &mut Input<R>,
+    builder: &mut B,
+    limits: Limits,
+) -> Result<Value, PickleError> {
+    let mut vm = Vm {
+        stack: Vec::with_capacity(4096),
+        marks: Vec::with_capacity(64),
+        memo: Memo {
+            slots: Vec::new(),
+            scalars: Vec::new(),
+        },
+        limits,
+    };
+    vm.run(input, builder)
+}
+
+struct Vm {
+    stack: Vec<Value>,
+    marks: Vec<usize>,
+    memo: Memo,
+    limits: Limits,
+}
+
+/// An error before it is given its byte offset.
+enum Fault {
+    Input(InputError),
+    Msg(String),
+}
+
+impl From<InputError> for Fault {
+    fn from(e: InputError) -> Self {
+        Fault::Input(e)
+    }
+}
+
+impl From<String> for Fault {
+    fn from(e: String) -> Self {
+        Fault::Msg(e)
+    }
+}
+
+impl Vm {
+    fn run<R: Read, B: Builder>(
+        &mut self,
+        input: &mut Input<R>,
+        builder: &mut B,
+    ) -> Result<Value, PickleError> {
+        loop {
+            let offset = input.offset();
+            let op = match input.byte() {
+                Ok(op) => op,
+                Err(InputError::Truncated) => {
+                    return Err(PickleError {
+                        offset,
+                        message: if offset == 0 {
+                            "the file is empty".into()
+                        } else {
+                            "the file is truncated: it ends before the pickle's STOP opcode".into()
+                        },
+                    })
+                }
+                Err(InputError::Io(e)) => {
+                    return Err(PickleError {
+                        offset,
+                        message: format!("read error: {e}"),
+                    })
+                }
+            };
+            match self.step(op, input, builder) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return self.stack.pop().ok_or_else(|| PickleError {
+                        offset,
+                        message: "STOP with an empty stack".into(),
+                    })
+                }
+                Err(Fault::Input(InputError::Truncated)) => {
+                    return Err(PickleError {
+                        offset,
+                        message: format!(
+                            "the file is truncated in the middle of a {} opcode",
+                            opcode_name(op)
+                        ),
+                    })
+                }
+                Err(Fault::Input(InputError::Io(e))) => {
+                    return Err(PickleError {
+                        offset,
+                        message: format!("read error: {e}"),
+                    })
+                }
+                Err(Fault::Msg(message)) => return Err(PickleError { offset, message }),
+            }
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, v: Value) -> Result<(), Fault> {
+        if self.stack.len() >= self.limits.max_stack {
+            return Err(Fault::Msg(format!(
+                "the pickle stack grew past {} values",
+                self.limits.max_stack
+            )));
+        }
+        self.stack.push(v);
+        Ok(())
+    }
+
+    #[inline]
+    fn pop(&mut self, op: u8) -> Result<Value, Fault> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() <= floor {
+            return Err(Fault::Msg(format!(
+                "{} with nothing to take from the stack",
+                opcode_name(op)
+            )));
+        }
+        Ok(self.stack.pop().unwrap_or(Value::None))
+    }
+
+    fn pop_mark(&mut self, op: u8) -> Result<usize, Fault> {
+        self.marks
+            .pop()
+            .ok_or_else(|| Fault::Msg(format!("{} without a MARK", opcode_name(op))))
+    }
+
+    fn len_checked(&self, n: u64) -> Result<usize, Fault> {
+        if n > self.limits.max_item_bytes as u64 {
+            return Err(Fault::Msg(format!(
+                "an item of {n} bytes is larger than the {} byte limit",
+                self.limits.max_item_bytes
+            )));
+        }
+        Ok(n as usize)
+    }
+
+    fn string<R: Read, B: Builder>(
+        &mut self,
+        input: &mut Input<R>,
+        builder: &mut B,
+        n: usize,
+    ) -> Result<(), Fault> {
+        let bytes = input.take(n)?;
+        let v = match std::str::from_utf8(bytes) {
+            Ok(s) => builder.string(s),
+            // CPython writes lone surrogates with 'surrogatepass'; keep the rest.
+            Err(_) => builder.string(&String::from_utf8_lossy(bytes)),
+        };
+        self.push(v)
+    }
+
+    /// The container just below the items of a MARK-delimited group.
+    fn target_below(&self, mark: usize, op: u8) -> Result<Value, Fault> {
+        if mark == 0 {
+            return Err(Fault::Msg(format!(
+                "{} with no container under its MARK",
+                opcode_name(op)
+            )));
+        }
+        Ok(self.stack[mark - 1])
+    }
+
+    /// Executes one opcode; returns false at STOP.
+    #[inline]
+    fn step<R: Read, B: Builder>(
+        &mut self,
+        op: u8,
+        input: &mut Input<R>,
+        builder: &mut B,
+    ) -> Result<bool, Fault> {
+        match op {
+            BINGET => {
+                let i = input.byte()? as usize;
+                let v = self.memo.get(i)?;
+                self.push(v)?;
+            }
+            LONG_BINGET => {
+                let i = u32::from_le_bytes(input.array()?) as usize;
+                let v = self.memo.get(i)?;
+                self.push(v)?;
+            }
+            MEMOIZE => {
+                let v = *self
+                    .stack
+                    .last()
+                    .ok_or_else(|| "MEMOIZE with an empty stack".to_string())?;
+                let i = self.memo.slots.len();
+                self.memo.put(i, v, &self.limits)?;
+            }
+            BINPUT | LONG_BINPUT => {
+                let i = if op == BINPUT {
+                    input.byte()? as usize
+                } else {
+                    u32::from_le_bytes(input.array()?) as usize
+                };
+                let v = *self
+                    .stack
+                    .last()
+                    .ok_or_else(|| "PUT with an empty stack".to_string())?;
+                self.memo.put(i, v, &self.limits)?;
+            }
+            MARK => {
+                if self.marks.len() >= self.limits.max_marks {
+                    return Err(Fault::Msg("too many nested MARKs".into()));
+                }
+                self.marks.push(self.stack.len());
+            }
+            BININT => {
+                let v = i32::from_le_bytes(input.array()?);
+                self.push(Value::Int(v as i64))?;
+            }
+            BININT1 => {
+                let v = input.byte()?;
+                self.push(Value::Int(v as i64))?;
+            }
+            BININT2 => {
+                let v = u16::from_le_bytes(input.array()?);
+                self.push(Value::Int(v as i64))?;
+            }
+            LONG1 => {
+                let n = input.byte()? as usize;
+                let v = decode_long(input.take(n)?);
+                self.push(v)?;
+            }
+            LONG4 => {
+                let n = i32::from_le_bytes(input.array()?);
+                if n < 0 {
+                    return Err(Fault::Msg("LONG4 with a negative length".into()));
+                }
+                let n = self.len_checked(n as u64)?;
+                let v = decode_long(input.take(n)?);
+                self.push(v)?;
+            }
+            BINFLOAT => {
+                let v = f64::from_be_bytes(input.array()?);
+                self.push(Value::Float(v))?;
+            }
+            SHORT_BINUNICODE => {
+                let n = input.byte()? as usize;
+                self.string(input, builder, n)?;
+            }
+            BINUNICODE => {
+                let n = self.len_checked(u32::from_le_bytes(input.array()?) as u64)?;
+                self.string(input, builder, n)?;
+            }
+            BINUNICODE8 => {
+                let n = self.len_checked(u64::from_le_bytes(input.array()?))?;
+                self.string(input, builder, n)?;
+            }
+            SHORT_BINSTRING => {
+                let n = input.byte()? as usize;
+                self.string(input, builder, n)?;
+            }
+            BINSTRING => {
+                let n = i32::from_le_bytes(input.array()?);
+                if n < 0 {
+                    return Err(Fault::Msg("BINSTRING with a negative length".into()));
+                }
+                let n = self.len_checked(n as u64)?;
+                self.string(input, builder, n)?;
+            }
+            SHORT_BINBYTES => {
+                let n = input.byte()? as usize;
+                input.take(n)?;
+                self.push(Value::Bytes)?;
+            }
+            BINBYTES => {
+                let n = self.len_checked(u32::from_le_bytes(input.array()?) as u64)?;
+                input.take(n)?;
+                self.push(Value::Bytes)?;
+            }
+            BINBYTES8 | BYTEARRAY8 => {
+                let n = self.len_checked(u64::from_le_bytes(input.array()?))?;
+                input.take(n)?;
+                self.push(Value::Bytes)?;
+            }
+            NONE => self.push(Value::None)?,
+            NEWTRUE => self.push(Value::Bool(true))?,
+            NEWFALSE => self.push(Value::Bool(false))?,
+            EMPTY_DICT => {
+                let d = builder.empty_dict()?;
+                self.push(d)?;
+            }
+            EMPTY_LIST => {
+                let l = builder.empty_list()?;
+                self.push(l)?;
+            }
+            EMPTY_TUPLE => {
+                let t = builder.tuple(&[])?;
+                self.push(t)?;
+            }
+            EMPTY_SET => self.push(Value::Set)?,
+            SETITEMS => {
+                let mark = self.pop_mark(op)?;
+                let target = self.target_below(mark, op)?;
+                if (self.stack.len() - mark) % 2 != 0 {
+                    return Err(Fault::Msg("SETITEMS with a key that has no value".into()));
+                }
+                let up = builder.set_items(target, &self.stack[mark..])?;
+                self.stack.truncate(mark);
+                self.stack[mark - 1] = up;
+                if up != target {
+                    self.memo.converted(target, up);
+                }
+            }
+            SETITEM => {
+                let floor = self.marks.last().copied().unwrap_or(0);
+                if self.stack.len() < floor + 3 {
+                    return Err(Fault::Msg("SETITEM needs a dict, a key and a value".into()));
+                }
+                let n = self.stack.len();
+                let target = self.stack[n - 3];
+                let up = builder.set_items(target, &self.stack[n - 2..])?;
+                self.stack.truncate(n - 2);
+                self.stack[n - 3] = up;
+                if up != target {
+                    self.memo.converted(target, up);
+                }
+            }
+            APPENDS => {
+                let mark = self.pop_mark(op)?;
+                let target = self.target_below(mark, op)?;
+                let up = builder.append(target, &self.stack[mark..])?;
+                self.stack.truncate(mark);
+                self.stack[mark - 1] = up;
+            }
+            APPEND => {
+                let floor = self.marks.last().copied().unwrap_or(0);
+                if self.stack.len() < floor + 2 {
+                    return Err(Fault::Msg("APPEND needs a list and a value".into()));
+                }
+                let n = self.stack.len();
+                let up = builder.append(self.stack[n - 2], &self.stack[n - 1..])?;
+                self.stack.truncate(n - 1);
+                self.stack[n - 2] = up;
+            }
+            DICT => {
+                let mark = self.pop_mark(op)?;
+                if (self.stack.len() - mark) % 2 != 0 {
+                    return Err(Fault::Msg("DICT with a key that has no value".into()));
+                }
+                let d = builder.empty_dict()?;
+                let up = builder.set_items(d, &self.stack[mark..])?;
+                self.stack.truncate(mark);
+                self.push(up)?;
+            }
+            LIST => {
+                let mark = self.pop_mark(op)?;
+                let l = builder.empty_list()?;
+                let up = builder.append(l, &self.stack[mark..])?;
+                self.stack.truncate(mark);
+                self.push(up)?;
+            }
+            TUPLE => {
+                let mark = self.pop_mark(op)?;
+                let t = builder.tuple(&self.stack[mark..])?;
+                self.stack.truncate(mark);
+                self.push(t)?;
+            }
+            TUPLE1 | TUPLE2 | TUPLE3 => {
+                let k = (op - TUPLE1 + 1) as usize;
+                let floor = self.marks.last().copied().unwrap_or(0);
+                if self.stack.len() < floor + k {
+                    return Err(Fault::Msg(format!(
+                        "{} with too few values",
+                        opcode_name(op)
+                    )));
+                }
+                let n = self.stack.len();
+                let t = builder.tuple(&self.stack[n - k..])?;
+                self.stack.truncate(n - k);
+                self.push(t)?;
+            }
+            ADDITEMS => {
+                let mark = self.pop_mark(op)?;
+                let target = self.target_below(mark, op)?;
+                if target != Value::Set {
+                    return Err(Fault::Msg(format!("ADDITEMS on a {}", target.type_name())));
+                }
+                self.stack.truncate(mark);
+            }
+            FROZENSET => {
+                let mark = self.pop_mark(op)?;
+                self.stack.truncate(mark);
+                self.push(Value::Set)?;
+            }
+            POP => {
+                // POP may also drop a MARK with nothing above it (as CPython does).
+                if self.marks.last() == Some(&self.stack.len()) {
+                    self.marks.pop();
+                } else {
+                    self.pop(op)?;
+                }
+            }
+            POP_MARK => {
+                let mark = self.pop_mark(op)?;
+                self.stack.truncate(mark);
+            }
+            DUP => {
+                let v = self.pop(op)?;
+                self.push(v)?;
+                self.push(v)?;
+            }
+            PROTO => {
+                let v = input.byte()?;
+                if v > 5 {
+                    return Err(Fault::Msg(format!(
+                        "pickle protocol {v} is newer than any memlens knows (2 to 5)"
+                    )));
+                }
+            }
+            FRAME => {
+                // A buffering hint: the frame's length is not needed to read it.
+                input.array::<8>()?;
+            }
+            STOP => return Ok(false),
+            GLOBAL => {
+                let module = read_line(input)?;
+                let name = read_line(input)?;
+                return Err(Fault::Msg(format!(
+                    "this pickle asks to run code (GLOBAL {module}.{name}); memlens never runs code from a snapshot"
+                )));
+            }
+            STACK_GLOBAL | REDUCE | BUILD | INST | OBJ | NEWOBJ | NEWOBJ_EX | PERSID
+            | BINPERSID | EXT1 | EXT2 | EXT4 => {
+                let name = match op {
+                    STACK_GLOBAL => "STACK_GLOBAL",
+                    REDUCE => "REDUCE",
+                    BUILD => "BUILD",
+                    INST => "INST",
+                    OBJ => "OBJ",
+                    NEWOBJ => "NEWOBJ",
+                    NEWOBJ_EX => "NEWOBJ_EX",
+                    PERSID | BINPERSID => "PERSID",
+                    _ => "EXT",
+                };
+                return Err(Fault::Msg(format!(
+                    "this pickle asks to run code ({name}); memlens never runs code from a snapshot"
+                )));
+            }
+            NEXT_BUFFER | READONLY_BUFFER => {
+                return Err(Fault::Msg(
+                    "this pickle uses out-of-band buffers, which snapshots never do".into(),
+                ))
+            }
+            INT | LONG | FLOAT | STRING | UNICODE | GET | PUT => return Err(Fault::Msg(
+                "this is a protocol-0 text pickle; PyTorch snapshots use binary protocols 2 to 5"
+                    .into(),
+            )),
+            other => {
+                return Err(Fault::Msg(format!(
+                "byte 0x{other:02x} is not a pickle opcode (the file is corrupt or not a pickle)"
+            )))
+            }
+        }
+        Ok(true)
+    }
+}
+
+/// Reads a newline-terminated ASCII line (the argument of GLOBAL), at most 256 bytes.
+fn read_line<R: Read>(input: &mut Input<R>) -> Result<String, Fault> {
+    let mut s = Vec::new();
+    loop {
+        let b = input.byte()?;
+        if b == b'\n' || s.len() >= 256 {
+            break;
+        }
+        s.push(b);
+    }
+    Ok(String::from_utf8_lossy(&s).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longs() {
+        assert_eq!(decode_long(&[]), Value::Int(0));
+        assert_eq!(decode_long(&[0xff]), Value::Int(-1));
+        assert_eq!(
+            decode_long(&[0x00, 0x80, 0x2e, 0x7f, 0x80, 0x7f]),
+            Value::Int(0x7f80_7f2e_8000)
+        );
+        assert_eq!(
+            decode_long(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
+            Value::UInt(0x8000_0000_0000_0000)
+        );
+        assert_eq!(decode_long(&[1; 12]), Value::BigInt);
+    }
+}

@@ -1,0 +1,548 @@
+//! The containers of a snapshot while it is read, and their conversion into the
+//! compact model as soon as they are complete.
+//!
+//! A frame dict (`{filename, line, name}`) becomes an interned [`Frame`]; a list
+//! of frames becomes an interned stack; a trace-entry dict becomes a 32-byte
+//! [`TraceEvent`]. Each happens the moment the container is filled, and its
+//! working storage is recycled at once. Container ids are never reused: a
+//! converted container keeps an 8-byte slot that says what it became, so a
+//! later memo reference to it still resolves.
+
+use super::{Action, Frame, FrameId, StackId, StrId, Strings, TraceEvent, EMPTY_STACK};
+use crate::pickle::{Builder, Value};
+use hashbrown::{HashMap, HashTable};
+use std::hash::BuildHasher;
+
+/// What a dict id stands for.
+#[derive(Clone, Copy, Debug)]
+enum DictSlot {
+    /// Created, nothing set yet.
+    Empty,
+    /// A generic dict; its items are `dict_bodies[i]`.
+    Open(u32),
+    /// Converted into an interned frame.
+    Frame(FrameId),
+    /// Converted into a trace event.
+    Event(u32),
+}
+
+/// What a list id stands for.
+#[derive(Clone, Copy, Debug)]
+enum ListSlot {
+    /// A list; its items are `list_bodies[i]`.
+    Open(u32),
+    /// Converted into an interned stack.
+    Stack(StackId),
+}
+
+/// The items of an open list. A run of consecutive events (a device trace) is
+/// kept as a range rather than one value per event.
+#[derive(Default, Debug)]
+pub(crate) struct ListBody {
+    pub items: Vec<Value>,
+    pub ev_start: u32,
+    pub ev_len: u32,
+}
+
+/// Keys and values interned up front so that recognising a dict is a matter
+/// of comparing integers.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Keys {
+    pub action: StrId,
+    pub addr: StrId,
+    pub size: StrId,
+    pub stream: StrId,
+    pub time_us: StrId,
+    pub frames: StrId,
+    pub device_free: StrId,
+    pub compile_context: StrId,
+    pub user_metadata: StrId,
+    pub filename: StrId,
+    pub line: StrId,
+    pub name: StrId,
+    pub na: StrId,
+    pub empty: StrId,
+}
+
+/// The heap of containers and the tables they are converted into.
+pub(crate) struct Heap {
+    pub strings: Strings,
+    pub keys: Keys,
+    dicts: Vec<DictSlot>,
+    dict_bodies: Vec<Vec<(Value, Value)>>,
+    lists: Vec<ListSlot>,
+    pub list_bodies: Vec<ListBody>,
+    /// Bodies of lists converted into stacks, ready for reuse.
+    free_list_bodies: Vec<u32>,
+    pub tuples: Vec<Vec<Value>>,
+    pub frames: Vec<Frame>,
+    frame_index: HashMap<Frame, FrameId>,
+    pub stack_ranges: Vec<(u32, u32)>,
+    pub stack_frames: Vec<FrameId>,
+    stack_table: HashTable<StackId>,
+    hasher: foldhash::fast::FixedState,
+    pub events: Vec<TraceEvent>,
+    /// `(event index, compile_context, user_metadata)` for non-default values.
+    pub extras: Vec<(u32, Option<StrId>, Option<StrId>)>,
+    pub streams: Vec<i64>,
+    stream_index: HashMap<i64, u16>,
+    scratch: Vec<FrameId>,
+    /// Trace entries whose `action` was not one memlens knows.
+    pub unknown_actions: u64,
+    /// Frames lists that held something other than frames.
+    pub odd_frames: u64,
+}
+
+/// At most this many containers of each kind (a hostile file could otherwise
+/// make millions of empty ones cheaply).
+const MAX_CONTAINERS: usize = 1 << 28;
+
+impl Heap {
+    pub fn new() -> Self {
+        let mut strings = Strings::new();
+        // Action names first, so that an action's StrId is its discriminant.
+        for a in Action::ALL {
+            strings.intern(a.as_str());
+        }
+        let mut k = |s: &str| strings.intern(s);
+        let keys = Keys {
+            action: k("action"),
+            addr: k("addr"),
+            size: k("size"),
+            stream: k("stream"),
+            time_us: k("time_us"),
+            frames: k("frames"),
+            device_free: k("device_free"),
+            compile_context: k("compile_context"),
+            user_metadata: k("user_metadata"),
+            filename: k("filename"),
+            line: k("line"),
+            name: k("name"),
+            na: k("N/A"),
+            empty: k(""),
+        };
+        let mut heap = Heap {
+            strings,
+            keys,
+            dicts: Vec::new(),
+            dict_bodies: Vec::new(),
+            lists: Vec::new(),
+            list_bodies: Vec::new(),
+            free_list_bodies: Vec::new(),
+            tuples: Vec::new(),
+            frames: Vec::new(),
+            frame_index: HashMap::default(),
+            stack_ranges: vec![(0, 0)],
+            stack_frames: Vec::new(),
+            stack_table: HashTable::new(),
+            hasher: foldhash::fast::FixedState::default(),
+            events: Vec::new(),
+            extras: Vec::new(),
+            streams: vec![0],
+            stream_index: HashMap::default(),
+            scratch: Vec::new(),
+            unknown_actions: 0,
+            odd_frames: 0,
+        };
+        heap.stream_index.insert(0, 0);
+        // The empty stack is stack 0.
+        let h = heap.hasher.hash_one::<&[FrameId]>(&[]);
+        heap.stack_table.insert_unique(h, EMPTY_STACK, |_| h);
+        heap
+    }
+
+    /// Resolves a container value to what it was converted into, if anything.
+    #[inline]
+    pub fn resolve(&self, v: Value) -> Value {
+        match v {
+            Value::Dict(id) => match self.dicts.get(id as usize) {
+                Some(DictSlot::Frame(f)) => Value::Frame(*f),
+                Some(DictSlot::Event(e)) => Value::Event(*e),
+                _ => v,
+            },
+            Value::List(id) => match self.lists.get(id as usize) {
+                Some(ListSlot::Stack(s)) => Value::Stack(*s),
+                _ => v,
+            },
+            _ => v,
+        }
+    }
+
+    /// The items of a generic dict (empty for anything else).
+    pub fn dict_items(&self, v: Value) -> &[(Value, Value)] {
+        match v {
+            Value::Dict(id) => match self.dicts.get(id as usize) {
+                Some(DictSlot::Open(b)) => &self.dict_bodies[*b as usize],
+                _ => &[],
+            },
+            _ => &[],
+        }
+    }
+
+    /// Looks a key up in a generic dict.
+    pub fn get(&self, dict: Value, key: StrId) -> Option<Value> {
+        self.dict_items(dict)
+            .iter()
+            .find(|(k, _)| *k == Value::Str(key))
+            .map(|(_, v)| self.resolve(*v))
+    }
+
+    /// Looks a key up by its text.
+    pub fn get_str(&self, dict: Value, key: &str) -> Option<Value> {
+        self.get(dict, self.strings.find(key)?)
+    }
+
+    /// The body of an open list.
+    pub fn list_body(&self, v: Value) -> Option<&ListBody> {
+        match v {
+            Value::List(id) => match self.lists.get(id as usize) {
+                Some(ListSlot::Open(b)) => self.list_bodies.get(*b as usize),
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// Takes the body of an open list out of the heap (leaving it empty).
+    pub fn take_list_body(&mut self, v: Value) -> Option<ListBody> {
+        match v {
+            Value::List(id) => match self.lists.get(id as usize) {
+                Some(ListSlot::Open(b)) => {
+                    self.list_bodies.get_mut(*b as usize).map(std::mem::take)
+                }
+                _ => None,
+            },
+            _ => None,
+        }
+    }
+
+    /// The items of a list or tuple, resolved; `None` for anything else.
+    pub fn sequence(&self, v: Value) -> Option<Vec<Value>> {
+        match v {
+            Value::List(_) => {
+                let b = self.list_body(v)?;
+                let mut out: Vec<Value> = b.items.iter().map(|x| self.resolve(*x)).collect();
+                out.extend((b.ev_start..b.ev_start + b.ev_len).map(Value::Event));
+                Some(out)
+            }
+            Value::Tuple(id) => Some(self.tuples.get(id as usize)?.clone()),
+            Value::Stack(_) => Some(Vec::new()),
+            _ => None,
+        }
+    }
+
+    /// Number of items of a list (0 for anything else).
+    pub fn list_len(&self, v: Value) -> usize {
+        self.list_body(v)
+            .map_or(0, |b| b.items.len() + b.ev_len as usize)
+    }
+
+    fn intern_stream(&mut self, raw: i64) -> u16 {
+        if let Some(&i) = self.stream_index.get(&raw) {
+            return i;
+        }
+        // More than 65535 distinct streams cannot happen in a real process;
+        // fold the excess into the last index rather than fail.
+        let i = self.streams.len().min(u16::MAX as usize) as u16;
+        if (i as usize) == self.streams.len() {
+            self.streams.push(raw);
+        }
+        self.stream_index.insert(raw, i);
+        i
+    }
+
+    /// Interns a stream value read from a segment (exposed for the builder).
+    pub fn stream_id(&mut self, raw: i64) -> u16 {
+        self.intern_stream(raw)
+    }
+
+    fn intern_stack(&mut self, frames: &[FrameId]) -> StackId {
+        let h = self.hasher.hash_one(frames);
+        let (ranges, all) = (&self.stack_ranges, &self.stack_frames);
+        if let Some(&id) = self.stack_table.find(h, |&id| {
+            let (a, b) = ranges[id as usize];
+            &all[a as usize..b as usize] == frames
+        }) {
+            return id;
+        }
+        let id = self.stack_ranges.len() as StackId;
+        let a = self.stack_frames.len() as u32;
+        self.stack_frames.extend_from_slice(frames);
+        self.stack_ranges.push((a, self.stack_frames.len() as u32));
+        let (ranges, all, hasher) = (&self.stack_ranges, &self.stack_frames, &self.hasher);
+        self.stack_table.insert_unique(h, id, |&id| {
+            let (a, b) = ranges[id as usize];
+            hasher.hash_one(&all[a as usize..b as usize])
+        });
+        id
+    }
+
+    /// Converts a list of frames into a stack, if every item is a frame.
+    fn list_to_stack(&mut self, v: Value) -> Option<StackId> {
+        let Value::List(id) = v else {
+            return match v {
+                Value::Stack(s) => Some(s),
+                _ => None,
+            };
+        };
+        let body_idx = match self.lists.get(id as usize) {
+            Some(ListSlot::Stack(s)) => return Some(*s),
+            Some(ListSlot::Open(b)) => *b as usize,
+            None => return None,
+        };
+        let mut scratch = std::mem::take(&mut self.scratch);
+        scratch.clear();
+        let body = &self.list_bodies[body_idx];
+        let mut ok = body.ev_len == 0;
+        for item in &body.items {
+            match self.resolve(*item) {
+                Value::Frame(f) => scratch.push(f),
+                _ => {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        let result = if ok {
+            let s = self.intern_stack(&scratch);
+            self.lists[id as usize] = ListSlot::Stack(s);
+            // The body is no longer needed: recycle its buffer.
+            self.list_bodies[body_idx].items.clear();
+            self.free_list_bodies.push(body_idx as u32);
+            Some(s)
+        } else {
+            None
+        };
+        self.scratch = scratch;
+        result
+    }
+
+    /// Tries to read `items` as a frame dict.
+    fn as_frame(&mut self, items: &[Value]) -> Option<FrameId> {
+        let k = self.keys;
+        let (mut filename, mut line, mut name) = (None, None, None);
+        for pair in items.chunks_exact(2) {
+            let Value::Str(key) = pair[0] else {
+                return None;
+            };
+            if key == k.filename {
+                filename = match pair[1] {
+                    Value::Str(s) => Some(s),
+                    _ => return None,
+                };
+            } else if key == k.line {
+                line = Some(pair[1].as_i64().unwrap_or(0).clamp(0, u32::MAX as i64) as u32);
+            } else if key == k.name {
+                name = match pair[1] {
+                    Value::Str(s) => Some(s),
+                    _ => return None,
+                };
+            }
+        }
+        let frame = Frame {
+            filename: filename?,
+            line: line?,
+            name: name?,
+        };
+        let next = self.frames.len() as FrameId;
+        let id = *self.frame_index.entry(frame).or_insert(next);
+        if id == next {
+            self.frames.push(frame);
+        }
+        Some(id)
+    }
+
+    /// Tries to read `items` as a trace entry; returns the event index.
+    fn as_event(&mut self, items: &[Value]) -> Option<u32> {
+        let k = self.keys;
+        let mut action = None;
+        let mut ev = TraceEvent {
+            addr: 0,
+            size: 0,
+            time_us: 0,
+            stack: EMPTY_STACK,
+            stream: 0,
+            action: Action::Alloc,
+            flags: 0,
+        };
+        let (mut cc, mut um) = (None, None);
+        for pair in items.chunks_exact(2) {
+            let Value::Str(key) = pair[0] else {
+                return None;
+            };
+            let v = pair[1];
+            if key == k.action {
+                let Value::Str(a) = v else { return None };
+                action = Some(a);
+            } else if key == k.addr || key == k.device_free {
+                ev.addr = v.as_u64().unwrap_or(0);
+            } else if key == k.size {
+                ev.size = v.as_u64().unwrap_or(0);
+            } else if key == k.stream {
+                ev.stream = self.intern_stream(v.as_i64().unwrap_or(0));
+            } else if key == k.time_us {
+                ev.time_us = v.as_i64().unwrap_or(0);
+            } else if key == k.frames {
+                ev.flags |= TraceEvent::HAS_FRAMES;
+                match self.list_to_stack(self.resolve(v)) {
+                    Some(s) => ev.stack = s,
+                    None => self.odd_frames += 1,
+                }
+            } else if key == k.compile_context {
+                if let Value::Str(s) = v {
+                    if s != k.na {
+                        cc = Some(s);
+                    }
+                }
+            } else if key == k.user_metadata {
+                if let Value::Str(s) = v {
+                    if s != k.empty {
+                        um = Some(s);
+                    }
+                }
+            }
+        }
+        let a = action?;
+        // Action names were interned first: their ids are the discriminants.
+        match Action::ALL.get(a as usize) {
+            Some(&act) => ev.action = act,
+            None => {
+                self.unknown_actions += 1;
+                return None;
+            }
+        }
+        let idx = self.events.len() as u32;
+        if cc.is_some() || um.is_some() {
+            ev.flags |= TraceEvent::HAS_EXTRAS;
+            self.extras.push((idx, cc, um));
+        }
+        self.events.push(ev);
+        Some(idx)
+    }
+
+    fn new_dict_body(&mut self) -> u32 {
+        self.dict_bodies.push(Vec::new());
+        (self.dict_bodies.len() - 1) as u32
+    }
+}
+
+impl Builder for Heap {
+    fn string(&mut self, s: &str) -> Value {
+        Value::Str(self.strings.intern(s))
+    }
+
+    fn empty_dict(&mut self) -> Result<Value, String> {
+        if self.dicts.len() >= MAX_CONTAINERS {
+            return Err("too many dicts in one pickle".into());
+        }
+        self.dicts.push(DictSlot::Empty);
+        Ok(Value::Dict((self.dicts.len() - 1) as u32))
+    }
+
+    fn empty_list(&mut self) -> Result<Value, String> {
+        if self.lists.len() >= MAX_CONTAINERS {
+            return Err("too many lists in one pickle".into());
+        }
+        let body = match self.free_list_bodies.pop() {
+            Some(b) => b,
+            None => {
+                self.list_bodies.push(ListBody::default());
+                (self.list_bodies.len() - 1) as u32
+            }
+        };
+        self.lists.push(ListSlot::Open(body));
+        Ok(Value::List((self.lists.len() - 1) as u32))
+    }
+
+    fn tuple(&mut self, items: &[Value]) -> Result<Value, String> {
+        if self.tuples.len() >= MAX_CONTAINERS {
+            return Err("too many tuples in one pickle".into());
+        }
+        self.tuples
+            .push(items.iter().map(|v| self.resolve(*v)).collect());
+        Ok(Value::Tuple((self.tuples.len() - 1) as u32))
+    }
+
+    fn set_items(&mut self, dict: Value, items: &[Value]) -> Result<Value, String> {
+        let Value::Dict(id) = dict else {
+            return Err(format!("SETITEM(S) on a {}, not a dict", dict.type_name()));
+        };
+        let slot = self.dicts[id as usize];
+        match slot {
+            DictSlot::Empty => {
+                // A fresh dict filled in one go: recognise events (PyTorch
+                // writes `action` first) and frames.
+                if items.first() == Some(&Value::Str(self.keys.action)) {
+                    if let Some(e) = self.as_event(items) {
+                        self.dicts[id as usize] = DictSlot::Event(e);
+                        return Ok(Value::Event(e));
+                    }
+                } else if let Some(f) = self.as_frame(items) {
+                    self.dicts[id as usize] = DictSlot::Frame(f);
+                    return Ok(Value::Frame(f));
+                } else if let Some(e) = self.as_event(items) {
+                    self.dicts[id as usize] = DictSlot::Event(e);
+                    return Ok(Value::Event(e));
+                }
+                let b = self.new_dict_body();
+                self.dicts[id as usize] = DictSlot::Open(b);
+                self.extend_generic(b, items);
+                Ok(dict)
+            }
+            DictSlot::Open(b) => {
+                self.extend_generic(b, items);
+                Ok(dict)
+            }
+            DictSlot::Frame(_) | DictSlot::Event(_) => Err(
+                "a dict was modified after it was complete (not a PyTorch snapshot layout)".into(),
+            ),
+        }
+    }
+
+    fn append(&mut self, list: Value, items: &[Value]) -> Result<Value, String> {
+        let Value::List(id) = list else {
+            return Err(format!("APPEND(S) on a {}, not a list", list.type_name()));
+        };
+        let ListSlot::Open(b) = self.lists[id as usize] else {
+            return Err(
+                "a list was modified after it was complete (not a PyTorch snapshot layout)".into(),
+            );
+        };
+        for &item in items {
+            let item = self.resolve(item);
+            let body = &mut self.list_bodies[b as usize];
+            if let Value::Event(e) = item {
+                // Keep a run of consecutive events as a range.
+                if body.items.is_empty() && (body.ev_len == 0 || body.ev_start + body.ev_len == e) {
+                    if body.ev_len == 0 {
+                        body.ev_start = e;
+                    }
+                    body.ev_len += 1;
+                    continue;
+                }
+            }
+            if body.ev_len > 0 {
+                let (s, n) = (body.ev_start, body.ev_len);
+                body.items.extend((s..s + n).map(Value::Event));
+                body.ev_len = 0;
+            }
+            body.items.push(item);
+        }
+        Ok(list)
+    }
+}
+
+impl Heap {
+    fn extend_generic(&mut self, body: u32, items: &[Value]) {
+        let frames_key = Value::Str(self.keys.frames);
+        for pair in items.chunks_exact(2) {
+            let mut v = self.resolve(pair[1]);
+            if pair[0] == frames_key {
+                if let Some(s) = self.list_to_stack(v) {
+                    v = Value::Stack(s);
+                }
+            }
+            self.dict_bodies[body as usize].push((pair[0], v));
+        }
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the whole test suite, as CI does: formatting, lints, the Rust tests
+# (unit + integration over ../shared/fixtures), then the Python package tests
+# and the browser test of the HTML report when their scripts are present.
+# Each part installs what it needs. GPU tests live in tests/gpu/ and are not
+# run here (CI has no GPU).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings
+echo "== cargo test"
+cargo test --workspace
+for part in python browser; do
+  if [ -f "tests/$part/ci.sh" ]; then
+    echo "== tests/$part/ci.sh"
+    bash "tests/$part/ci.sh"
+  fi
+done
+echo "== all tests passed"
