@@ -19,6 +19,8 @@ CATS = ["parameter", "gradient", "optimizer_state", "activation", "temporary", "
 
 
 def load(fx_dir, fixtures, name):
+    """A snapshot by name: the raw copy in fx_dir if there is one, else the
+    fixture's .pickle.zst (through the zstd command)."""
     raw = os.path.join(fx_dir, name + ".pickle")
     if os.path.exists(raw):
         with open(raw, "rb") as f:
@@ -26,6 +28,20 @@ def load(fx_dir, fixtures, name):
     data = subprocess.run(["zstd", "-dc", os.path.join(fixtures, name + ".pickle.zst")],
                           check=True, capture_output=True).stdout
     return pickle.loads(data)
+
+
+def exists(fx_dir, fixtures, name):
+    return (os.path.exists(os.path.join(fx_dir, name + ".pickle"))
+            or os.path.exists(os.path.join(fixtures, name + ".pickle.zst")))
+
+
+def step_names(fx_dir, fixtures, name):
+    """Names of the snapshots dumped during the run (NAME.stepK), by K."""
+    found = set()
+    for d, ext in ((fx_dir, ".pickle"), (fixtures, ".pickle.zst")):
+        for p in glob.glob(os.path.join(glob.escape(d), glob.escape(name) + ".step*" + ext)):
+            found.add(os.path.basename(p)[: -len(ext)])
+    return sorted(found, key=lambda n: int(re.search(r"step(\d+)$", n).group(1)))
 
 
 def label(fr):
@@ -288,15 +304,12 @@ def main():
 
     # Segment map: at the OOM when there is a snapshot of it, else in the last
     # snapshot taken during the run (nearest the peak), else at dump time.
-    at_oom = os.path.join(args.fx, name + ".at_oom.pickle")
-    steps = sorted(glob.glob(os.path.join(args.fx, name + ".step*.pickle")),
-                   key=lambda p: int(re.search(r"step(\d+)", p).group(1)))
-    if os.path.exists(at_oom):
+    steps = step_names(args.fx, args.fixtures, name)
+    if exists(args.fx, args.fixtures, name + ".at_oom"):
         report["segments"] = segments_of(load(args.fx, args.fixtures, name + ".at_oom"), stacks, "at the OOM")
     elif steps:
-        step = re.search(r"step(\d+)", steps[-1]).group(1)
-        with open(steps[-1], "rb") as f:
-            report["segments"] = segments_of(pickle.load(f), stacks, "after step " + step)
+        step = re.search(r"step(\d+)$", steps[-1]).group(1)
+        report["segments"] = segments_of(load(args.fx, args.fixtures, steps[-1]), stacks, "after step " + step)
     else:
         report["segments"] = segments_of(snap, stacks, "at dump time")
     if ooms or stats.get("oom_message"):
@@ -308,8 +321,8 @@ def main():
 
     # Leaks across the step snapshots.
     if steps:
-        labels = [re.search(r"step(\d+)", p).group(1) for p in steps]
-        per = [live_by_site(pickle.load(open(p, "rb")), stacks) for p in steps]
+        labels = [re.search(r"step(\d+)$", n).group(1) for n in steps]
+        per = [live_by_site(load(args.fx, args.fixtures, n), stacks) for n in steps]
         grow = []
         for s in set().union(*per):
             v = [c[s] for c in per]

@@ -3,7 +3,11 @@
 //! The browser half of the acceptance (the page draws every section without a
 //! console error) is `tests/browser/run.sh`; these tests hold the Rust half.
 
+mod common;
+
+use common::{fixture, stats};
 use memlens::report::*;
+use memlens::snapshot::{BlockState as SnapState, Snapshot};
 
 /// A small report with every section, built as the analyses would.
 fn sample() -> ReportData {
@@ -528,4 +532,111 @@ fn generated_time_is_rfc3339_utc() {
     assert_eq!(utc_rfc3339(std::time::UNIX_EPOCH), "1970-01-01T00:00:00Z");
     let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(951_782_400); // leap day
     assert_eq!(utc_rfc3339(t), "2000-02-29T00:00:00Z");
+}
+
+fn load(name: &str) -> Snapshot {
+    let p = fixture(name);
+    Snapshot::load(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
+/// The innermost frame in the workload's own file, as `file:line`.
+fn workload_site(snap: &Snapshot, stack: u32) -> Option<String> {
+    snap.stack(stack)
+        .iter()
+        .find(|&&f| snap.str(snap.frame(f).filename).ends_with("workloads.py"))
+        .map(|&f| snap.frame_location(f))
+}
+
+#[test]
+fn segment_map_of_the_real_oom_snapshot_matches_memory_stats() {
+    let snap = load("oom.at_oom.pickle.zst");
+    let st = stats("oom");
+    let at_oom = &st["stats_at_oom"];
+    let m = segment_map(
+        &snap,
+        &snap.segments,
+        "at the OOM",
+        |s| workload_site(&snap, s),
+        |_| Category::Activation,
+    );
+    let sum = |state: BlockState| -> u64 {
+        m.segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state == state)
+            .map(|b| b.size)
+            .sum()
+    };
+    let reserved: u64 = m.segments.iter().map(|s| s.size).sum();
+    assert_eq!(
+        reserved,
+        at_oom["reserved_bytes.all.current"].as_u64().unwrap()
+    );
+    assert_eq!(
+        sum(BlockState::Allocated),
+        at_oom["allocated_bytes.all.current"].as_u64().unwrap()
+    );
+    assert_eq!(
+        sum(BlockState::Allocated) + sum(BlockState::PendingFree),
+        at_oom["active_bytes.all.current"].as_u64().unwrap()
+    );
+    // Blocks tile their segments, in address order.
+    for s in &m.segments {
+        let mut off = 0;
+        for b in &s.blocks {
+            assert_eq!(b.offset, off, "segment {:#x}", s.address);
+            off += b.size;
+        }
+        assert_eq!(off, s.size);
+    }
+    assert!(m.sites.iter().any(|s| s.site.ends_with("workloads.py:112")));
+    // Through the page and back, bounded.
+    let data = ReportData {
+        segments: Some(cap_segments(
+            &m,
+            DEFAULT_MAX_SEGMENTS,
+            DEFAULT_MAX_BLOCKS_PER_SEGMENT,
+        )),
+        meta: Meta {
+            settings: settings_pairs(&snap.settings),
+            ..Meta::now(vec!["oom.at_oom.pickle.zst".into()])
+        },
+        ..ReportData::default()
+    };
+    let html = render_html(&data);
+    let back: ReportData = serde_json::from_value(embedded(&html)).unwrap();
+    assert_eq!(back, data);
+    assert!(back
+        .meta
+        .settings
+        .iter()
+        .any(|(k, v)| k == "expandable_segments" && v == "false"));
+}
+
+#[test]
+fn flame_of_the_real_live_blocks_adds_up_to_allocated_bytes() {
+    let snap = load("gpt2_train.pickle.zst");
+    let st = stats("gpt2_train");
+    let mut fb = FlameBuilder::new("live at dump time");
+    for seg in &snap.segments {
+        for b in seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == SnapState::ActiveAllocated)
+        {
+            fb.add_innermost_first(&stack_labels(&snap, b.stack), b.size);
+        }
+    }
+    let f = fb.finish();
+    let allocated = st["memory_stats"]["allocated_bytes.all.current"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(f.value[0], allocated);
+    let p = prune_flame(&f, DEFAULT_FLAME_MIN_FRACTION);
+    assert_eq!(p.value[0], allocated);
+    assert!(p.parent.len() <= f.parent.len());
+    assert!(p
+        .names
+        .iter()
+        .any(|n| n.contains("/home/user/train/workloads.py:")));
 }

@@ -26,12 +26,14 @@
 //! assert!(html.contains("id=\"memlens-data\""));
 //! ```
 
+mod convert;
 mod flame;
 mod html;
 mod model;
 mod segments;
 mod timeline;
 
+pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
 pub use flame::{prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_OTHER, FLAME_ROOT};
 pub use html::{render_html, render_html_from_json, script_json};
 pub use model::{
