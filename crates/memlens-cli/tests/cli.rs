@@ -114,3 +114,60 @@ fn usage_errors_exit_2_and_help_exits_0() {
     assert_eq!(memlens(&["--help"]).status.code(), Some(0));
     assert_eq!(memlens(&["--version"]).status.code(), Some(0));
 }
+
+#[test]
+fn leaks_fail_on_leak_exits_1_only_for_a_leak() {
+    let out = memlens(&["leaks", &fixture("cache_leak.pickle.zst"), "--fail-on-leak"]);
+    assert_eq!(out.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.starts_with("Leak: 64.00 MiB per step at /home/user/train/workloads.py:75 in forward"),
+        "{text}"
+    );
+    let out = memlens(&["leaks", &fixture("gpt2_train.pickle.zst"), "--fail-on-leak"]);
+    assert_eq!(out.status.code(), Some(0));
+    let out = memlens(&["leaks", &fixture("gpt2_eval_leak.pickle.zst"), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let first = &v["leaks"][0];
+    for key in [
+        "site",
+        "function",
+        "bytes",
+        "bytes_per_step",
+        "count",
+        "steps",
+        "confidence",
+        "suggestion",
+    ] {
+        assert!(!first[key].is_null(), "missing {key}");
+    }
+}
+
+#[test]
+fn diff_json_has_grown_and_shrunk() {
+    let out = memlens(&[
+        "diff",
+        &fixture("gpt2_eval_leak.step1.pickle.zst"),
+        &fixture("gpt2_eval_leak.step11.pickle.zst"),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["grown"][0]["site"], "/home/user/train/workloads.py:55");
+    assert!(v["shrunk"].is_array());
+}
+
+#[test]
+fn check_gates_on_the_exact_peak() {
+    let f = fixture("gpt2_train.pickle.zst");
+    // allocated_bytes.all.peak is 4583255040.
+    assert_eq!(memlens(&["check", &f, "--max-peak", "4583255040"]).status.code(), Some(0));
+    let out = memlens(&["check", &f, "--max-peak", "4583255039", "--json"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["ok"], false);
+    assert_eq!(v["peak_allocated_bytes"], 4583255040u64);
+    assert_eq!(v["peak_reserved_bytes"], 5169479680u64);
+    assert_eq!(memlens(&["check", &f, "--max-reserved", "5GiB"]).status.code(), Some(0));
+    assert_eq!(memlens(&["check", &f, "--max-peak", "lots"]).status.code(), Some(2));
+}

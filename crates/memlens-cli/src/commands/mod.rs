@@ -13,3 +13,12 @@ pub mod simulate;
 pub mod summary;
 pub mod top;
 pub mod tune;
+
+use anyhow::Context;
+use std::path::Path;
+
+/// Loads a snapshot, naming the file in the error.
+pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
+    memlens::Snapshot::load(path)
+        .with_context(|| format!("cannot read snapshot {}", path.display()))
+}

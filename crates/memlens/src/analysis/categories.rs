@@ -1,0 +1,223 @@
+//! What a piece of live memory is: parameter, gradient, optimizer state,
+//! activation, temporary, input or other.
+//!
+//! Decided from *lifetime and phase*: where the block was born (in a forward
+//! pass, in backward, in an optimizer step, while a model was built) and where
+//! it died (the stack of its `free_requested` event, or never). Frames serve
+//! only to tell the phase, which PyTorch's own frames name reliably
+//! (`torch/autograd` backward, `torch/optim`, `nn.Module.__call__`).
+
+use crate::snapshot::{Action, Snapshot, StackId, EMPTY_STACK};
+use serde::Serialize;
+
+/// A category of live memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Category {
+    /// Model weights: made while the model was built, alive to the end.
+    Parameter,
+    /// Made in backward, alive until the optimizer's `zero_grad` (or later).
+    Gradient,
+    /// Made in an optimizer step, alive across steps (Adam moments, momentum).
+    OptimizerState,
+    /// Made in a forward pass, freed in backward (saved for the gradient), or
+    /// kept alive past its step.
+    Activation,
+    /// Freed in the phase that made it.
+    Temporary,
+    /// Made by user code outside any model call (a batch), alive for a step or more.
+    Input,
+    /// Anything else.
+    Other,
+}
+
+impl Category {
+    /// All categories, in display order.
+    pub const ALL: [Category; 7] = [
+        Category::Parameter,
+        Category::Gradient,
+        Category::OptimizerState,
+        Category::Activation,
+        Category::Temporary,
+        Category::Input,
+        Category::Other,
+    ];
+
+    /// The JSON name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Parameter => "parameter",
+            Category::Gradient => "gradient",
+            Category::OptimizerState => "optimizer_state",
+            Category::Activation => "activation",
+            Category::Temporary => "temporary",
+            Category::Input => "input",
+            Category::Other => "other",
+        }
+    }
+
+    /// How a block lands in this category, in a sentence.
+    pub fn rule(self) -> &'static str {
+        match self {
+            Category::Parameter => "made while building or moving the model (nn.Module code, not in a forward call) and alive past that step",
+            Category::Gradient => "made in backward (autograd frames) and outliving it, until zero_grad or later",
+            Category::OptimizerState => "made in an optimizer step (torch/optim frames) and outliving that step",
+            Category::Activation => "made in a forward pass and freed in backward, or still alive after its step",
+            Category::Temporary => "freed in the same phase that made it",
+            Category::Input => "made by user code outside any model call and alive to the next step or later",
+            Category::Other => "none of the above",
+        }
+    }
+}
+
+/// The phase a stack shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// In `loss.backward()` / the autograd engine.
+    Backward,
+    /// In an optimizer's `step` or `zero_grad`.
+    Optimizer,
+    /// In a module's forward call.
+    Forward,
+    /// In nn.Module code outside a forward call (construction, `.cuda()`).
+    ModelBuild,
+    /// In user code, in no model call.
+    User,
+    /// No stack recorded.
+    Unknown,
+}
+
+/// The phase of every stack of a snapshot.
+pub struct Phases {
+    of: Vec<Phase>,
+}
+
+impl Phases {
+    /// Classifies every stack of `snap`.
+    pub fn new(snap: &Snapshot) -> Self {
+        let of = (0..snap.stack_ranges.len() as StackId)
+            .map(|s| phase_of(snap, s))
+            .collect();
+        Phases { of }
+    }
+
+    /// The phase of a stack.
+    pub fn of(&self, stack: StackId) -> Phase {
+        self.of
+            .get(stack as usize)
+            .copied()
+            .unwrap_or(Phase::Unknown)
+    }
+}
+
+fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
+    if stack == EMPTY_STACK {
+        return Phase::Unknown;
+    }
+    let mut forward = false;
+    let mut module = false;
+    for &f in snap.stack(stack) {
+        let fr = snap.frame(f);
+        let file = snap.str(fr.filename);
+        let name = snap.str(fr.name);
+        if (name == "backward" || name == "_engine_run_backward" || name == "grad")
+            && (file.contains("torch/autograd") || file.ends_with("torch/_tensor.py"))
+        {
+            return Phase::Backward;
+        }
+        if file.contains("/torch/optim/") {
+            return Phase::Optimizer;
+        }
+        if (name == "_call_impl" || name == "_wrapped_call_impl")
+            && file.ends_with("torch/nn/modules/module.py")
+        {
+            forward = true;
+        }
+        if file.contains("/torch/nn/")
+            || file.contains("/transformers/")
+            || file.contains("/timm/")
+            || file.contains("/torchvision/")
+        {
+            module = true;
+        }
+    }
+    if forward {
+        Phase::Forward
+    } else if module {
+        Phase::ModelBuild
+    } else {
+        Phase::User
+    }
+}
+
+/// For every `alloc` event of a trace, the index of its `free_requested`
+/// (or `free_completed` when the request was not recorded); `u32::MAX` when
+/// the block is never freed in the trace.
+pub fn free_index_of_allocs(snap: &Snapshot, trace: usize) -> Vec<u32> {
+    let events = &snap.traces[trace].events;
+    let mut free_of = vec![u32::MAX; events.len()];
+    let mut live: hashbrown::HashMap<u64, u32> = hashbrown::HashMap::new();
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, i as u32);
+            }
+            Action::FreeRequested | Action::FreeCompleted => {
+                if let Some(a) = live.remove(&e.addr) {
+                    free_of[a as usize] = i as u32;
+                }
+            }
+            _ => {}
+        }
+    }
+    free_of
+}
+
+/// The phase of every event of a trace.
+///
+/// CUDA backward runs on the autograd engine's device thread, which has no
+/// Python stack: its events come with empty stacks between the main thread's
+/// `loss.backward()` frames. An event with an empty stack therefore takes the
+/// Backward phase when the last event with a stack was in backward.
+pub fn event_phases(snap: &Snapshot, trace: usize, phases: &Phases) -> Vec<Phase> {
+    let mut last = Phase::Unknown;
+    snap.traces[trace]
+        .events
+        .iter()
+        .map(|e| {
+            if e.stack == EMPTY_STACK {
+                if last == Phase::Backward {
+                    Phase::Backward
+                } else {
+                    Phase::Unknown
+                }
+            } else {
+                last = phases.of(e.stack);
+                last
+            }
+        })
+        .collect()
+}
+
+/// Classifies one block from the phase of its birth and of its death (`None`
+/// when never freed); `outlived_step` says whether it was still alive when the
+/// step that made it ended.
+pub fn classify(birth: Phase, death: Option<Phase>, outlived_step: bool) -> Category {
+    let kept = outlived_step || death.is_none();
+    match birth {
+        Phase::ModelBuild if kept => Category::Parameter,
+        Phase::Backward => match death {
+            Some(Phase::Backward) if !outlived_step => Category::Temporary,
+            _ => Category::Gradient,
+        },
+        Phase::Optimizer if kept => Category::OptimizerState,
+        Phase::Forward => match death {
+            Some(Phase::Backward) => Category::Activation,
+            _ if kept => Category::Activation,
+            _ => Category::Temporary,
+        },
+        Phase::User if kept => Category::Input,
+        Phase::Unknown if death.is_none() => Category::Other,
+        _ => Category::Temporary,
+    }
+}

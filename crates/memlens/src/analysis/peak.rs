@@ -1,0 +1,304 @@
+//! `memlens peak`: replays the trace through the allocator model and answers
+//! the first question every user asks: what was using the memory at the peak?
+//!
+//! The replay gives exact block sizes (rounding, unsplit remainders), so the
+//! peaks equal `max_memory_allocated()` / `max_memory_reserved()` to the byte.
+//! What was live at the allocated peak is grouped by allocation site and
+//! category ([`super::categories`]); the trace is also cut into steps
+//! ([`super::steps`]) with each step's peak and what it left behind.
+
+use super::categories::{classify, event_phases, free_index_of_allocs, Category, Phase, Phases};
+use super::sites::{stack_lines, Site, SiteIndex};
+use super::steps::{self, StepMethod};
+use crate::replay::{Replay, ReplayOptions};
+use crate::snapshot::Snapshot;
+use serde::Serialize;
+use std::collections::{BTreeMap, HashMap};
+
+/// Live memory of one site and category at the peak.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct LiveSite {
+    /// `file:line` of the innermost user frame.
+    pub site: String,
+    /// The function of that line.
+    pub function: String,
+    /// The stack of the largest block, innermost first.
+    pub stack: Vec<String>,
+    /// Bytes (rounded block sizes).
+    pub bytes: u64,
+    /// Number of blocks.
+    pub count: u64,
+    /// What the memory is.
+    pub category: Category,
+}
+
+/// Bytes of one category at the peak, with the rule that decided it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CategoryShare {
+    /// The category.
+    pub category: Category,
+    /// Bytes at the peak.
+    pub bytes: u64,
+    /// Blocks at the peak.
+    pub count: u64,
+    /// How blocks were put in this category.
+    pub rule: &'static str,
+}
+
+impl CategoryShare {
+    /// The category's JSON name.
+    pub fn category_name(&self) -> &'static str {
+        self.category.as_str()
+    }
+}
+
+/// One step of the trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct StepPeak {
+    /// Step number, from 1.
+    pub step: usize,
+    /// First event of the step.
+    pub start_event: usize,
+    /// Highest allocated bytes during the step.
+    pub peak_allocated_bytes: u64,
+    /// Highest reserved bytes during the step.
+    pub peak_reserved_bytes: u64,
+    /// Allocated bytes when the step ended (what it left behind).
+    pub retained_bytes: u64,
+}
+
+/// Peaks of one device.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DevicePeak {
+    /// Device ordinal.
+    pub device: u32,
+    /// Peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+}
+
+/// The peak report (of the device with the highest allocated peak).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PeakReport {
+    /// The device reported on.
+    pub device: u32,
+    /// Peak of allocated bytes (`allocated_bytes.all.peak`).
+    pub peak_allocated_bytes: u64,
+    /// Peak of reserved bytes (`reserved_bytes.all.peak`).
+    pub peak_reserved_bytes: u64,
+    /// Event index of the allocated peak (`null` when the peak is the initial state).
+    pub peak_event_index: Option<usize>,
+    /// Time of the allocated peak, epoch microseconds.
+    pub peak_time_us: Option<i64>,
+    /// Event index of the reserved peak.
+    pub peak_reserved_event_index: Option<usize>,
+    /// Time of the reserved peak.
+    pub peak_reserved_time_us: Option<i64>,
+    /// What was live at the allocated peak, by site and category, largest first.
+    pub live_at_peak: Vec<LiveSite>,
+    /// Sites not listed in `live_at_peak` (beyond `--top`).
+    pub other_sites: usize,
+    /// Bytes by category at the peak.
+    pub categories: BTreeMap<String, u64>,
+    /// Categories with counts and the rule behind each.
+    pub category_detail: Vec<CategoryShare>,
+    /// Steps found in the trace.
+    pub steps: Vec<StepPeak>,
+    /// How steps were found.
+    pub step_method: StepMethod,
+    /// Every device's peaks.
+    pub devices: Vec<DevicePeak>,
+    /// Caveats (ring buffer, replay mismatches).
+    pub warnings: Vec<String>,
+}
+
+/// Replays every device and reports the peak of the one with the highest.
+pub fn peak(snap: &Snapshot, top: usize) -> PeakReport {
+    let opts = ReplayOptions::default();
+    let mut reports: Vec<PeakReport> = snap
+        .traces
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| !t.events.is_empty())
+        .map(|(i, _)| peak_of_trace(snap, i, top, &opts))
+        .collect();
+    let devices: Vec<DevicePeak> = reports
+        .iter()
+        .map(|r| DevicePeak {
+            device: r.device,
+            peak_allocated_bytes: r.peak_allocated_bytes,
+            peak_reserved_bytes: r.peak_reserved_bytes,
+        })
+        .collect();
+    reports.sort_by_key(|r| std::cmp::Reverse(r.peak_allocated_bytes));
+    let mut best = reports.into_iter().next().unwrap_or_else(|| empty(snap));
+    best.devices = devices;
+    best
+}
+
+fn empty(snap: &Snapshot) -> PeakReport {
+    let s = super::summary::summarize(snap);
+    PeakReport {
+        device: s.devices.first().copied().unwrap_or(0),
+        peak_allocated_bytes: s.allocated_bytes,
+        peak_reserved_bytes: s.reserved_bytes,
+        peak_event_index: None,
+        peak_time_us: None,
+        peak_reserved_event_index: None,
+        peak_reserved_time_us: None,
+        live_at_peak: Vec::new(),
+        other_sites: 0,
+        categories: BTreeMap::new(),
+        category_detail: Vec::new(),
+        steps: Vec::new(),
+        step_method: StepMethod::None,
+        devices: Vec::new(),
+        warnings: vec![
+            "the snapshot has no trace: these are the figures at dump time, not peaks".into(),
+        ],
+    }
+}
+
+fn peak_of_trace(snap: &Snapshot, trace: usize, top: usize, opts: &ReplayOptions) -> PeakReport {
+    let t = &snap.traces[trace];
+    let st = steps::detect(snap, trace);
+    // Pass 1: the peaks, and each step's peak and end.
+    let mut r = Replay::new(snap, t.device, opts);
+    let start = r.totals().all;
+    let (mut pa, mut pa_i, mut pr, mut pr_i) = (start.allocated, None, start.reserved, None);
+    let mut step_peaks: Vec<StepPeak> = Vec::with_capacity(st.len());
+    let mut cur = 0usize;
+    let mut sp = StepPeak {
+        step: 1,
+        start_event: 0,
+        peak_allocated_bytes: start.allocated,
+        peak_reserved_bytes: start.reserved,
+        retained_bytes: start.allocated,
+    };
+    let mut last_alloc = start.allocated;
+    while let Some(s) = r.step() {
+        if cur + 1 < st.len() && s.index == st.starts[cur + 1] {
+            sp.retained_bytes = last_alloc;
+            step_peaks.push(sp.clone());
+            cur += 1;
+            sp = StepPeak {
+                step: cur + 1,
+                start_event: s.index,
+                peak_allocated_bytes: last_alloc,
+                peak_reserved_bytes: 0,
+                retained_bytes: 0,
+            };
+        }
+        let a = s.totals.all;
+        if a.allocated > pa {
+            pa = a.allocated;
+            pa_i = Some(s.index);
+        }
+        if a.reserved > pr {
+            pr = a.reserved;
+            pr_i = Some(s.index);
+        }
+        sp.peak_allocated_bytes = sp.peak_allocated_bytes.max(a.allocated);
+        sp.peak_reserved_bytes = sp.peak_reserved_bytes.max(a.reserved);
+        last_alloc = a.allocated;
+    }
+    sp.retained_bytes = last_alloc;
+    step_peaks.push(sp);
+    let mut warnings: Vec<String> = r.warnings().to_vec();
+    if !r.initial_state().is_empty() {
+        warnings.push(
+            "the trace does not start when the allocator did (the ring buffer wrapped or recording began late): peaks are over the recorded window".into(),
+        );
+    }
+
+    // Pass 2: the live blocks at the allocated peak.
+    let live = match pa_i {
+        Some(i) => {
+            let mut r2 = Replay::new(snap, t.device, opts);
+            r2.run_to(i);
+            r2.live_blocks()
+        }
+        None => Replay::new(snap, t.device, opts).live_blocks(),
+    };
+    let phases = Phases::new(snap);
+    let ev_phase = event_phases(snap, trace, &phases);
+    let free_of = free_index_of_allocs(snap, trace);
+    let step_end = |i: usize| -> usize {
+        let k = st.starts.partition_point(|&s| s <= i);
+        st.starts.get(k).copied().unwrap_or(usize::MAX)
+    };
+    let index = SiteIndex::new(snap);
+    let mut groups: HashMap<(Option<u32>, Category), LiveSite> = HashMap::new();
+    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
+    for b in live.iter().filter(|b| !b.pending_free) {
+        // Its death: the free's stack and whether it outlived its step.
+        let (birth, death, outlived) = match b.alloc_index {
+            Some(ai) => {
+                let birth = ev_phase[ai as usize];
+                match free_of.get(ai as usize).copied() {
+                    Some(fi) if fi != u32::MAX => (
+                        birth,
+                        Some(ev_phase[fi as usize]),
+                        fi as usize >= step_end(ai as usize),
+                    ),
+                    _ => (birth, None, true),
+                }
+            }
+            None => (phases.of(b.stack), None, true),
+        };
+        let cat = classify(birth, death, outlived);
+        let e = groups.entry((index.site(b.stack), cat)).or_insert_with(|| {
+            let mut site = Site::of(snap, &index, b.stack);
+            if birth == Phase::Backward && site.site == "<no stack>" {
+                site.site = "<backward pass: autograd thread, no Python stack>".into();
+            }
+            LiveSite {
+                site: site.site,
+                function: site.function,
+                stack: stack_lines(snap, b.stack),
+                bytes: 0,
+                count: 0,
+                category: cat,
+            }
+        });
+        e.bytes += b.size;
+        e.count += 1;
+        let c = cats.entry(cat).or_default();
+        c.0 += b.size;
+        c.1 += 1;
+    }
+    let mut sites: Vec<LiveSite> = groups.into_values().collect();
+    sites.sort_by(|a, b| (b.bytes, &a.site).cmp(&(a.bytes, &b.site)));
+    let other_sites = sites.len().saturating_sub(top);
+    sites.truncate(top);
+    let time = |i: Option<usize>| i.and_then(|i| t.events.get(i)).map(|e| e.time_us);
+    PeakReport {
+        device: t.device,
+        peak_allocated_bytes: pa,
+        peak_reserved_bytes: pr,
+        peak_event_index: pa_i,
+        peak_time_us: time(pa_i),
+        peak_reserved_event_index: pr_i,
+        peak_reserved_time_us: time(pr_i),
+        live_at_peak: sites,
+        other_sites,
+        categories: cats
+            .iter()
+            .map(|(c, v)| (c.as_str().to_string(), v.0))
+            .collect(),
+        category_detail: cats
+            .iter()
+            .map(|(c, v)| CategoryShare {
+                category: *c,
+                bytes: v.0,
+                count: v.1,
+                rule: c.rule(),
+            })
+            .collect(),
+        steps: if st.len() > 1 { step_peaks } else { Vec::new() },
+        step_method: st.method,
+        devices: Vec::new(),
+        warnings,
+    }
+}

@@ -1,0 +1,217 @@
+//! The allocator state before a trace's first event, for traces that do not
+//! start at the allocator's birth (the ring buffer wrapped, or recording began
+//! late): start from the dumped `segments` and undo the trace backwards, as
+//! MemoryViz's "Allocator State History" does.
+
+use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, StackId, TraceEvent};
+use hashbrown::HashMap;
+use std::collections::BTreeMap;
+
+/// A segment (or mapped expandable range) present before the first event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitialSegment {
+    /// Address.
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// Stream index.
+    pub stream: u16,
+    /// `segment_pool_id`.
+    pub pool_id: (i64, i64),
+    /// Small pool.
+    pub small: bool,
+    /// A mapped range of an expandable segment.
+    pub expandable: bool,
+}
+
+/// A block live before the first event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InitialBlock {
+    /// Address.
+    pub addr: u64,
+    /// Rounded size when the dump recorded it; `None` when only a free event
+    /// in the trace tells of the block (its request is known, not its size).
+    pub size: Option<u64>,
+    /// The original request.
+    pub requested: u64,
+    /// Stream index.
+    pub stream: u16,
+    /// Freed by the user but not yet returned (between `free_requested` and
+    /// `free_completed`).
+    pub pending: bool,
+    /// The best stack known for it.
+    pub stack: StackId,
+}
+
+/// Segments and live blocks before the first event of a device's trace.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct InitialState {
+    /// Segments, in address order.
+    pub segments: Vec<InitialSegment>,
+    /// Live blocks, in address order.
+    pub blocks: Vec<InitialBlock>,
+    /// Frees in the trace whose allocation came before it.
+    pub orphan_frees: usize,
+}
+
+impl InitialState {
+    /// Nothing existed before the trace: it starts at the allocator's birth.
+    pub fn is_empty(&self) -> bool {
+        self.segments.is_empty() && self.blocks.is_empty()
+    }
+}
+
+/// Undoes `events` from the dumped state of `device`.
+pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> InitialState {
+    let mut segs: BTreeMap<u64, InitialSegment> = BTreeMap::new();
+    let mut live: HashMap<u64, InitialBlock> = HashMap::new();
+    for s in snap.segments.iter().filter(|s| s.device == device) {
+        segs.insert(
+            s.address,
+            InitialSegment {
+                addr: s.address,
+                size: s.total_size,
+                stream: s.stream,
+                pool_id: s.pool_id,
+                small: s.pool == PoolKind::Small,
+                expandable: s.is_expandable,
+            },
+        );
+        for b in &s.blocks {
+            if b.state == BlockState::Inactive {
+                continue;
+            }
+            live.insert(
+                b.address,
+                InitialBlock {
+                    addr: b.address,
+                    size: Some(b.size),
+                    requested: b.requested_size,
+                    stream: s.stream,
+                    pending: b.state == BlockState::ActivePendingFree,
+                    stack: b.stack,
+                },
+            );
+        }
+    }
+    let mut orphan_frees = 0;
+    for e in events.iter().rev() {
+        match e.action {
+            Action::Alloc => {
+                live.remove(&e.addr);
+            }
+            Action::FreeRequested => match live.get_mut(&e.addr) {
+                Some(b) => b.pending = false,
+                None => {
+                    live.insert(e.addr, orphan(e, false));
+                }
+            },
+            Action::FreeCompleted => {
+                live.insert(e.addr, orphan(e, true));
+            }
+            Action::SegmentAlloc => {
+                segs.remove(&e.addr);
+            }
+            Action::SegmentFree => {
+                segs.insert(
+                    e.addr,
+                    InitialSegment {
+                        addr: e.addr,
+                        size: e.size,
+                        stream: e.stream,
+                        pool_id: (0, 0),
+                        small: e.size == crate::sim::rounding::SMALL_BUFFER,
+                        expandable: false,
+                    },
+                );
+            }
+            Action::SegmentMap => unmap_range(&mut segs, e.addr, e.size),
+            Action::SegmentUnmap => map_range(&mut segs, e),
+            Action::Snapshot | Action::Oom => {}
+        }
+    }
+    // Blocks still live here were allocated before the trace. Those known
+    // only from the trace's frees mark a cut trace.
+    let mut blocks: Vec<InitialBlock> = live.into_values().collect();
+    blocks.sort_unstable_by_key(|b| b.addr);
+    orphan_frees += blocks.iter().filter(|b| b.size.is_none()).count();
+    InitialState {
+        segments: segs.into_values().collect(),
+        blocks,
+        orphan_frees,
+    }
+}
+
+fn orphan(e: &TraceEvent, pending: bool) -> InitialBlock {
+    InitialBlock {
+        addr: e.addr,
+        size: None,
+        requested: e.size,
+        stream: e.stream,
+        pending,
+        stack: e.stack,
+    }
+}
+
+/// Before a `segment_map`, its range was not mapped: cut it out.
+fn unmap_range(segs: &mut BTreeMap<u64, InitialSegment>, addr: u64, size: u64) {
+    let Some((&start, &s)) = segs.range(..=addr).next_back() else {
+        return;
+    };
+    if !s.expandable || addr + size > s.addr + s.size {
+        return;
+    }
+    segs.remove(&start);
+    if addr > s.addr {
+        segs.insert(
+            s.addr,
+            InitialSegment {
+                size: addr - s.addr,
+                ..s
+            },
+        );
+    }
+    let end = s.addr + s.size;
+    if addr + size < end {
+        segs.insert(
+            addr + size,
+            InitialSegment {
+                addr: addr + size,
+                size: end - addr - size,
+                ..s
+            },
+        );
+    }
+}
+
+/// Before a `segment_unmap`, its range was mapped: add it, joining neighbours.
+fn map_range(segs: &mut BTreeMap<u64, InitialSegment>, e: &TraceEvent) {
+    let mut seg = InitialSegment {
+        addr: e.addr,
+        size: e.size,
+        stream: e.stream,
+        pool_id: (0, 0),
+        // Large pages are 20 MiB; a range that is not a multiple is small.
+        small: e.size % (20 << 20) != 0,
+        expandable: true,
+    };
+    if let Some((&a, &p)) = segs.range(..e.addr).next_back() {
+        if p.expandable && p.addr + p.size == e.addr && p.stream == e.stream {
+            segs.remove(&a);
+            seg = InitialSegment {
+                addr: p.addr,
+                size: p.size + seg.size,
+                ..p
+            };
+        }
+    }
+    if let Some(&n) = segs.get(&(e.addr + e.size)) {
+        if n.expandable && n.stream == e.stream {
+            segs.remove(&n.addr);
+            seg.size += n.size;
+            seg.small = n.small;
+            seg.pool_id = n.pool_id;
+        }
+    }
+    segs.insert(seg.addr, seg);
+}

@@ -1,0 +1,326 @@
+//! What-if runs: the trace's allocation requests and frees, in order, through
+//! the allocator model under any settings, free of the recorded addresses and
+//! segment events. The model decides when to make, split, merge, release,
+//! map and unmap segments; a [`SyntheticDevice`] with the device's capacity
+//! decides when memory runs out. `empty_cache()` calls are replayed where the
+//! trace shows them.
+
+use super::initial::{self, InitialState};
+use crate::sim::rounding::SMALL_BUFFER;
+use crate::sim::{
+    Allocator, AllocatorConfig, DeviceLimits, DeviceOp, Handle, MemoryStats, SyntheticDevice,
+    DEFAULT_POOL,
+};
+use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
+use hashbrown::HashMap;
+use serde::Serialize;
+
+/// Settings of a what-if run.
+#[derive(Clone, Debug, Default)]
+pub struct SimulateOptions {
+    /// Allocator settings to run under.
+    pub config: AllocatorConfig,
+    /// Total memory of the GPU (`--device-memory`); `None`: unlimited.
+    pub device_memory: Option<u64>,
+    /// Memory used outside the allocator (CUDA context, other processes);
+    /// `None`: estimated from an `oom` event's `device_free` when the trace
+    /// has one, else 0.
+    pub overhead: Option<u64>,
+    /// A memory-fraction limit in bytes set outside the config
+    /// (`torch.cuda.set_per_process_memory_fraction`).
+    pub allowed_memory_maximum: Option<u64>,
+}
+
+/// The first allocation that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct SimulatedOom {
+    /// Index of the `alloc` event in the trace.
+    pub event_index: usize,
+    /// The request in bytes.
+    pub requested_bytes: u64,
+    /// The segment it needed ("Tried to allocate").
+    pub alloc_size: u64,
+    /// Allocated bytes then.
+    pub allocated_bytes: u64,
+    /// Reserved bytes then.
+    pub reserved_bytes: u64,
+    /// Stack of the allocation.
+    pub stack: StackId,
+}
+
+/// The outcome of a what-if run.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimulationResult {
+    /// The settings, in `PYTORCH_CUDA_ALLOC_CONF` syntax (empty: defaults).
+    pub config: String,
+    /// Device ordinal.
+    pub device: u32,
+    /// Trace events walked.
+    pub events: usize,
+    /// `reserved_bytes.all.peak`.
+    pub peak_reserved_bytes: u64,
+    /// The event at which reserved bytes peaked.
+    pub peak_reserved_index: Option<usize>,
+    /// `allocated_bytes.all.peak`.
+    pub peak_allocated_bytes: u64,
+    /// The event at which allocated bytes peaked.
+    pub peak_allocated_index: Option<usize>,
+    /// cudaMalloc calls and expandable mappings.
+    pub num_device_alloc: u64,
+    /// cudaFree calls and expandable unmappings.
+    pub num_device_free: u64,
+    /// cudaMalloc retries after a cache flush.
+    pub num_alloc_retries: u64,
+    /// Failed allocations.
+    pub num_ooms: u64,
+    /// Sizes of segment allocations (and expandable mappings), in order.
+    pub segment_sizes: Vec<u64>,
+    /// The first failed allocation.
+    pub first_oom: Option<SimulatedOom>,
+    /// Share of reserved bytes not allocated at the reserved peak.
+    pub fragmentation_at_peak: f64,
+    /// `inactive_split_bytes` at the reserved peak.
+    pub inactive_split_bytes_at_peak: u64,
+    /// The allocator's capacity: device memory less overhead (`None`: unlimited).
+    pub capacity_bytes: Option<u64>,
+    /// The overhead used.
+    pub overhead_bytes: Option<u64>,
+    /// `empty_cache()` calls replayed.
+    pub empty_cache_calls: u64,
+    /// All statistics at the end.
+    pub stats: MemoryStats,
+    /// Caveats (a trace that starts late, ...).
+    pub warnings: Vec<String>,
+}
+
+/// Estimates memory used outside the allocator from the first `oom` event:
+/// device total less free device bytes less what the allocator held then.
+pub fn estimate_overhead(snap: &Snapshot, device: u32, device_memory: u64) -> Option<u64> {
+    let events = trace_of(snap, device);
+    let init = initial::reconstruct(snap, device, events);
+    let mut reserved: u64 = init.segments.iter().map(|s| s.size).sum();
+    for e in events {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => reserved += e.size,
+            Action::SegmentFree | Action::SegmentUnmap => {
+                reserved = reserved.saturating_sub(e.size)
+            }
+            Action::Oom => {
+                return Some(
+                    device_memory
+                        .saturating_sub(e.addr)
+                        .saturating_sub(reserved),
+                )
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+fn trace_of(snap: &Snapshot, device: u32) -> &[TraceEvent] {
+    snap.traces
+        .iter()
+        .find(|t| t.device == device)
+        .map_or(&[], |t| &t.events)
+}
+
+/// Whether the run of segment events starting at `i` is an `empty_cache()`:
+/// only frees/unmaps, and not the retry of a failed allocation (which ends in
+/// a new segment, or in an `oom`).
+fn is_empty_cache_run(events: &[TraceEvent], i: usize) -> (bool, usize) {
+    let mut j = i;
+    let mut makes = false;
+    while let Some(e) = events.get(j) {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => makes = true,
+            Action::SegmentFree | Action::SegmentUnmap => {}
+            _ => break,
+        }
+        j += 1;
+    }
+    let then_oom = events.get(j).is_some_and(|e| e.action == Action::Oom);
+    (!makes && !then_oom, j)
+}
+
+/// Runs `device`'s trace through the model under `opts`.
+pub fn simulate(
+    snap: &Snapshot,
+    device: u32,
+    opts: &SimulateOptions,
+) -> crate::Result<SimulationResult> {
+    let events = trace_of(snap, device);
+    if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
+        return Err(crate::Error::usage(
+            "per_process_memory_fraction needs the device's memory (--device-memory)",
+        ));
+    }
+    let mut warnings = Vec::new();
+    let overhead = match (opts.device_memory, opts.overhead) {
+        (Some(_), Some(o)) => Some(o),
+        (Some(total), None) => Some(estimate_overhead(snap, device, total).unwrap_or(0)),
+        (None, o) => o,
+    };
+    let capacity = opts
+        .device_memory
+        .map(|t| t.saturating_sub(overhead.unwrap_or(0)));
+    let limits = DeviceLimits {
+        total_memory: opts.device_memory,
+    };
+    let mut model = Allocator::new(opts.config.clone(), limits);
+    if opts.allowed_memory_maximum.is_some() {
+        model.set_allowed_memory_maximum(opts.allowed_memory_maximum);
+    }
+    let mut dev = SyntheticDevice::recording(capacity);
+    let mut live: HashMap<u64, Option<Handle>> = HashMap::with_capacity(1024);
+
+    let init = initial::reconstruct(snap, device, events);
+    if !init.is_empty() {
+        warnings.push(
+            "the trace does not start at the allocator's birth: the simulation starts from the \
+             recorded state before its first event"
+                .to_string(),
+        );
+        load_initial(snap, &mut model, &mut dev, &init, &mut live);
+    }
+
+    let mut peak_reserved = (model.stats().reserved_bytes.all.current, None);
+    let mut peak_allocated = (model.stats().allocated_bytes.all.current, None);
+    let mut frag = (0.0, 0u64);
+    let mut first_oom = None;
+    let mut empty_cache_calls = 0;
+    let mut skip_until = 0usize;
+    for (i, e) in events.iter().enumerate() {
+        match e.action {
+            Action::Alloc => {
+                let stream = snap.stream(e.stream) as u64;
+                match model.malloc(e.size, stream, DEFAULT_POOL, i as u64, &mut dev) {
+                    Ok(h) => {
+                        live.insert(e.addr, Some(h));
+                    }
+                    Err(oom) => {
+                        if first_oom.is_none() {
+                            first_oom = Some(SimulatedOom {
+                                event_index: i,
+                                requested_bytes: e.size,
+                                alloc_size: oom.alloc_size,
+                                allocated_bytes: oom.allocated_bytes,
+                                reserved_bytes: oom.reserved_bytes,
+                                stack: e.stack,
+                            });
+                        }
+                        // The program would have stopped here; keep going
+                        // without the block so later events stay meaningful.
+                        live.insert(e.addr, None);
+                    }
+                }
+            }
+            Action::FreeRequested => {
+                if let Some(Some(h)) = live.get(&e.addr) {
+                    model.free_requested(*h);
+                }
+            }
+            Action::FreeCompleted => {
+                if let Some(Some(h)) = live.remove(&e.addr) {
+                    model.free_completed(h);
+                }
+            }
+            Action::SegmentFree | Action::SegmentUnmap if i >= skip_until => {
+                let (empty, end) = is_empty_cache_run(events, i);
+                skip_until = end;
+                if empty {
+                    model.empty_cache(&mut dev);
+                    empty_cache_calls += 1;
+                }
+            }
+            _ => {}
+        }
+        let st = model.stats();
+        if st.reserved_bytes.all.current > peak_reserved.0 {
+            peak_reserved = (st.reserved_bytes.all.current, Some(i));
+            let r = st.reserved_bytes.all.current;
+            frag = (
+                1.0 - st.allocated_bytes.all.current as f64 / r as f64,
+                st.inactive_split_bytes.all.current,
+            );
+        }
+        if st.allocated_bytes.all.current > peak_allocated.0 {
+            peak_allocated = (st.allocated_bytes.all.current, Some(i));
+        }
+    }
+    let st = model.stats().clone();
+    let segment_sizes = dev
+        .log
+        .as_deref()
+        .unwrap_or(&[])
+        .iter()
+        .filter_map(|op| match op {
+            DeviceOp::SegmentAlloc { size, .. } | DeviceOp::SegmentMap { size, .. } => Some(*size),
+            _ => None,
+        })
+        .collect();
+    Ok(SimulationResult {
+        config: opts.config.to_conf_string(),
+        device,
+        events: events.len(),
+        peak_reserved_bytes: st.reserved_bytes.all.peak,
+        peak_reserved_index: peak_reserved.1,
+        peak_allocated_bytes: st.allocated_bytes.all.peak,
+        peak_allocated_index: peak_allocated.1,
+        num_device_alloc: st.num_device_alloc,
+        num_device_free: st.num_device_free,
+        num_alloc_retries: st.num_alloc_retries,
+        num_ooms: st.num_ooms,
+        segment_sizes,
+        first_oom,
+        fragmentation_at_peak: frag.0,
+        inactive_split_bytes_at_peak: frag.1,
+        capacity_bytes: capacity,
+        overhead_bytes: overhead,
+        empty_cache_calls,
+        stats: st,
+        warnings,
+    })
+}
+
+/// Puts the recorded state before the first event into a what-if model, at
+/// the recorded addresses (their sizes under the new settings are unknown).
+fn load_initial(
+    snap: &Snapshot,
+    model: &mut Allocator,
+    dev: &mut SyntheticDevice,
+    init: &InitialState,
+    live: &mut HashMap<u64, Option<Handle>>,
+) {
+    for s in &init.segments {
+        let stream = snap.stream(s.stream) as u64;
+        let pool = model.mempool(s.pool_id);
+        if s.expandable {
+            model.map_at(s.addr, s.size, stream, pool, s.small, dev);
+        } else {
+            if model.insert_segment(
+                s.addr,
+                s.size,
+                stream,
+                pool,
+                s.small || s.size == SMALL_BUFFER,
+            ) {
+                dev.used += s.size;
+            }
+        }
+    }
+    for b in init.blocks.iter().rev() {
+        let h = match b.size {
+            Some(size) => model.alloc_at(b.addr, size, b.requested, u64::MAX),
+            None => model.alloc_at_request(b.addr, b.requested, u64::MAX),
+        };
+        if let Some(h) = h {
+            if b.pending {
+                model.free_requested(h);
+            }
+        }
+        live.insert(b.addr, h);
+    }
+    model.reset_accumulated_stats();
+    model.reset_peak_stats();
+}

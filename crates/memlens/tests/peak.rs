@@ -1,0 +1,93 @@
+//! `peak` on the real fixtures (issue 3's acceptance): exact peaks, and
+//! plausible categories.
+
+mod common;
+
+use common::{fixture, stats, FIXTURES};
+use memlens::analysis::peak::peak;
+use memlens::snapshot::Snapshot;
+
+fn load(name: &str) -> Snapshot {
+    Snapshot::load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+#[test]
+fn peaks_equal_memory_stats_exactly() {
+    for name in FIXTURES {
+        let st = stats(name);
+        let ms = &st["memory_stats"];
+        let r = peak(&load(&format!("{name}.pickle.zst")), 10);
+        assert_eq!(
+            Some(r.peak_allocated_bytes),
+            ms["allocated_bytes.all.peak"].as_u64(),
+            "{name} allocated peak"
+        );
+        assert_eq!(
+            Some(r.peak_reserved_bytes),
+            ms["reserved_bytes.all.peak"].as_u64(),
+            "{name} reserved peak"
+        );
+        assert!(r.peak_event_index.is_some(), "{name}");
+        let live: u64 = r.category_detail.iter().map(|c| c.bytes).sum();
+        assert!(
+            live <= r.peak_allocated_bytes,
+            "{name}: live at peak within the peak"
+        );
+    }
+}
+
+fn cat(r: &memlens::analysis::peak::PeakReport, c: &str) -> f64 {
+    r.categories.get(c).copied().unwrap_or(0) as f64
+}
+
+/// GPT-2 with AdamW: parameters are `params` x 4 bytes (fp32 weights under
+/// autocast), AdamW keeps two fp32 moments, activations are the bulk.
+#[test]
+fn gpt2_train_categories_are_plausible() {
+    let params = stats("gpt2_train")["params"].as_u64().unwrap() as f64;
+    let r = peak(&load("gpt2_train.pickle.zst"), 10);
+    let p = cat(&r, "parameter");
+    assert!(
+        (p / (params * 4.0) - 1.0).abs() < 0.02,
+        "parameters {p} vs {}",
+        params * 4.0
+    );
+    let o = cat(&r, "optimizer_state");
+    assert!(
+        (o / (params * 8.0) - 1.0).abs() < 0.05,
+        "AdamW state {o} vs {}",
+        params * 8.0
+    );
+    let a = cat(&r, "activation");
+    let largest = r.categories.values().max().copied().unwrap() as f64;
+    assert_eq!(
+        a, largest,
+        "activations are the largest category: {:?}",
+        r.categories
+    );
+    assert!(a > 0.4 * r.peak_allocated_bytes as f64);
+    assert_eq!(r.steps.len(), 6);
+}
+
+/// ResNet-50 (25,557,032 parameters) with SGD momentum: one momentum buffer
+/// per parameter.
+#[test]
+fn resnet_momentum_is_about_the_parameters() {
+    let param_bytes = 25_557_032.0 * 4.0;
+    let r = peak(&load("resnet.pickle.zst"), 10);
+    let p = cat(&r, "parameter");
+    let o = cat(&r, "optimizer_state");
+    assert!((p / param_bytes - 1.0).abs() < 0.05, "parameters {p}");
+    assert!((o / param_bytes - 1.0).abs() < 0.10, "momentum {o}");
+    assert!(cat(&r, "activation") > 0.5 * r.peak_allocated_bytes as f64);
+}
+
+#[test]
+fn live_at_peak_names_user_sites() {
+    let r = peak(&load("gpt2_train.pickle.zst"), 5);
+    let top = &r.live_at_peak[0];
+    assert_eq!(top.site, "/home/user/train/workloads.py:34"); // out = model(input_ids=x, labels=x)
+    assert_eq!(top.category.as_str(), "activation");
+    assert!(top.stack.len() > 3);
+    assert!(r.other_sites > 0 || r.live_at_peak.len() <= 5);
+}
