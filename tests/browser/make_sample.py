@@ -45,7 +45,7 @@ def step_names(fx_dir, fixtures, name):
 
 
 def label(fr):
-    return "%s (%s:%d)" % (fr["name"], fr["filename"], fr["line"])
+    return "%s:%d in %s" % (fr["filename"], fr["line"], fr["name"])
 
 
 def site_of(frames):
@@ -249,7 +249,7 @@ def main():
             site_bytes[info["site"]] += b
             value[0] += b
             node = 0
-            for lab in reversed(info["stack"]):
+            for lab in reversed(info["stack"] or ["<no stack>"]):
                 nid = idx.get(lab)
                 if nid is None:
                     nid = idx[lab] = len(names)

@@ -161,13 +161,26 @@ fn diff_json_has_grown_and_shrunk() {
 fn check_gates_on_the_exact_peak() {
     let f = fixture("gpt2_train.pickle.zst");
     // allocated_bytes.all.peak is 4583255040.
-    assert_eq!(memlens(&["check", &f, "--max-peak", "4583255040"]).status.code(), Some(0));
+    assert_eq!(
+        memlens(&["check", &f, "--max-peak", "4583255040"])
+            .status
+            .code(),
+        Some(0)
+    );
     let out = memlens(&["check", &f, "--max-peak", "4583255039", "--json"]);
     assert_eq!(out.status.code(), Some(1));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["ok"], false);
     assert_eq!(v["peak_allocated_bytes"], 4583255040u64);
     assert_eq!(v["peak_reserved_bytes"], 5169479680u64);
-    assert_eq!(memlens(&["check", &f, "--max-reserved", "5GiB"]).status.code(), Some(0));
-    assert_eq!(memlens(&["check", &f, "--max-peak", "lots"]).status.code(), Some(2));
+    assert_eq!(
+        memlens(&["check", &f, "--max-reserved", "5GiB"])
+            .status
+            .code(),
+        Some(0)
+    );
+    assert_eq!(
+        memlens(&["check", &f, "--max-peak", "lots"]).status.code(),
+        Some(2)
+    );
 }

@@ -19,9 +19,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let snap = memlens::Snapshot::load(std::path::Path::new(&path))?;
     let read = t.elapsed().as_secs_f64();
     let events = snap.event_count() as f64;
-    println!("read      {read:8.3} s  {:8.1} MB/s  {:6.2} M events", size / 1e6 / read, events / 1e6);
+    println!(
+        "read      {read:8.3} s  {:8.1} MB/s  {:6.2} M events",
+        size / 1e6 / read,
+        events / 1e6
+    );
 
-    let device = snap.traces.iter().find(|t| !t.events.is_empty()).map_or(0, |t| t.device);
+    let device = snap
+        .traces
+        .iter()
+        .find(|t| !t.events.is_empty())
+        .map_or(0, |t| t.device);
     let t = Instant::now();
     let r = replay_device(&snap, device, &ReplayOptions::default());
     let replay = t.elapsed().as_secs_f64();
@@ -33,16 +41,29 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let config = AllocatorConfig::from_settings(&snap.settings);
-    let opts = SimulateOptions { config, device_memory: None, overhead: None, allowed_memory_maximum: None };
+    let opts = SimulateOptions {
+        config,
+        device_memory: None,
+        overhead: None,
+        allowed_memory_maximum: None,
+    };
     let t = Instant::now();
     let s = simulate(&snap, device, &opts)?;
     let sim = t.elapsed().as_secs_f64();
-    println!("simulate  {sim:8.3} s  {:8.2} M events/s  (peak reserved {})", events / 1e6 / sim, s.peak_reserved_bytes);
+    println!(
+        "simulate  {sim:8.3} s  {:8.2} M events/s  (peak reserved {})",
+        events / 1e6 / sim,
+        s.peak_reserved_bytes
+    );
 
     if with_tune {
         let t = Instant::now();
         let tuned = memlens::replay::tune::tune(&snap, device, &opts)?;
-        println!("tune      {:8.3} s  ({} candidates)", t.elapsed().as_secs_f64(), tuned.candidates.len());
+        println!(
+            "tune      {:8.3} s  ({} candidates)",
+            t.elapsed().as_secs_f64(),
+            tuned.candidates.len()
+        );
     }
     Ok(())
 }

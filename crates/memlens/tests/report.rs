@@ -12,13 +12,13 @@ use memlens::snapshot::{BlockState as SnapState, Snapshot};
 /// A small report with every section, built as the analyses would.
 fn sample() -> ReportData {
     let stack = vec![
-        "forward (/home/user/train/model.py:42)".to_string(),
-        "main (/home/user/train/train.py:10)".to_string(),
+        "/home/user/train/model.py:42 in forward".to_string(),
+        "/home/user/train/train.py:10 in main".to_string(),
     ];
     let mut flame = FlameBuilder::new("live at the peak");
     flame.add_innermost_first(&stack, 3 << 30);
     flame.add(
-        ["main (/home/user/train/train.py:10)", "step (adamw.py:7)"],
+        ["/home/user/train/train.py:10 in main", "adamw.py:7 in step"],
         1 << 30,
     );
     let site = TimelineSite {
@@ -337,15 +337,17 @@ fn flame_builder_merges_common_prefixes() {
     b.add(Vec::<&str>::new(), 2);
     let f = b.finish();
     assert_eq!(f.value[0], 18);
-    assert_eq!(f.parent.len(), 6); // root, a, b, c, d, e
+    assert_eq!(f.parent.len(), 7); // root, a, b, c, d, e, <no stack>
     let label = |i: usize| f.names[f.name[i] as usize].as_str();
+    let none = (1..7).find(|&i| label(i) == FLAME_NO_STACK).unwrap();
+    assert_eq!((f.value[none], f.parent[none]), (2, 0));
     assert_eq!(label(0), FLAME_ROOT);
-    let a = (1..6).find(|&i| label(i) == "a").unwrap();
+    let a = (1..7).find(|&i| label(i) == "a").unwrap();
     assert_eq!(f.value[a], 16);
     assert_eq!(f.parent[a], 0);
-    let b_ = (1..6).find(|&i| label(i) == "b").unwrap();
+    let b_ = (1..7).find(|&i| label(i) == "b").unwrap();
     assert_eq!((f.value[b_], f.parent[b_] as usize), (15, a));
-    assert!((1..6).all(|i| (f.parent[i] as usize) < i));
+    assert!((1..7).all(|i| (f.parent[i] as usize) < i));
 }
 
 #[test]
@@ -468,9 +470,9 @@ fn a_huge_report_stays_under_ten_megabytes() {
         let frames: Vec<String> = (0..40)
             .map(|d| {
                 format!(
-                    "fn{} (/venv/lib/site-packages/pkg/mod{}.py:{})",
-                    d,
+                    "/venv/lib/site-packages/pkg/mod{}.py:{} in fn{}",
                     (k >> (d % 12)) % 7,
+                    d,
                     d
                 )
             })
@@ -501,7 +503,7 @@ fn a_huge_report_stays_under_ten_megabytes() {
     let sites = (0..50)
         .map(|k| BlockSite {
             site: format!("/home/user/train/model.py:{k}"),
-            stack: vec!["forward (/home/user/train/model.py:1)".into(); 30],
+            stack: vec!["/home/user/train/model.py:1 in forward".into(); 30],
         })
         .collect();
     let data = ReportData {
@@ -632,6 +634,11 @@ fn flame_of_the_real_live_blocks_adds_up_to_allocated_bytes() {
         .as_u64()
         .unwrap();
     assert_eq!(f.value[0], allocated);
+    let top: u64 = (1..f.parent.len())
+        .filter(|&i| f.parent[i] == 0)
+        .map(|i| f.value[i])
+        .sum();
+    assert_eq!(top, allocated, "the root's children cover it");
     let p = prune_flame(&f, DEFAULT_FLAME_MIN_FRACTION);
     assert_eq!(p.value[0], allocated);
     assert!(p.parent.len() <= f.parent.len());
@@ -639,4 +646,13 @@ fn flame_of_the_real_live_blocks_adds_up_to_allocated_bytes() {
         .names
         .iter()
         .any(|n| n.contains("/home/user/train/workloads.py:")));
+}
+
+#[test]
+fn analysis_categories_convert_by_name() {
+    use memlens::analysis::categories::Category as A;
+    for a in A::ALL {
+        let c = Category::from(a);
+        assert_eq!(serde_json::to_value(c).unwrap(), a.as_str());
+    }
 }

@@ -44,5 +44,9 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     } else {
         output::print_text(&format!("FAILED: {}\n", r.failures.join("; ")))?;
     }
-    Ok(if r.ok { output::OK } else { output::CHECK_FAILED })
+    Ok(if r.ok {
+        output::OK
+    } else {
+        output::CHECK_FAILED
+    })
 }

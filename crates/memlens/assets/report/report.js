@@ -52,10 +52,11 @@
   function pct(a, b) { return b > 0 ? (100 * a / b).toFixed(a / b < 0.01 ? 2 : 1) + '%' : '–'; }
   function hex(n) { return '0x' + Number(n).toString(16); }
   function basename(p) { var i = p.lastIndexOf('/'); return i >= 0 ? p.slice(i + 1) : p; }
-  /* A frame label "fn (file:line)" shortened to "fn (base:line)". */
+  /* A frame label "file:line in fn" shown as "fn (base:line)". */
+  var FRAME_RE = /^(.*:\d+) in (.*)$/;
   function shortLabel(s) {
-    var m = /^(.*) \((.*)\)$/.exec(s);
-    return m ? m[1] + ' (' + basename(m[2]) + ')' : s;
+    var m = FRAME_RE.exec(s);
+    return m ? m[2] + ' (' + basename(m[1]) + ')' : s;
   }
   function stackBlock(stack) {
     return el('div', { class: 'stack', text: stack.join('\n') });
@@ -408,7 +409,7 @@
 
     /* Frames of libraries (and of Python itself) are drawn in cool colours, user code in warm ones. */
     function isLibrary(s) {
-      var m = /\(([^()]*)\)$/.exec(s), file = m ? m[1] : s;
+      var m = FRAME_RE.exec(s), file = m ? m[1] : s;
       return /site-packages|dist-packages|\/torch\/|\/lib\/python\d|^</.test(file);
     }
     function hash(s) { var h = 2166136261; for (var i = 0; i < s.length; i++) { h ^= s.charCodeAt(i); h = Math.imul(h, 16777619); } return h >>> 0; }

@@ -1,10 +1,10 @@
 //! Analyses: pure functions of a snapshot (and its replay) that return plain data.
 
 pub mod categories;
+pub mod check;
 pub mod diff;
 pub mod leaks;
 pub mod peak;
 pub mod sites;
 pub mod steps;
 pub mod summary;
-pub mod check;

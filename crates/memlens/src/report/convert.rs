@@ -8,10 +8,16 @@ use super::model::{BlockSite, BlockState, Category, SegmentBlock, SegmentMap, Se
 use crate::snapshot::{self, AllocatorSettings, FrameId, PoolKind, Segment, Snapshot, StackId};
 use hashbrown::HashMap;
 
-/// A frame as the report labels it: `function (file:line)`.
+/// A frame as the report labels it: `file:line in function`, as the stacks
+/// of `memlens peak --json` read ([`crate::analysis::sites::stack_lines`]).
 pub fn frame_label(snap: &Snapshot, id: FrameId) -> String {
     match snap.frames.get(id as usize) {
-        Some(f) => format!("{} ({}:{})", snap.str(f.name), snap.str(f.filename), f.line),
+        Some(f) => format!(
+            "{}:{} in {}",
+            snap.str(f.filename),
+            f.line,
+            snap.str(f.name)
+        ),
         None => "?".to_string(),
     }
 }
@@ -149,5 +155,20 @@ pub fn segment_map(
         segments: rows,
         sites,
         omitted: None,
+    }
+}
+
+impl From<crate::analysis::categories::Category> for Category {
+    fn from(c: crate::analysis::categories::Category) -> Category {
+        use crate::analysis::categories::Category as A;
+        match c {
+            A::Parameter => Category::Parameter,
+            A::Gradient => Category::Gradient,
+            A::OptimizerState => Category::OptimizerState,
+            A::Activation => Category::Activation,
+            A::Temporary => Category::Temporary,
+            A::Input => Category::Input,
+            A::Other => Category::Other,
+        }
     }
 }

@@ -10,6 +10,10 @@ pub const DEFAULT_FLAME_MIN_FRACTION: f64 = 0.001;
 /// Label of the root node.
 pub const FLAME_ROOT: &str = "all live memory";
 
+/// Label of the node that holds bytes allocated with no stack recorded, so
+/// that the root's children add up to the root.
+pub const FLAME_NO_STACK: &str = "<no stack>";
+
 /// Label of the node that holds a parent's pruned children.
 pub const FLAME_OTHER: &str = "\u{2026}other";
 
@@ -49,7 +53,8 @@ impl FlameBuilder {
         id
     }
 
-    /// Adds `bytes` under a stack given outermost frame first.
+    /// Adds `bytes` under a stack given outermost frame first; an empty stack
+    /// goes under [`FLAME_NO_STACK`].
     pub fn add<I, S>(&mut self, frames_outermost_first: I, bytes: u64)
     where
         I: IntoIterator<Item = S>,
@@ -57,23 +62,34 @@ impl FlameBuilder {
     {
         self.flame.value[0] = self.flame.value[0].saturating_add(bytes);
         let mut node = 0u32;
-        for f in frames_outermost_first {
-            let name = self.intern(f.as_ref());
-            let next = match self.children.get(&(node, name)) {
-                Some(&c) => c,
-                None => {
-                    let c = self.flame.parent.len() as u32;
-                    self.flame.parent.push(node);
-                    self.flame.name.push(name);
-                    self.flame.value.push(0);
-                    self.children.insert((node, name), c);
-                    c
-                }
-            };
-            let v = &mut self.flame.value[next as usize];
-            *v = v.saturating_add(bytes);
-            node = next;
+        let mut frames = frames_outermost_first.into_iter().peekable();
+        if frames.peek().is_none() {
+            let name = self.intern(FLAME_NO_STACK);
+            self.child(0, name, bytes);
+            return;
         }
+        for f in frames {
+            let name = self.intern(f.as_ref());
+            node = self.child(node, name, bytes);
+        }
+    }
+
+    /// The child `name` of `node` (created if new), with `bytes` added.
+    fn child(&mut self, node: u32, name: u32, bytes: u64) -> u32 {
+        let next = match self.children.get(&(node, name)) {
+            Some(&c) => c,
+            None => {
+                let c = self.flame.parent.len() as u32;
+                self.flame.parent.push(node);
+                self.flame.name.push(name);
+                self.flame.value.push(0);
+                self.children.insert((node, name), c);
+                c
+            }
+        };
+        let v = &mut self.flame.value[next as usize];
+        *v = v.saturating_add(bytes);
+        next
     }
 
     /// Adds `bytes` under a stack given innermost frame first, as memlens

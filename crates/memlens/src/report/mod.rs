@@ -16,7 +16,7 @@
 //! ```
 //! use memlens::report::{render_html, FlameBuilder, ReportData, Meta};
 //! let mut flame = FlameBuilder::new("live at the peak");
-//! flame.add(["main (train.py:10)", "forward (model.py:42)"], 1 << 30);
+//! flame.add(["train.py:10 in main", "model.py:42 in forward"], 1 << 30);
 //! let data = ReportData {
 //!     meta: Meta::now(vec!["snapshot.pickle".into()]),
 //!     flame: Some(flame.finish()),
@@ -34,7 +34,9 @@ mod segments;
 mod timeline;
 
 pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
-pub use flame::{prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_OTHER, FLAME_ROOT};
+pub use flame::{
+    prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
+};
 pub use html::{render_html, render_html_from_json, script_json};
 pub use model::{
     utc_rfc3339, BlockSite, BlockState, Category, Finding, Flame, LeakSite, Leaks, Meta,

@@ -8,7 +8,7 @@
 //! Conventions shared by all sections:
 //! * sizes are bytes (`u64`), as everywhere in memlens;
 //! * a *site* is `file:line` of the innermost user frame (see `docs/cli.md`);
-//! * a *frame label* is `function (file:line)`; a *stack* is a list of frame
+//! * a *frame label* is `file:line in function`; a *stack* is a list of frame
 //!   labels, innermost first, as `memlens peak --json` prints it.
 
 use serde::{Deserialize, Serialize};
@@ -267,7 +267,7 @@ impl Category {
 pub struct Flame {
     /// What the graph shows, e.g. "live at the peak (event 1234)".
     pub title: String,
-    /// String table of frame labels (`function (file:line)`).
+    /// String table of frame labels (`file:line in function`).
     pub names: Vec<String>,
     /// Parent node of each node.
     pub parent: Vec<u32>,
