@@ -10,13 +10,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// The file could not be opened or read.
-    #[error("{path}: {source}")]
+    // The OS error is part of the message, not a `source`: the CLI prints
+    // the whole chain on one line and would show it twice.
+    #[error("{path}: {error}")]
     Io {
         /// The file that failed.
         path: PathBuf,
         /// The operating system's error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The input is a directory, or a pattern that names no single file.
     #[error("{path}: {what}")]
@@ -35,13 +36,12 @@ pub enum Error {
         what: String,
     },
     /// The pickle stream is malformed, truncated or hostile.
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Pickle {
         /// The file.
         path: PathBuf,
         /// The reader's error, with the byte offset.
-        #[source]
-        source: crate::pickle::PickleError,
+        error: crate::pickle::PickleError,
     },
     /// The file decoded, but it is not a PyTorch memory snapshot.
     #[error("{path}: not a PyTorch memory snapshot: {what}")]

@@ -49,9 +49,9 @@ pub fn describe_unknown(head: &[u8]) -> String {
 /// Opens a snapshot file: checks it is a file, detects its container, and
 /// returns a reader of the decompressed bytes.
 pub fn open(path: &Path) -> Result<(Container, Box<dyn Read + Send>)> {
-    let io_err = |source| Error::Io {
+    let io_err = |error| Error::Io {
         path: path.into(),
-        source,
+        error,
     };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,

@@ -14,11 +14,9 @@ pub mod summary;
 pub mod top;
 pub mod tune;
 
-use anyhow::Context;
 use std::path::Path;
 
-/// Loads a snapshot, naming the file in the error.
+/// Loads a snapshot; the library's error already names the file.
 pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
-    memlens::Snapshot::load(path)
-        .with_context(|| format!("cannot read snapshot {}", path.display()))
+    Ok(memlens::Snapshot::load(path)?)
 }

@@ -64,13 +64,9 @@ fn read_stdin() -> anyhow::Result<String> {
 }
 
 fn read_file(path: &Path) -> anyhow::Result<String> {
-    // The message only: memlens::Error::Io prints its source already.
-    let bytes = std::fs::read(path).map_err(|source| {
-        let e = memlens::Error::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        anyhow::anyhow!("{e}")
+    let bytes = std::fs::read(path).map_err(|error| memlens::Error::Io {
+        path: path.to_path_buf(),
+        error,
     })?;
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }

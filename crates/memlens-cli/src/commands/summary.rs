@@ -1,7 +1,6 @@
 //! `memlens summary`: the allocator state at dump time.
 
 use crate::output;
-use anyhow::Context;
 use memlens::analysis::summary::{summarize, Summary};
 use memlens::units::format_bytes;
 use std::fmt::Write;
@@ -19,8 +18,7 @@ pub struct Args {
 
 /// Runs `memlens summary`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let snap = memlens::Snapshot::load(&args.snapshot)
-        .with_context(|| format!("cannot read snapshot {}", args.snapshot.display()))?;
+    let snap = super::load(&args.snapshot)?;
     let s = summarize(&snap);
     if args.json {
         output::print_json(&s)?;

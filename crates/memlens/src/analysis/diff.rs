@@ -43,7 +43,8 @@ pub fn live_by_site(snap: &Snapshot) -> HashMap<Site, SiteLive> {
         let e = out.entry(Site::of(snap, &index, stack)).or_default();
         e.bytes += live.bytes;
         e.count += live.count;
-        if live.largest >= e.largest {
+        // Ties go to the smallest stack id, so the example does not depend on hash order.
+        if live.largest > e.largest || (live.largest == e.largest && live.stack < e.stack) {
             e.largest = live.largest;
             e.stack = live.stack;
         }

@@ -273,6 +273,8 @@ pub fn within_trace(snap: &Snapshot) -> LeakReport {
                 let e = agg.entry(index.site(stack)).or_insert((0, 0, stack));
                 e.0 += bytes;
                 e.1 += 1;
+                // The smallest stack id: the same example whatever the hash order.
+                e.2 = e.2.min(stack);
             }
             agg
         };

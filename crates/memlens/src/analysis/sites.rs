@@ -19,7 +19,6 @@ pub fn is_user_file(path: &str) -> bool {
         "/pytorch/",
         "/c10/",
         "/aten/",
-        "/memlens/",
         "/lib/python2",
     ];
     if library.iter().any(|l| p.contains(l)) {

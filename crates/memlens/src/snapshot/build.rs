@@ -47,10 +47,10 @@ pub fn load_reader(
         _ => {
             let mut input = Input::new(reader);
             let root =
-                pickle::parse(&mut input, &mut heap, Limits::default()).map_err(|source| {
+                pickle::parse(&mut input, &mut heap, Limits::default()).map_err(|error| {
                     Error::Pickle {
                         path: path.into(),
-                        source,
+                        error,
                     }
                 })?;
             heap.resolve(root)

@@ -1,0 +1,188 @@
+//! `memlens._native`: the Python bindings of the memlens library.
+//!
+//! A thin layer. Every analysis is computed by the `memlens` library and comes
+//! back to Python as the same JSON document the CLI prints with `--json`; the
+//! Python package (`python/memlens/`) wraps it in a small result object. Adding
+//! an analysis to Python is one line in [`analyses::ANALYSES`].
+//!
+//! The GIL is released while a snapshot is parsed and while an analysis runs,
+//! so other Python threads (a training loop, a data loader) keep going.
+
+mod analyses;
+mod options;
+
+use memlens::Snapshot;
+use pyo3::exceptions::PyException;
+use pyo3::prelude::*;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+pyo3::create_exception!(
+    memlens,
+    MemlensError,
+    PyException,
+    "A snapshot that cannot be read, or a bad argument; the message is one line naming the file."
+);
+
+/// Turns a library error into `memlens.MemlensError` with the CLI's one-line message.
+fn to_py_err(e: memlens::Error) -> PyErr {
+    MemlensError::new_err(e.to_string().replace('\n', " "))
+}
+
+/// A parsed snapshot, kept in Rust memory. Analyses run on it without copying.
+#[pyclass(frozen, name = "Snapshot", module = "memlens._native")]
+struct PySnapshot {
+    inner: Arc<Snapshot>,
+    path: String,
+}
+
+#[pymethods]
+impl PySnapshot {
+    /// Reads a snapshot file (.pickle, .pickle.gz, .pickle.zst or JSON).
+    #[staticmethod]
+    fn load(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let snap = py.detach(|| Snapshot::load(&path)).map_err(to_py_err)?;
+        Ok(PySnapshot {
+            inner: Arc::new(snap),
+            path: path.display().to_string(),
+        })
+    }
+
+    /// Reads a snapshot from bytes (for example `pickle.dumps(torch.cuda.memory._snapshot())`);
+    /// `name` stands for the file in error messages.
+    #[staticmethod]
+    #[pyo3(signature = (data, name = "<memory>"))]
+    fn from_bytes(py: Python<'_>, data: &[u8], name: &str) -> PyResult<Self> {
+        let snap = py
+            .detach(|| Snapshot::from_bytes(data, Path::new(name)))
+            .map_err(to_py_err)?;
+        Ok(PySnapshot {
+            inner: Arc::new(snap),
+            path: name.to_string(),
+        })
+    }
+
+    /// The file this snapshot was read from (or the name given to `from_bytes`).
+    #[getter]
+    fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Total number of trace events over all devices.
+    #[getter]
+    fn event_count(&self) -> usize {
+        self.inner.event_count()
+    }
+
+    /// Device ordinals present in the snapshot.
+    #[getter]
+    fn devices(&self) -> Vec<u32> {
+        self.inner.devices()
+    }
+
+    /// Problems found while reading that did not stop the analysis.
+    #[getter]
+    fn warnings(&self) -> Vec<String> {
+        self.inner.warnings.clone()
+    }
+
+    /// Runs the analysis `name` on this snapshot (and `others`, for analyses
+    /// over several snapshots) with options given as a JSON object; returns the
+    /// JSON document `memlens NAME --json` prints.
+    #[pyo3(signature = (name, others = Vec::new(), options = "{}"))]
+    fn analyze(
+        &self,
+        py: Python<'_>,
+        name: &str,
+        others: Vec<PyRef<'_, PySnapshot>>,
+        options: &str,
+    ) -> PyResult<String> {
+        let analysis = analyses::find(name).ok_or_else(|| {
+            pyo3::exceptions::PyNotImplementedError::new_err(format!(
+                "memlens {name} is not available in this build"
+            ))
+        })?;
+        let opts = options::Options::parse(options).map_err(to_py_err)?;
+        let mut snaps: Vec<(String, Arc<Snapshot>)> =
+            vec![(self.path.clone(), Arc::clone(&self.inner))];
+        snaps.extend(
+            others
+                .iter()
+                .map(|o| (o.path.clone(), Arc::clone(&o.inner))),
+        );
+        py.detach(|| {
+            let inputs: Vec<analyses::Input<'_>> = snaps
+                .iter()
+                .map(|(name, snap)| analyses::Input { name, snap })
+                .collect();
+            (analysis.run)(&inputs, &opts)
+        })
+        .map_err(to_py_err)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "<memlens Snapshot {:?}: {} events, devices {:?}>",
+            self.path,
+            self.inner.event_count(),
+            self.inner.devices()
+        )
+    }
+}
+
+/// Names of the analyses this build provides (the methods of `memlens.Snapshot`
+/// that work; the others raise `NotImplementedError`).
+#[pyfunction(name = "analyses")]
+fn analysis_names() -> Vec<&'static str> {
+    analyses::ANALYSES.iter().map(|a| a.name).collect()
+}
+
+/// Runs the `memlens` command line on `argv` (program name first), in this
+/// process, and returns its exit code (0 ok, 1 check failed, 2 bad input).
+#[pyfunction]
+fn run_cli(py: Python<'_>, argv: Vec<OsString>) -> u8 {
+    py.detach(|| memlens_cli::run(argv))
+}
+
+/// The text `memlens summary PATH` prints (used when no OOM explainer is
+/// built in: the state at the OOM is the next best thing to show).
+#[pyfunction]
+fn summary_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    py.detach(|| {
+        let snap = Snapshot::load(&path)?;
+        let summary = memlens::analysis::summary::summarize(&snap);
+        Ok(memlens_cli::commands::summary::render(
+            &summary,
+            &path.display().to_string(),
+        ))
+    })
+    .map_err(to_py_err)
+}
+
+/// Parses a size such as `8GiB`, `512MiB`, `80GB` or a number of bytes.
+#[pyfunction]
+fn parse_size(text: &str) -> PyResult<u64> {
+    memlens::units::parse_size(text).map_err(to_py_err)
+}
+
+/// Formats bytes for people: `1.50 GiB`, `20.00 MiB`, `512 B`.
+#[pyfunction]
+fn format_bytes(bytes: u64) -> String {
+    memlens::units::format_bytes(bytes)
+}
+
+/// The extension module `memlens._native`.
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("JSON_SCHEMA", memlens::JSON_SCHEMA)?;
+    m.add("MemlensError", m.py().get_type::<MemlensError>())?;
+    m.add_class::<PySnapshot>()?;
+    m.add_function(wrap_pyfunction!(analysis_names, m)?)?;
+    m.add_function(wrap_pyfunction!(run_cli, m)?)?;
+    m.add_function(wrap_pyfunction!(summary_text, m)?)?;
+    m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,261 @@
+//! `memlens doctor`: every analysis that applies, reduced to the few findings
+//! that matter, most serious first, each with its `file:line` and its fix.
+
+use super::leaks::{self, Confidence, LeakReport};
+use super::peak::{peak, PeakReport};
+use super::summary::{summarize, Summary};
+use crate::replay::simulate::SimulateOptions;
+use crate::replay::tune::{tune, TuneResult};
+use crate::sim::AllocatorConfig;
+use crate::snapshot::{Action, Snapshot};
+use crate::units::format_bytes;
+use serde::Serialize;
+
+/// How much a finding matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Severity {
+    /// Worth knowing.
+    Info,
+    /// Costs memory; worth fixing.
+    Warning,
+    /// A leak or an OOM: fix first.
+    Critical,
+}
+
+/// One finding of the diagnosis.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Finding {
+    /// `leak`, `oom`, `fragmentation`, `peak` or `snapshot`.
+    pub kind: String,
+    /// How much it matters.
+    pub severity: Severity,
+    /// One line for people.
+    pub title: String,
+    /// The user's `file:line`, when there is one.
+    pub site: Option<String>,
+    /// The bytes at stake.
+    pub bytes: Option<u64>,
+    /// What to change.
+    pub fix: Option<String>,
+    /// The numbers behind it.
+    pub evidence: Vec<String>,
+    /// The stack of the site, innermost first.
+    pub stack: Vec<String>,
+}
+
+/// What `doctor` can be told about the device.
+#[derive(Clone, Debug, Default)]
+pub struct DoctorOptions {
+    /// Total memory of the GPU, for OOM predictions in `tune`.
+    pub device_memory: Option<u64>,
+}
+
+/// The whole diagnosis.
+#[derive(Clone, Debug, Serialize)]
+pub struct Diagnosis {
+    /// Findings, most serious first.
+    pub findings: Vec<Finding>,
+    /// The state at dump time of the last snapshot.
+    pub summary: Summary,
+    /// Peaks and what was live at them (last snapshot).
+    pub peak: PeakReport,
+    /// The leak search (across snapshots when several were given).
+    pub leaks: LeakReport,
+    /// Allocator settings ranked, when fragmentation or an OOM made them matter.
+    pub tune: Option<TuneResult>,
+}
+
+/// Share of reserved memory at the peak that, when free but unusable,
+/// counts as fragmentation worth a finding.
+const FRAGMENTATION_SHARE: f64 = 0.20;
+
+/// Runs every analysis that applies to the snapshots of one run (the last is
+/// the one whose peak and state are reported).
+pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosis {
+    let none = Snapshot::default();
+    let last = snaps.last().map_or(&none, |(_, s)| *s);
+    let summary = summarize(last);
+    let peak = peak(last, 20);
+    let leaks = leaks::find(snaps);
+    let mut findings = Vec::new();
+
+    // Leaks.
+    for l in leaks
+        .leaks
+        .iter()
+        .filter(|l| l.confidence >= Confidence::Medium)
+        .take(2)
+    {
+        findings.push(Finding {
+            kind: "leak".into(),
+            severity: if l.confidence == Confidence::High {
+                Severity::Critical
+            } else {
+                Severity::Warning
+            },
+            title: format!(
+                "Leak: {} per step at {} in {}",
+                format_bytes(l.bytes_per_step),
+                l.site,
+                l.function
+            ),
+            site: Some(l.site.clone()),
+            bytes: Some(l.bytes_per_step),
+            fix: Some(l.suggestion.clone()),
+            evidence: vec![format!(
+                "live bytes at {}: {}",
+                l.evidence_labels
+                    .first()
+                    .map(String::as_str)
+                    .unwrap_or("each point"),
+                l.evidence
+                    .iter()
+                    .map(|b| format_bytes(*b))
+                    .collect::<Vec<_>>()
+                    .join(" -> ")
+            )],
+            stack: l.stack.clone(),
+        });
+    }
+
+    // An OOM in the trace.
+    let oom = last
+        .traces
+        .iter()
+        .flat_map(|t| t.events.iter())
+        .find(|e| e.action == Action::Oom)
+        .copied();
+    if let Some(e) = oom {
+        findings.push(Finding {
+            kind: "oom".into(),
+            severity: Severity::Critical,
+            title: format!(
+                "CUDA out of memory: a {} allocation failed with {} free on the device",
+                format_bytes(e.size),
+                format_bytes(e.addr)
+            ),
+            site: None,
+            bytes: Some(e.size),
+            fix: Some(
+                "run `memlens oom` on this snapshot for the cause and the fixes that would work"
+                    .into(),
+            ),
+            evidence: Vec::new(),
+            stack: Vec::new(),
+        });
+    }
+
+    // Fragmentation: reserved memory at the reserved peak that held no tensor.
+    let slack = peak
+        .peak_reserved_bytes
+        .saturating_sub(peak.peak_allocated_bytes);
+    let fragmented = peak.peak_reserved_bytes > 0
+        && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
+        && slack > 512 << 20;
+    let tune = if fragmented || oom.is_some() {
+        let device = last
+            .traces
+            .iter()
+            .find(|t| !t.events.is_empty())
+            .map_or(0, |t| t.device);
+        let sim = SimulateOptions {
+            config: AllocatorConfig::from_settings(&last.settings),
+            device_memory: opts.device_memory,
+            overhead: None,
+            allowed_memory_maximum: None,
+        };
+        tune(last, device, &sim).ok()
+    } else {
+        None
+    };
+    if fragmented {
+        let best = tune.as_ref().and_then(|t| t.candidates.first());
+        let fix = match best {
+            Some(b) if b.peak_reserved_bytes + (64 << 20) < peak.peak_reserved_bytes && !b.config.is_empty() => format!(
+                "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (simulated)",
+                b.config,
+                format_bytes(b.peak_reserved_bytes),
+                format_bytes(peak.peak_reserved_bytes)
+            ),
+            _ => "no allocator setting simulated here does better; reduce the variety of tensor shapes (pad or bucket sequence lengths)".into(),
+        };
+        findings.push(Finding {
+            kind: "fragmentation".into(),
+            severity: Severity::Warning,
+            title: format!(
+                "Fragmentation: {} of {} reserved at the peak held no tensor ({:.0}%)",
+                format_bytes(slack),
+                format_bytes(peak.peak_reserved_bytes),
+                100.0 * slack as f64 / peak.peak_reserved_bytes as f64
+            ),
+            site: None,
+            bytes: Some(slack),
+            fix: Some(fix),
+            evidence: vec![format!(
+                "now: {} free in segments, {} of it non-releasable (inactive split), largest free block {}",
+                format_bytes(summary.external_fragmentation_bytes),
+                format_bytes(summary.inactive_split_bytes),
+                format_bytes(summary.largest_free_block_bytes)
+            )],
+            stack: Vec::new(),
+        });
+    }
+
+    // The peak, always.
+    if peak.peak_allocated_bytes > 0 {
+        let top = peak.live_at_peak.first();
+        let mut cats: Vec<(&String, &u64)> = peak.categories.iter().collect();
+        cats.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
+        findings.push(Finding {
+            kind: "peak".into(),
+            severity: Severity::Info,
+            title: match top {
+                Some(t) => format!(
+                    "Peak: {} allocated ({} reserved); largest holder {} ({}, {})",
+                    format_bytes(peak.peak_allocated_bytes),
+                    format_bytes(peak.peak_reserved_bytes),
+                    t.site,
+                    t.category.as_str(),
+                    format_bytes(t.bytes)
+                ),
+                None => format!(
+                    "Peak: {} allocated ({} reserved)",
+                    format_bytes(peak.peak_allocated_bytes),
+                    format_bytes(peak.peak_reserved_bytes)
+                ),
+            },
+            site: top.map(|t| t.site.clone()),
+            bytes: Some(peak.peak_allocated_bytes),
+            fix: None,
+            evidence: vec![cats
+                .iter()
+                .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
+                .collect::<Vec<_>>()
+                .join(", ")],
+            stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
+        });
+    }
+
+    // Caveats about the snapshot itself.
+    for w in summary.warnings.iter().chain(peak.warnings.iter()).take(3) {
+        findings.push(Finding {
+            kind: "snapshot".into(),
+            severity: Severity::Info,
+            title: w.clone(),
+            site: None,
+            bytes: None,
+            fix: None,
+            evidence: Vec::new(),
+            stack: Vec::new(),
+        });
+    }
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    Diagnosis {
+        findings,
+        summary,
+        peak,
+        leaks,
+        tune,
+    }
+}

@@ -1,0 +1,485 @@
+"""Capture in the user's training process: record, step, stop.
+
+::
+
+    with memlens.record("runs/mem", every=100):
+        for batch in loader:
+            train_step(batch)
+            memlens.step()
+
+or ``memlens.start("runs/mem", every=100)`` ... ``memlens.stop()``.
+
+What it does:
+
+* turns on ``torch.cuda.memory._record_memory_history(enabled="all",
+  context="all", stacks="python", max_entries=...)``: Python stacks only (C++
+  stacks make dumps slow) and a bounded ring buffer (see *max_entries* below);
+* every ``every`` calls of :func:`step` writes ``<dir>/snapshot.step{K}.pickle``
+  (for ``memlens leaks`` across snapshots), and ``<dir>/snapshot.pickle`` at the
+  end; with torch.distributed initialised the rank is in the name
+  (``snapshot.rank{R}.step{K}.pickle``). Given a file name ``run.pickle``
+  instead of a directory, the names are ``run.step{K}.pickle`` and so on;
+* at a CUDA out-of-memory error, writes ``snapshot.oom.pickle`` at that moment
+  and prints memlens's explanation to stderr before the exception reaches the
+  caller (the first three OOMs: ``oom``, ``oom2``, ``oom3``);
+* after each step, watches the memory still allocated and warns once with
+  :class:`LeakWarning`, naming the allocation sites, when it grows steadily
+  (the rule is in ``memlens._leak``);
+* publishes live figures for ``memlens top`` (the format is in ``memlens._live``).
+
+*max_entries*: the trace ring buffer keeps the last ``max_entries`` allocator
+events. The default is ``ENTRIES_PER_STEP * steps_kept`` (10,000 x 6 = 60,000),
+clamped to [10,000, 1,000,000]: room for ``steps_kept`` steps of a model making
+up to ~3,300 tensor allocations a step (each makes about 3 events: alloc,
+free_requested, free_completed; a GPT-2-small training step makes ~800). After
+each step memlens measures the real count from ``torch.cuda.memory_stats()``
+and warns once, with the value to pass, if the buffer holds fewer than two
+steps. A bounded buffer keeps each dump fast (well under a second).
+
+Without torch or CUDA, recording warns once (:class:`MemlensWarning`) and
+:func:`step` and :func:`stop` do nothing.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import sys
+import warnings
+from typing import Any, Dict, List, Optional, Union
+
+from . import _native
+from ._diff import grown_sites, without_trace
+from ._leak import ALARM, BASELINE, LeakRule
+from ._live import Publisher
+from ._oom import explain_oom
+
+MIB = 1024 * 1024
+ENTRIES_PER_STEP = 10_000
+MIN_ENTRIES = 10_000
+MAX_ENTRIES = 1_000_000
+MAX_OOM_SNAPSHOTS = 3
+
+
+class MemlensWarning(UserWarning):
+    """memlens could not do what was asked (no torch, no CUDA, a failed dump)."""
+
+
+class LeakWarning(UserWarning):
+    """The memory kept between training steps grows steadily: a likely leak."""
+
+
+_current: Optional["Recorder"] = None
+_observer_attached = False
+_warned: set = set()
+
+
+def _warn_once(key: str, message: str, category: type = MemlensWarning) -> None:
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, category, stacklevel=_user_stacklevel())
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning at the first frame outside memlens."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame = sys._getframe(1)
+    level = 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame = frame.f_back
+        level += 1
+    return level
+
+
+def _cuda_torch() -> Optional[Any]:
+    """torch, when it is installed and CUDA works; else None, after one warning."""
+    try:
+        import torch
+    except ImportError:
+        _warn_once(
+            "no-torch",
+            "memlens: torch is not installed, so GPU memory is not recorded "
+            "(memlens.step() and memlens.stop() do nothing)",
+        )
+        return None
+    cuda = getattr(torch, "cuda", None)
+    try:
+        ok = bool(cuda is not None and cuda.is_available())
+    except Exception:  # noqa: BLE001 - a broken driver reads as no CUDA
+        ok = False
+    if not ok:
+        _warn_once(
+            "no-cuda",
+            "memlens: CUDA is not available, so GPU memory is not recorded "
+            "(memlens.step() and memlens.stop() do nothing)",
+        )
+        return None
+    return torch
+
+
+def _rank(torch: Any) -> Optional[int]:
+    """This process's rank when torch.distributed is initialised, else None."""
+    dist = getattr(torch, "distributed", None)
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:  # noqa: BLE001
+        pass
+    return None
+
+
+def default_max_entries(steps_kept: int) -> int:
+    """The ring buffer size memlens uses when none is given (see the module doc)."""
+    return max(MIN_ENTRIES, min(MAX_ENTRIES, ENTRIES_PER_STEP * max(1, steps_kept)))
+
+
+def layout(path_or_dir: Union[str, "os.PathLike[str]"]) -> "tuple[str, str]":
+    """``(directory, prefix)`` of the snapshot names: a path ending in
+    ``.pickle`` is a file name (its stem is the prefix), anything else a
+    directory (prefix ``snapshot``)."""
+    p = os.fspath(path_or_dir)
+    if p.endswith(".pickle"):
+        return (os.path.dirname(p) or ".", os.path.basename(p)[: -len(".pickle")])
+    return (p, "snapshot")
+
+
+def snapshot_name(directory: str, prefix: str, rank: Optional[int], kind: Optional[str]) -> str:
+    """``<dir>/<prefix>[.rank{R}][.<kind>].pickle``; kind is ``step{K}``, ``oom`` or None (final)."""
+    parts = [prefix]
+    if rank is not None:
+        parts.append(f"rank{rank}")
+    if kind:
+        parts.append(kind)
+    return os.path.join(directory, ".".join(parts) + ".pickle")
+
+
+def _write_snapshot(snapshot: Dict[str, Any], path: str) -> None:
+    # What torch.cuda.memory._dump_snapshot does, but through a temporary file
+    # so a reader never sees half a snapshot.
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        pickle.dump(snapshot, f)
+    os.replace(tmp, path)
+
+
+def _trace_entries(torch: Any, devices: List[int]) -> int:
+    """Allocator trace events so far, from the cumulative counters (3 per
+    allocation, 1 per segment allocated or freed)."""
+    total = 0
+    for d in devices:
+        s = torch.cuda.memory_stats(d)
+        total += 3 * int(s.get("allocation.all.allocated", 0))
+        total += int(s.get("segment.all.allocated", 0)) + int(s.get("segment.all.freed", 0))
+    return total
+
+
+class Recorder:
+    """One recording session; see :func:`record` for the arguments."""
+
+    def __init__(
+        self,
+        path_or_dir: Union[str, "os.PathLike[str]"],
+        *,
+        every: Optional[int] = None,
+        max_entries: Optional[int] = None,
+        steps_kept: int = 6,
+        stacks: str = "python",
+        context: str = "all",
+        leak_check: bool = True,
+        leak_warmup: int = 3,
+        leak_steps: int = 5,
+        leak_min_bytes: int = 8 * MIB,
+        publish: bool = True,
+        explain_oom: bool = True,
+    ) -> None:
+        if stacks not in ("python", "all"):
+            raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
+        if every is not None and (not isinstance(every, int) or every < 1):
+            raise ValueError(f"every must be a positive integer, not {every!r}")
+        if max_entries is not None and (not isinstance(max_entries, int) or max_entries < 1):
+            raise ValueError(f"max_entries must be a positive integer, not {max_entries!r}")
+        self.directory, self.prefix = layout(path_or_dir)
+        self.every = every
+        self.steps_kept = steps_kept
+        self.max_entries = max_entries if max_entries is not None else default_max_entries(steps_kept)
+        self.stacks = stacks
+        self.context = context
+        self.publish = publish
+        self.explain_oom = explain_oom
+        self._leak = LeakRule(leak_warmup, leak_steps, leak_min_bytes) if leak_check else None
+        self.active = False
+        self.steps = 0
+        self.snapshots: List[str] = []
+        self.leak_alarm: Optional[str] = None
+        self.leak_sites: List[Dict[str, Any]] = []
+        self.ooms = 0
+        self._torch: Any = None
+        self._publisher: Optional[Publisher] = None
+        self._baseline: Optional[Dict[str, Any]] = None
+        self._baseline_step = 0
+        self._entries = 0
+
+    # -- the public face --------------------------------------------------
+
+    def __enter__(self) -> "Recorder":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def snapshot_path(self, kind: Optional[str]) -> str:
+        """Where the snapshot of ``kind`` (``step{K}``, ``oom``, None for the final one) goes."""
+        rank = _rank(self._torch) if self._torch is not None else None
+        return snapshot_name(self.directory, self.prefix, rank, kind)
+
+    def start(self) -> "Recorder":
+        """Turns recording on. Without torch or CUDA: one warning, and nothing is recorded."""
+        global _current
+        if self.active:
+            return self
+        if _current is not None and _current.active:
+            raise RuntimeError("memlens is already recording; call memlens.stop() first")
+        torch = _cuda_torch()
+        if torch is None:
+            return self
+        os.makedirs(self.directory, exist_ok=True)
+        init = getattr(torch.cuda, "init", None)
+        if init is not None:
+            init()  # the allocator must exist before observers attach; makes no context
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context=self.context, stacks=self.stacks, max_entries=self.max_entries
+        )
+        self._torch = torch
+        _attach_oom_observer(torch)
+        self.active = True
+        _current = self
+        devices = self._devices()
+        self._entries = _trace_entries(torch, devices)
+        if self.publish:
+            self._publisher = Publisher(torch, self._devices)
+            self._publisher.publish(step=None, rank=_rank(torch), leak_alarm=None, force=True)
+        return self
+
+    def step(self) -> None:
+        """Marks the end of a training step (see the module doc). Never raises:
+        a failure warns once and training goes on."""
+        if not self.active:
+            return
+        self.steps += 1
+        try:
+            self._after_step()
+        except Exception as e:  # noqa: BLE001 - never break the user's training
+            _warn_once("step-failed", f"memlens: step() failed and is skipped: {e!r}")
+
+    def stop(self) -> Optional[str]:
+        """Writes the final snapshot, turns recording off and removes the live
+        files; returns the final snapshot's path (None when nothing was recorded)."""
+        global _current
+        if not self.active:
+            return None
+        path: Optional[str] = None
+        try:
+            path = self._dump(None)
+        except Exception as e:  # noqa: BLE001
+            _warn_once("final-dump", f"memlens: could not write the final snapshot: {e!r}")
+        finally:
+            self.active = False
+            if _current is self:
+                _current = None
+            try:
+                self._torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:  # noqa: BLE001
+                pass
+            if self._publisher is not None:
+                self._publisher.remove()
+            self._baseline = None
+        return path
+
+    # -- the work ---------------------------------------------------------
+
+    def _devices(self) -> List[int]:
+        """Devices this process uses: the current one and any with reserved memory."""
+        cuda = self._torch.cuda
+        devices = {int(cuda.current_device())}
+        for d in range(int(cuda.device_count())):
+            if d not in devices and int(cuda.memory_reserved(d)) > 0:
+                devices.add(d)
+        return sorted(devices)
+
+    def _after_step(self) -> None:
+        torch = self._torch
+        devices = self._devices()
+        if self._leak is not None and not self._leak.fired:
+            allocated = sum(int(torch.cuda.memory_allocated(d)) for d in devices)
+            self._watch_leak(self._leak.update(allocated))
+        self._check_ring(devices)
+        if self.every and self.steps % self.every == 0:
+            self._dump(f"step{self.steps}")
+        if self._publisher is not None:
+            self._publisher.publish(step=self.steps, rank=_rank(torch), leak_alarm=self.leak_alarm)
+
+    def _dump(self, kind: Optional[str]) -> str:
+        path = self.snapshot_path(kind)
+        _write_snapshot(self._torch.cuda.memory._snapshot(), path)
+        self.snapshots.append(path)
+        return path
+
+    def _check_ring(self, devices: List[int]) -> None:
+        entries = _trace_entries(self._torch, devices)
+        per_step, self._entries = entries - self._entries, entries
+        if per_step * 2 > self.max_entries:
+            _warn_once(
+                "ring",
+                f"memlens: a step makes about {per_step:,} allocator trace entries, but the "
+                f"ring buffer keeps {self.max_entries:,} (fewer than two steps), so snapshots "
+                f"miss the start of a step; pass max_entries={per_step * self.steps_kept:,} "
+                f"to keep {self.steps_kept} steps",
+            )
+
+    def _watch_leak(self, event: Optional[str]) -> None:
+        if event == BASELINE:
+            self._baseline = without_trace(self._torch.cuda.memory._snapshot())
+            self._baseline_step = self.steps
+        elif event == ALARM:
+            sites: List[Dict[str, Any]] = []
+            if self._baseline is not None:
+                after = without_trace(self._torch.cuda.memory._snapshot())
+                sites = grown_sites(self._baseline, after)
+            self._baseline = None
+            self.leak_sites = sites
+            rule = self._leak
+            assert rule is not None
+            self.leak_alarm = leak_alarm_line(rule, sites)
+            warnings.warn(
+                leak_message(rule, sites, self.steps, self._baseline_step),
+                LeakWarning,
+                stacklevel=_user_stacklevel(),
+            )
+
+    def _on_oom(self, device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+        self.ooms += 1
+        if self.ooms > MAX_OOM_SNAPSHOTS:
+            if self.ooms == MAX_OOM_SNAPSHOTS + 1:
+                print(
+                    f"memlens: more CUDA out-of-memory errors; only the first {MAX_OOM_SNAPSHOTS} are recorded",
+                    file=sys.stderr,
+                )
+            return
+        kind = "oom" if self.ooms == 1 else f"oom{self.ooms}"
+        path = self._dump(kind)
+        lines = [
+            f"memlens: CUDA out of memory on device {device}: {_native.format_bytes(int(alloc))} "
+            f"requested, {_native.format_bytes(int(device_free))} free on the device; "
+            f"snapshot written to {path}",
+        ]
+        if self.explain_oom:
+            lines.append(explain_oom(path))
+        sys.stdout.flush()
+        print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+def leak_alarm_line(rule: LeakRule, sites: List[Dict[str, Any]]) -> str:
+    """The one-line alarm published for ``memlens top``."""
+    fb = _native.format_bytes
+    line = f"+{fb(rule.per_step())}/step over {min(rule.streak, rule.steps)} steps"
+    if sites:
+        line += f", top site {sites[0].get('site', '?')}"
+    return line
+
+
+def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: int) -> str:
+    """The text of the :class:`LeakWarning`."""
+    fb = _native.format_bytes
+    n = min(rule.streak, rule.steps)
+    text = (
+        f"memlens: possible GPU memory leak: the memory still allocated after each step grew "
+        f"in each of the last {n} steps (+{fb(rule.growth())}, +{fb(rule.per_step())} a step; "
+        f"{fb(rule.history[-1])} after step {step})."
+    )
+    if sites:
+        text += f"\nStill alive and created since step {since}, by allocation site:"
+        for row in sites[:5]:
+            where = str(row.get("site", "?"))
+            fn = row.get("function")
+            if fn:
+                where += f" in {fn}"
+            text += f"\n  +{fb(int(row.get('bytes', 0)))}  {int(row.get('count', 0))} blocks  {where}"
+    else:
+        text += "\n(no allocation site could be named: record with context='all')"
+    return text
+
+
+def _attach_oom_observer(torch: Any) -> None:
+    """Attaches memlens's OOM observer once per process (PyTorch has no detach);
+    it acts only while a recorder is active."""
+    global _observer_attached
+    if _observer_attached:
+        return
+    attach = getattr(torch._C, "_cuda_attach_out_of_memory_observer", None)
+    if attach is None:
+        _warn_once("no-oom-observer", "memlens: this torch cannot report OOMs to memlens; OOM snapshots are off")
+        return
+    attach(_oom_observer)
+    _observer_attached = True
+
+
+def _oom_observer(device: int, alloc: int, device_allocated: int, device_free: int) -> None:
+    # Called by the caching allocator at the OOM, before the exception is
+    # thrown, with the allocator's lock released. It must never raise.
+    rec = _current
+    if rec is None or not rec.active:
+        return
+    try:
+        rec._on_oom(device, alloc, device_allocated, device_free)
+    except Exception as e:  # noqa: BLE001
+        print(f"memlens: could not record the CUDA out-of-memory error: {e!r}", file=sys.stderr)
+
+
+def record(path_or_dir: Union[str, "os.PathLike[str]"] = "memlens-snapshots", **options: Any) -> Recorder:
+    """A :class:`Recorder`, to use as a context manager (``with memlens.record(d):``)
+    or to ``.start()``.
+
+    ``path_or_dir``: a directory (snapshots ``snapshot.*.pickle`` in it) or a
+    file name ending in ``.pickle``. Options: ``every`` (write a snapshot
+    every N steps), ``max_entries`` (ring buffer size; default from
+    ``steps_kept``, see the module doc), ``stacks`` ("python" or "all"),
+    ``leak_check``/``leak_warmup``/``leak_steps``/``leak_min_bytes`` (the leak
+    rule), ``publish`` (live figures for ``memlens top``), ``explain_oom``.
+    """
+    return Recorder(path_or_dir, **options)
+
+
+def start(path_or_dir: Union[str, "os.PathLike[str]"] = "memlens-snapshots", **options: Any) -> Recorder:
+    """Starts recording (``record(...).start()``); returns the recorder."""
+    return Recorder(path_or_dir, **options).start()
+
+
+def step() -> None:
+    """Marks the end of a training step; does nothing when not recording."""
+    rec = _current
+    if rec is not None:
+        rec.step()
+
+
+def stop() -> Optional[str]:
+    """Stops recording; returns the final snapshot's path, or None when not recording."""
+    rec = _current
+    if rec is None:
+        return None
+    return rec.stop()
+
+
+def current() -> Optional[Recorder]:
+    """The active recorder, if any."""
+    return _current
+
+
+def _remove_live_files_at_exit() -> None:
+    rec = _current
+    if rec is not None and rec._publisher is not None:
+        rec._publisher.remove()
+
+
+atexit.register(_remove_live_files_at_exit)

@@ -1,0 +1,283 @@
+"""GPU checks of the memlens Python package (run by tests/gpu/run.sh).
+
+    python3 gpu_checks.py all OUTDIR        every check, each in its own process
+    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi)
+
+Each check prints `PASS name: ...` or `FAIL name: ...` lines (and `INFO` lines
+with figures); `all` ends with a `N passed, N failed` line and exits 1 when
+anything failed. Needs torch with CUDA and memlens importable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import time
+import warnings
+
+MIB = 1024 * 1024
+HERE = os.path.abspath(__file__)
+RESULTS = []
+
+
+def report(ok: bool, name: str, detail: str) -> None:
+    RESULTS.append(ok)
+    print(f"{'PASS' if ok else 'FAIL'} {name}: {detail}", flush=True)
+
+
+def info(name: str, detail: str) -> None:
+    print(f"INFO {name}: {detail}", flush=True)
+
+
+def model_and_opt(torch, width=2048):
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, width), torch.nn.ReLU(),
+        torch.nn.Linear(width, 10),
+    ).cuda()
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+def train_step(torch, model, opt, batch=256, width=2048):
+    x = torch.randn(batch, width, device="cuda")
+    loss = model(x).square().mean()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+# -- checks ----------------------------------------------------------------------
+
+
+def check_train(out: str) -> None:
+    """Healthy training under memlens.record: snapshots, live file, no leak warning."""
+    import torch
+
+    import memlens
+
+    d = os.path.join(out, "train")
+    model, opt = model_and_opt(torch)
+    runtime = os.environ.get("MEMLENS_RUNTIME_DIR") or f"/tmp/memlens-{os.getuid()}"
+    live = os.path.join(runtime, f"{os.getpid()}-{torch.cuda.current_device()}.json")
+    step_times = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with memlens.record(d, every=2) as rec:
+            for _ in range(8):
+                train_step(torch, model, opt)
+                t = time.perf_counter()
+                memlens.step()
+                step_times.append(time.perf_counter() - t)
+            live_doc = json.load(open(live)) if os.path.exists(live) else None
+            allocated_at_stop = torch.cuda.memory_allocated()
+            t = time.perf_counter()
+        final_dump_s = time.perf_counter() - t
+    names = sorted(os.listdir(d))
+    want = ["snapshot.pickle", "snapshot.step2.pickle", "snapshot.step4.pickle", "snapshot.step6.pickle", "snapshot.step8.pickle"]
+    report(names == want, "train.snapshots", f"{names}")
+    leak_warnings = [w for w in caught if issubclass(w.category, memlens.LeakWarning)]
+    report(not leak_warnings, "train.no_false_leak_alarm", f"{len(leak_warnings)} leak warnings")
+    keys = ["schema", "pid", "device", "rank", "step", "allocated_bytes", "reserved_bytes", "active_bytes",
+            "peak_allocated_bytes", "time", "leak_alarm", "cmdline"]
+    report(live_doc is not None and list(live_doc) == keys and live_doc["pid"] == os.getpid()
+           and live_doc["allocated_bytes"] > 0, "train.live_file", f"{live_doc}")
+    report(not os.path.exists(live), "train.live_file_removed", live)
+    final = os.path.join(d, "snapshot.pickle")
+    s = memlens.load(final).summary()
+    report(s.allocated_bytes == allocated_at_stop, "train.summary_matches_torch",
+           f"summary allocated {s.allocated_bytes}, torch.cuda.memory_allocated {allocated_at_stop}")
+    exe = os.path.join(os.path.dirname(memlens.__file__), "..", "bin", "memlens")
+    cmd = [exe] if os.path.exists(exe) else [sys.executable, "-m", "memlens"]
+    p = subprocess.run([*cmd, "summary", final, "--json"], capture_output=True, text=True)
+    cli = json.loads(p.stdout) if p.returncode == 0 else None
+    report(cli == s.to_dict(), "train.cli_json_equals_python", f"rc {p.returncode} {p.stderr.strip()[:200]}")
+    snap = pickle.load(open(final, "rb"))
+    n_events = sum(len(t) for t in snap["device_traces"])
+    info("train", f"max_entries {rec.max_entries}, trace events in final snapshot {n_events}, "
+                  f"step() median {sorted(step_times)[len(step_times) // 2] * 1e3:.2f} ms "
+                  f"(max {max(step_times) * 1e3:.1f} ms, includes every-2 dumps), final dump {final_dump_s * 1e3:.0f} ms, "
+                  f"final snapshot {os.path.getsize(final) / MIB:.1f} MiB")
+
+
+def check_leak(out: str) -> None:
+    """A planted leak: the alarm fires once and names the line that allocates."""
+    import torch
+
+    import memlens
+
+    model, opt = model_and_opt(torch)
+    kept = []
+    src = open(HERE).read().splitlines()
+    leak_line = next(i + 1 for i, line in enumerate(src) if line.rstrip().endswith("# LEAK-HERE"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with memlens.record(os.path.join(out, "leak")) as rec:
+            for _ in range(12):
+                train_step(torch, model, opt)
+                kept.append(torch.randn(1024, 1024, device="cuda"))  # LEAK-HERE
+                memlens.step()
+    leaks = [w for w in caught if issubclass(w.category, memlens.LeakWarning)]
+    report(len(leaks) == 1, "leak.warned_once", f"{len(leaks)} LeakWarning(s)")
+    text = str(leaks[0].message) if leaks else ""
+    site = f"{HERE}:{leak_line}"
+    report(site in text, "leak.names_the_line", f"expected {site} in: {text!r}")
+    report(bool(leaks) and leaks[0].filename == HERE, "leak.warning_points_at_caller",
+           f"{leaks[0].filename}:{leaks[0].lineno}" if leaks else "-")
+    report(rec.leak_alarm is not None and "4.00 MiB/step" in rec.leak_alarm, "leak.alarm_line", f"{rec.leak_alarm}")
+
+
+def check_oom(out: str) -> None:
+    """An OOM under a memory fraction: snapshot at the moment, explanation on
+    stderr before the exception reaches the handler (run in a child process)."""
+    d = os.path.join(out, "oom")
+    code = textwrap.dedent(f"""
+        import sys, torch, memlens
+        torch.cuda.set_per_process_memory_fraction(0.05)
+        held = []
+        with memlens.record({d!r}):
+            try:
+                while True:
+                    held.append(torch.empty(512 * 1024 * 1024, dtype=torch.uint8, device="cuda"))
+            except torch.cuda.OutOfMemoryError:
+                print("HANDLER-REACHED", file=sys.stderr, flush=True)
+            del held
+    """)
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    err = p.stderr
+    path = os.path.join(d, "snapshot.oom.pickle")
+    report(p.returncode == 0, "oom.process_ok", f"rc {p.returncode}")
+    report(os.path.exists(path), "oom.snapshot_written", path)
+    i_ml = err.find("memlens: CUDA out of memory")
+    i_h = err.find("HANDLER-REACHED")
+    report(0 <= i_ml < i_h, "oom.explained_before_exception", f"memlens at {i_ml}, handler at {i_h}")
+    report(path in err and ("memlens oom" in err or "cause" in err.lower()), "oom.explanation_printed",
+           "stderr:\n" + textwrap.indent(err[:3000], "    "))
+    if os.path.exists(path):
+        import memlens
+
+        snap = pickle.load(open(path, "rb"))
+        actions = [e["action"] for t in snap["device_traces"] for e in t]
+        report("oom" in actions, "oom.trace_has_oom_event", f"last actions {actions[-3:]}")
+        if "oom" in memlens.available():
+            r = memlens.load(path).oom()
+            report(bool(r.cause), "oom.analysis", f"cause {r.cause}")
+
+
+MARKER_TESTS = """
+import pytest, torch
+MIB = 1024 * 1024
+KEEP = []
+
+@pytest.mark.cuda_memory(max_peak="256MiB", no_leaks=True)
+def test_small_enough():
+    x = torch.ones(16 * MIB, device="cuda")  # 64 MiB
+    assert float(x.sum()) == 16 * MIB
+
+@pytest.mark.cuda_memory(max_peak="256MiB")
+def test_peak_too_high():
+    x = torch.ones(128 * MIB, device="cuda")  # 512 MiB
+    del x
+
+@pytest.mark.cuda_memory(no_leaks=True)
+def test_leaky():
+    KEEP.append(torch.ones(8 * MIB, device="cuda"))  # LEAKY-LINE
+"""
+
+
+def check_marker(out: str) -> None:
+    """The pytest marker on a real GPU: one test passes, two fail with the diagnosis."""
+    try:
+        import pytest  # noqa: F401
+    except ImportError:
+        report(False, "marker.pytest_missing",
+               "pytest is not installed here; carry it with MEMLENS_GPU_WHEELHOUSE (see run.sh)")
+        return
+    d = os.path.join(out, "marker")
+    os.makedirs(d, exist_ok=True)
+    test_file = os.path.join(d, "test_gpu_marker.py")
+    with open(test_file, "w") as f:
+        f.write(MARKER_TESTS)
+    leaky_line = next(i + 1 for i, line in enumerate(MARKER_TESTS.splitlines()) if "LEAKY-LINE" in line)
+    p = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-rA", f"--memlens-dir={d}/snaps", test_file],
+        capture_output=True, text=True, cwd=d, timeout=240,
+    )
+    o = p.stdout
+    report("PASSED test_gpu_marker.py::test_small_enough" in o, "marker.passes_within_limits", "")
+    report("FAILED test_gpu_marker.py::test_peak_too_high" in o and "is over max_peak 256.00 MiB" in o,
+           "marker.fails_over_max_peak", "")
+    report("FAILED test_gpu_marker.py::test_leaky" in o and f"test_gpu_marker.py:{leaky_line}" in o,
+           "marker.leak_names_the_line", f"expected test_gpu_marker.py:{leaky_line}")
+    print(textwrap.indent(o[-4000:], "    | "))
+
+
+def check_multi(out: str) -> None:
+    """Two GPUs in one process: one live file per device."""
+    import torch
+
+    import memlens
+
+    if torch.cuda.device_count() < 2:
+        print("SKIP multi: fewer than 2 GPUs")
+        return
+    runtime = os.path.join(out, "runtime")
+    os.environ["MEMLENS_RUNTIME_DIR"] = runtime
+    a = torch.ones(MIB, device="cuda:0")
+    b = torch.ones(MIB, device="cuda:1")
+    with memlens.record(os.path.join(out, "multi")):
+        files = sorted(os.listdir(runtime))
+    report(files == [f"{os.getpid()}-0.json", f"{os.getpid()}-1.json"], "multi.live_file_per_device", f"{files}")
+    del a, b
+
+
+CHECKS = {"train": check_train, "leak": check_leak, "oom": check_oom, "marker": check_marker, "multi": check_multi}
+
+
+def main() -> int:
+    what, out = sys.argv[1], os.path.abspath(sys.argv[2])
+    os.makedirs(out, exist_ok=True)
+    if what != "all":
+        CHECKS[what](out)
+        return 0 if all(RESULTS) else 1
+    try:
+        import torch
+
+        import memlens
+
+        assert torch.cuda.is_available(), "torch.cuda.is_available() is False"
+    except (ImportError, AssertionError) as e:
+        print(f"FAIL setup: {e}")
+        print("0 passed, 1 failed")
+        return 1
+    print(f"INFO env: torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"{torch.cuda.get_device_name(0)} x{torch.cuda.device_count()}, "
+          f"python {sys.version.split()[0]}, memlens {memlens.__version__} from {os.path.dirname(memlens.__file__)}, "
+          f"analyses {memlens.available()}", flush=True)
+    passed = failed = 0
+    for name in CHECKS:
+        t = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, HERE, name, out], capture_output=True, text=True, timeout=280)
+            text, rc = p.stdout, p.returncode
+            if p.returncode != 0 and "Traceback" in p.stderr:
+                text += f"FAIL {name}.crashed: " + p.stderr[-2000:] + "\n"
+        except subprocess.TimeoutExpired:
+            text, rc = f"FAIL {name}.timeout: over 280 s\n", 1
+        sys.stdout.write(text)
+        passed += sum(1 for line in text.splitlines() if line.startswith("PASS "))
+        failed += sum(1 for line in text.splitlines() if line.startswith("FAIL "))
+        if rc != 0 and "FAIL " not in text:
+            failed += 1
+            print(f"FAIL {name}: exit code {rc}")
+        print(f"INFO {name}: {time.perf_counter() - t:.1f} s", flush=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

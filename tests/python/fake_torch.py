@@ -1,0 +1,196 @@
+"""A fake `torch` with just enough of `torch.cuda` for memlens's capture code.
+
+The fake keeps a model of the caching allocator's bookkeeping (live blocks with
+their frames, counters, peaks) so the capture logic is exercised for real:
+record/step/stop, snapshot names, the live files, the leak alarm and the OOM
+observer. Install with `install()`, which puts it in `sys.modules["torch"]`.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from typing import Any, Callable, Dict, List, Optional
+
+MIB = 1024 * 1024
+TORCH_FILE = "/venv/lib/python3.12/site-packages/torch/nn/modules/module.py"
+
+
+class FakeOutOfMemoryError(RuntimeError):
+    pass
+
+
+class FakeGPU:
+    """The state behind the fake `torch.cuda`."""
+
+    def __init__(self, devices: int = 1, available: bool = True) -> None:
+        self.available = available
+        self.n_devices = devices
+        self.current = 0
+        self.blocks: Dict[int, List[Dict[str, Any]]] = {d: [] for d in range(devices)}
+        self.reserved: Dict[int, int] = {d: 0 for d in range(devices)}
+        self.peak: Dict[int, int] = {d: 0 for d in range(devices)}
+        self.peak_reserved: Dict[int, int] = {d: 0 for d in range(devices)}
+        self.n_allocs: Dict[int, int] = {d: 0 for d in range(devices)}
+        self.n_segments: Dict[int, int] = {d: 0 for d in range(devices)}
+        self.trace: Dict[int, List[Dict[str, Any]]] = {d: [] for d in range(devices)}
+        self.history_calls: List[Dict[str, Any]] = []
+        self.observers: List[Callable[..., None]] = []
+        self.rank: Optional[int] = None
+        self.next_addr = 0x7F0000000000
+        self.stats_error: Optional[Exception] = None
+        self.cublas_cleared = 0
+        self.snapshots_taken = 0
+
+    # -- what tests drive ---------------------------------------------------
+
+    def alloc(self, size: int, file: str = "train.py", line: int = 1, name: str = "step", device: int = 0) -> Dict[str, Any]:
+        frames = [
+            {"filename": TORCH_FILE, "line": 1790, "name": "_call_impl"},
+            {"filename": file, "line": line, "name": name},
+        ]
+        addr = self.next_addr
+        self.next_addr += max(size, 512)
+        blk = {"address": addr, "size": size, "requested_size": size, "state": "active_allocated", "frames": frames}
+        self.blocks[device].append(blk)
+        self.n_allocs[device] += 1
+        used = self.allocated(device)
+        while self.reserved[device] < used:
+            self.reserved[device] += 20 * MIB
+            self.n_segments[device] += 1
+        self.peak[device] = max(self.peak[device], used)
+        self.peak_reserved[device] = max(self.peak_reserved[device], self.reserved[device])
+        self.trace[device].append(
+            {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": len(self.trace[device]),
+             "frames": frames, "compile_context": "N/A", "user_metadata": ""}
+        )
+        return blk
+
+    def free(self, blk: Dict[str, Any], device: int = 0) -> None:
+        self.blocks[device].remove(blk)
+        for action in ("free_requested", "free_completed"):
+            self.trace[device].append(
+                {"action": action, "addr": blk["address"], "size": blk["size"], "stream": 0,
+                 "time_us": len(self.trace[device]), "frames": blk["frames"], "compile_context": "N/A",
+                 "user_metadata": ""}
+            )
+
+    def oom(self, size: int, device: int = 0) -> None:
+        """What the caching allocator does at an OOM: observers, then the exception."""
+        for obs in self.observers:
+            obs(device, size, self.allocated(device), 1 * MIB)
+        raise FakeOutOfMemoryError(f"CUDA out of memory. Tried to allocate {size} bytes")
+
+    def allocated(self, device: int = 0) -> int:
+        return sum(b["size"] for b in self.blocks[device])
+
+    # -- the snapshot, shaped like torch.cuda.memory._snapshot() -------------
+
+    def snapshot(self) -> Dict[str, Any]:
+        self.snapshots_taken += 1
+        segments = []
+        for d in range(self.n_devices):
+            blocks = [dict(b) for b in self.blocks[d]]
+            total = self.reserved[d]
+            used = sum(b["size"] for b in blocks)
+            if total > used:
+                blocks.append({"address": self.next_addr, "size": total - used, "requested_size": 0,
+                               "state": "inactive", "frames": []})
+            if total:
+                segments.append({
+                    "device": d, "address": 0x7E0000000000 + d, "total_size": total, "allocated_size": used,
+                    "active_size": used, "requested_size": used, "stream": 0, "segment_type": "large",
+                    "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks,
+                })
+        return {
+            "segments": segments,
+            "device_traces": [list(self.trace[d]) for d in range(self.n_devices)],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
+            "external_annotations": [],
+        }
+
+    def memory_stats(self, device: Optional[int] = None) -> Dict[str, int]:
+        if self.stats_error is not None:
+            raise self.stats_error
+        d = self.current if device is None else int(device)
+        return {
+            "allocated_bytes.all.current": self.allocated(d),
+            "allocated_bytes.all.peak": self.peak[d],
+            "reserved_bytes.all.current": self.reserved[d],
+            "reserved_bytes.all.peak": self.peak_reserved[d],
+            "active_bytes.all.current": self.allocated(d),
+            "allocation.all.allocated": self.n_allocs[d],
+            "segment.all.allocated": self.n_segments[d],
+            "segment.all.freed": 0,
+        }
+
+
+def build(gpu: FakeGPU) -> types.ModuleType:
+    """The fake `torch` module over `gpu`."""
+    torch = types.ModuleType("torch")
+    cuda = types.ModuleType("torch.cuda")
+    memory = types.ModuleType("torch.cuda.memory")
+    c = types.ModuleType("torch._C")
+    dist = types.ModuleType("torch.distributed")
+
+    def dev(d: Optional[int]) -> int:
+        return gpu.current if d is None else int(d)
+
+    cuda.is_available = lambda: gpu.available
+    cuda.device_count = lambda: gpu.n_devices
+    cuda.current_device = lambda: gpu.current
+    cuda.init = lambda: None
+    cuda.synchronize = lambda device=None: None
+    cuda.memory_stats = lambda device=None: gpu.memory_stats(device)
+    cuda.memory_allocated = lambda device=None: gpu.memory_stats(device)["allocated_bytes.all.current"]
+    cuda.memory_reserved = lambda device=None: gpu.memory_stats(device)["reserved_bytes.all.current"]
+    cuda.max_memory_allocated = lambda device=None: gpu.peak[dev(device)]
+    cuda.max_memory_reserved = lambda device=None: gpu.peak_reserved[dev(device)]
+
+    def reset_peak(device: Optional[int] = None) -> None:
+        d = dev(device)
+        gpu.peak[d] = gpu.allocated(d)
+        gpu.peak_reserved[d] = gpu.reserved[d]
+
+    cuda.reset_peak_memory_stats = reset_peak
+    cuda.OutOfMemoryError = FakeOutOfMemoryError
+
+    def record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all", max_entries: int = sys.maxsize, **kw: Any) -> None:
+        gpu.history_calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries, **kw})
+
+    memory._record_memory_history = record_memory_history
+    memory._snapshot = lambda device=None: gpu.snapshot()
+    cuda.memory = memory
+
+    c._cuda_attach_out_of_memory_observer = lambda fn: gpu.observers.append(fn)
+
+    def clear_cublas() -> None:
+        gpu.cublas_cleared += 1
+
+    c._cuda_clearCublasWorkspaces = clear_cublas
+
+    dist.is_available = lambda: True
+    dist.is_initialized = lambda: gpu.rank is not None
+    dist.get_rank = lambda: gpu.rank
+
+    torch.cuda = cuda
+    torch._C = c
+    torch.distributed = dist
+    torch.__fake__ = True
+    return torch
+
+
+def install(gpu: FakeGPU) -> types.ModuleType:
+    """Puts the fake in sys.modules; returns it."""
+    torch = build(gpu)
+    sys.modules["torch"] = torch
+    sys.modules["torch.cuda"] = torch.cuda
+    sys.modules["torch.cuda.memory"] = torch.cuda.memory
+    sys.modules["torch._C"] = torch._C
+    sys.modules["torch.distributed"] = torch.distributed
+    return torch
+
+
+def uninstall() -> None:
+    for name in ("torch", "torch.cuda", "torch.cuda.memory", "torch._C", "torch.distributed"):
+        sys.modules.pop(name, None)

@@ -1,0 +1,377 @@
+"""The capture helpers without a GPU: no torch, no CUDA, and a fake torch whose
+allocator bookkeeping drives record/step/stop, snapshot names, the live files,
+the leak alarm and the OOM observer for real."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import warnings
+
+import fake_torch
+import pytest
+
+import memlens
+from memlens import _capture, _live
+from memlens._leak import ALARM, BASELINE, LeakRule
+
+MIB = 1024 * 1024
+LIVE_KEYS = [
+    "schema", "pid", "device", "rank", "step", "allocated_bytes", "reserved_bytes",
+    "active_bytes", "peak_allocated_bytes", "time", "leak_alarm", "cmdline",
+]
+
+
+def live_files(tmp_path):
+    d = tmp_path / "run"
+    return sorted(p.name for p in d.glob("*.json")) if d.is_dir() else []
+
+
+def read_live(tmp_path, device=0):
+    return json.loads((tmp_path / "run" / f"{os.getpid()}-{device}.json").read_text())
+
+
+# -- without torch or CUDA ---------------------------------------------------
+
+
+def test_without_torch_everything_is_a_noop_with_one_warning(no_torch, tmp_path):
+    with pytest.warns(memlens.MemlensWarning, match="torch is not installed") as caught:
+        with memlens.record(tmp_path / "snaps", every=1) as rec:
+            memlens.step()
+            memlens.step()
+        memlens.start(tmp_path / "again")
+    assert len(caught) == 1
+    assert not rec.active and rec.steps == 0 and rec.snapshots == []
+    assert memlens.stop() is None
+    memlens.step()
+    assert not (tmp_path / "snaps").exists()
+
+
+def test_without_cuda_everything_is_a_noop(gpu, tmp_path):
+    gpu.available = False
+    with pytest.warns(memlens.MemlensWarning, match="CUDA is not available"):
+        rec = memlens.start(tmp_path / "snaps")
+    memlens.step()
+    assert memlens.stop() is None
+    assert gpu.history_calls == [] and not rec.active and live_files(tmp_path) == []
+
+
+def test_bad_arguments_are_refused_before_anything_starts(gpu, tmp_path):
+    with pytest.raises(ValueError, match="stacks"):
+        memlens.record(tmp_path, stacks="cpp")
+    with pytest.raises(ValueError, match="every"):
+        memlens.record(tmp_path, every=0)
+    assert gpu.history_calls == []
+
+
+# -- recording, snapshot names, live files -------------------------------------
+
+
+def test_record_turns_history_on_with_python_stacks_and_a_bounded_ring(gpu, tmp_path):
+    with memlens.record(tmp_path / "snaps"):
+        pass
+    on, off = gpu.history_calls
+    assert on == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 60_000}
+    assert off["enabled"] is None
+    assert len(gpu.observers) == 1
+
+
+def test_max_entries_rule():
+    assert _capture.default_max_entries(6) == 60_000
+    assert _capture.default_max_entries(1) == 10_000
+    assert _capture.default_max_entries(500) == 1_000_000
+
+
+def test_snapshots_every_n_steps_and_at_the_end(gpu, tmp_path):
+    out = tmp_path / "snaps"
+    with memlens.record(out, every=2) as rec:
+        for _ in range(5):
+            gpu.alloc(MIB)
+            memlens.step()
+    names = sorted(os.listdir(out))
+    assert names == ["snapshot.pickle", "snapshot.step2.pickle", "snapshot.step4.pickle"]
+    assert rec.snapshots == [str(out / n) for n in ["snapshot.step2.pickle", "snapshot.step4.pickle", "snapshot.pickle"]]
+    # The files are the snapshots PyTorch returned, pickled as _dump_snapshot does.
+    step4 = pickle.loads((out / "snapshot.step4.pickle").read_bytes())
+    assert sum(b["size"] for s in step4["segments"] for b in s["blocks"] if b["state"] == "active_allocated") == 4 * MIB
+    assert set(step4) == {"segments", "device_traces", "allocator_settings", "external_annotations"}
+
+
+def test_file_name_mode_and_start_stop_functions(gpu, tmp_path):
+    rec = memlens.start(tmp_path / "run1.pickle", every=1)
+    assert _capture.current() is rec
+    memlens.step()
+    final = memlens.stop()
+    assert final == str(tmp_path / "run1.pickle")
+    assert sorted(p.name for p in tmp_path.glob("run1*")) == ["run1.pickle", "run1.step1.pickle"]
+    assert _capture.current() is None
+    assert memlens.stop() is None
+
+
+def test_rank_goes_in_the_names_once_distributed_is_initialised(gpu, tmp_path):
+    out = tmp_path / "snaps"
+    with memlens.record(out, every=2):
+        gpu.rank = 3  # init_process_group after record() started, as usual
+        memlens.step()
+        memlens.step()
+        assert read_live(tmp_path)["rank"] in (None, 3)
+    assert sorted(os.listdir(out)) == ["snapshot.rank3.pickle", "snapshot.rank3.step2.pickle"]
+
+
+def test_only_one_recording_at_a_time(gpu, tmp_path):
+    with memlens.record(tmp_path / "a"):
+        with pytest.raises(RuntimeError, match="already recording"):
+            memlens.start(tmp_path / "b")
+
+
+def test_live_file_format_and_removal(gpu, tmp_path, monkeypatch):
+    gpu.alloc(3 * MIB)
+    rec = memlens.start(tmp_path / "snaps")
+    assert live_files(tmp_path) == [f"{os.getpid()}-0.json"]
+    doc = read_live(tmp_path)
+    assert list(doc) == LIVE_KEYS
+    assert doc["schema"] == "memlens/1" and doc["pid"] == os.getpid() and doc["device"] == 0
+    assert doc["step"] is None and doc["rank"] is None and doc["leak_alarm"] is None
+    assert doc["allocated_bytes"] == 3 * MIB and doc["reserved_bytes"] == 20 * MIB
+    assert doc["active_bytes"] == 3 * MIB and doc["peak_allocated_bytes"] == 3 * MIB
+    assert isinstance(doc["time"], float) and isinstance(doc["cmdline"], str) and doc["cmdline"]
+    # At most once a second: a step right after start does not rewrite it ...
+    clock = [1000.0]
+    monkeypatch.setattr(_live, "_monotonic", lambda: clock[0])
+    rec._publisher._last = clock[0]
+    memlens.step()
+    assert read_live(tmp_path)["step"] is None
+    # ... one a second later does.
+    clock[0] += 1.0
+    memlens.step()
+    assert read_live(tmp_path)["step"] == 2
+    assert not list((tmp_path / "run").glob("*.tmp"))
+    memlens.stop()
+    assert live_files(tmp_path) == []
+
+
+def test_publisher_throttles_and_writes_atomically(tmp_path):
+    gpu = fake_torch.FakeGPU()
+    torch = fake_torch.build(gpu)
+    clock = [10.0]
+    pub = _live.Publisher(torch, lambda: [0], clock=lambda: clock[0], directory=str(tmp_path))
+    assert pub.publish(step=1, rank=None, leak_alarm=None)
+    assert not pub.publish(step=2, rank=None, leak_alarm=None)
+    clock[0] += 0.5
+    assert not pub.publish(step=3, rank=None, leak_alarm=None)
+    assert pub.publish(step=4, rank=None, leak_alarm="x", force=True)
+    clock[0] += 1.0
+    assert pub.publish(step=5, rank=2, leak_alarm=None)
+    doc = json.loads((tmp_path / f"{os.getpid()}-0.json").read_text())
+    assert doc["step"] == 5 and doc["rank"] == 2
+    assert (tmp_path.stat().st_mode & 0o777) in (0o700, 0o755, 0o775)  # tmp_path existed before
+    pub.remove()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_runtime_dir_default(monkeypatch):
+    monkeypatch.delenv("MEMLENS_RUNTIME_DIR", raising=False)
+    assert _live.runtime_dir() == f"/tmp/memlens-{os.getuid()}"
+    monkeypatch.setenv("MEMLENS_RUNTIME_DIR", "/x/y")
+    assert _live.runtime_dir() == "/x/y"
+
+
+def test_one_live_file_per_device_in_use(tmp_path, monkeypatch):
+    from conftest import _reset_capture_state
+
+    _reset_capture_state()
+    monkeypatch.setenv("MEMLENS_RUNTIME_DIR", str(tmp_path / "run"))
+    gpu = fake_torch.FakeGPU(devices=3)
+    fake_torch.install(gpu)
+    try:
+        gpu.alloc(MIB, device=0)
+        gpu.alloc(5 * MIB, device=2)  # device 1 unused: no file
+        with memlens.record(tmp_path / "snaps"):
+            assert live_files(tmp_path) == [f"{os.getpid()}-0.json", f"{os.getpid()}-2.json"]
+            assert read_live(tmp_path, 2)["allocated_bytes"] == 5 * MIB
+        assert live_files(tmp_path) == []
+    finally:
+        _reset_capture_state()
+        fake_torch.uninstall()
+
+
+def test_a_failing_step_warns_once_and_training_goes_on(gpu, tmp_path):
+    with memlens.record(tmp_path / "snaps", every=1):
+        gpu.stats_error = RuntimeError("driver hiccup")
+        with pytest.warns(memlens.MemlensWarning, match="step\\(\\) failed") as caught:
+            memlens.step()
+            memlens.step()
+        assert len(caught) == 1
+        gpu.stats_error = None
+
+
+def test_ring_buffer_too_small_warns_once_with_the_value_to_pass(gpu, tmp_path):
+    gpu.free(gpu.alloc(512))  # the segment exists before recording starts
+    with memlens.record(tmp_path / "snaps", max_entries=10_000, leak_check=False):
+        with pytest.warns(memlens.MemlensWarning, match="max_entries=") as caught:
+            for _ in range(3):
+                for _ in range(2000):  # 2000 allocations: ~6000 events a step
+                    gpu.free(gpu.alloc(512))
+                memlens.step()
+    assert len(caught) == 1
+    assert "6,000" in str(caught[0].message) and "36,000" in str(caught[0].message)
+
+
+# -- the leak alarm ------------------------------------------------------------
+
+
+def test_leak_rule_fires_once_after_warmup_and_a_streak():
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    events = [rule.update(100 * MIB + i * 4 * MIB) for i in range(12)]
+    # Steps 1-3 are warm-up; step 4 starts the streak (baseline), step 8 completes 5 growing steps.
+    assert events[3] == BASELINE
+    assert events[7] == ALARM
+    assert [e for i, e in enumerate(events) if i not in (3, 7)] == [None] * 10
+    assert rule.growth() == 20 * MIB and rule.per_step() == 4 * MIB
+
+
+def test_leak_rule_ignores_flat_noisy_and_small_growth():
+    flat = LeakRule()
+    assert all(flat.update(50 * MIB) is None for _ in range(30))
+    noisy = LeakRule()
+    assert ALARM not in [noisy.update(50 * MIB + (i % 2) * 30 * MIB) for i in range(30)]
+    small = LeakRule(min_bytes=8 * MIB)
+    assert ALARM not in [small.update(50 * MIB + i * 1024) for i in range(30)]
+    interrupted = LeakRule()
+    seq = [10, 10, 10, 20, 30, 40, 40, 50, 60, 70, 80, 90]
+    # Three growing steps, a flat one, then a new streak that reaches five at 90.
+    assert ALARM not in [interrupted.update(v * MIB) for v in seq[:-1]]
+    assert interrupted.update(seq[-1] * MIB) == ALARM
+    with pytest.raises(ValueError):
+        LeakRule(steps=1)
+
+
+def test_leak_alarm_names_the_site_that_grows(gpu, tmp_path):
+    kept = []
+    with memlens.record(tmp_path / "snaps") as rec:
+        with pytest.warns(memlens.LeakWarning) as caught:
+            for step in range(15):
+                tmp = gpu.alloc(64 * MIB, file="/home/me/train.py", line=10, name="forward")
+                kept.append(gpu.alloc(4 * MIB, file="/home/me/train.py", line=42, name="validate"))
+                gpu.free(tmp)
+                memlens.step()
+        assert len(caught) == 1  # warned once, though it kept growing
+        text = str(caught[0].message)
+        assert "/home/me/train.py:42 in validate" in text
+        assert "train.py:10" not in text
+        assert "+4.00 MiB a step" in text
+        assert caught[0].filename == __file__  # points at the caller's memlens.step()
+        assert rec.leak_sites[0]["site"] == "/home/me/train.py:42"
+        assert rec.leak_sites[0]["bytes"] == 4 * 4 * MIB  # created during the 4 steps after the baseline
+        assert rec.leak_alarm.startswith("+4.00 MiB/step over 5 steps")
+        assert "train.py:42" in rec.leak_alarm
+        rec._publisher._last = None
+        memlens.step()
+        assert read_live(tmp_path)["leak_alarm"] == rec.leak_alarm
+
+
+def test_healthy_training_never_warns(gpu, tmp_path):
+    params = gpu.alloc(100 * MIB, file="/home/me/model.py", line=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with memlens.record(tmp_path / "snaps"):
+            for step in range(30):
+                acts = [gpu.alloc(8 * MIB, file="/home/me/train.py", line=7) for _ in range(4)]
+                for a in acts:
+                    gpu.free(a)
+                memlens.step()
+    assert params in gpu.blocks[0]
+    # No baseline snapshots were needed: the retained memory never grew.
+    assert gpu.snapshots_taken == 1  # the final one
+
+
+def test_leak_check_can_be_turned_off(gpu, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with memlens.record(tmp_path / "snaps", leak_check=False):
+            for _ in range(15):
+                gpu.alloc(16 * MIB)
+                memlens.step()
+
+
+# -- the OOM observer ----------------------------------------------------------
+
+
+def test_oom_writes_a_snapshot_and_explains_before_the_exception(gpu, tmp_path, capsys):
+    out = tmp_path / "snaps"
+    with memlens.record(out):
+        gpu.alloc(30 * MIB, file="/home/me/train.py", line=5)
+        with pytest.raises(fake_torch.FakeOutOfMemoryError):
+            gpu.oom(2 * 1024 * MIB)
+        err = capsys.readouterr().err
+        oom = out / "snapshot.oom.pickle"
+        assert oom.exists()
+        assert "memlens: CUDA out of memory on device 0: 2.00 GiB requested, 1.00 MiB free" in err
+        assert str(oom) in err
+        assert f"memlens oom {oom}" in err or "explain" in err.lower()
+        snap = pickle.loads(oom.read_bytes())
+        assert snap["segments"][0]["blocks"][0]["size"] == 30 * MIB
+        # Further OOMs: two more snapshots, then one line.
+        for _ in range(4):
+            with pytest.raises(fake_torch.FakeOutOfMemoryError):
+                gpu.oom(MIB)
+        err = capsys.readouterr().err
+        assert (out / "snapshot.oom2.pickle").exists() and (out / "snapshot.oom3.pickle").exists()
+        assert not (out / "snapshot.oom4.pickle").exists()
+        assert err.count("only the first 3 are recorded") == 1
+
+
+def test_oom_observer_is_attached_once_and_idle_when_not_recording(gpu, tmp_path, capsys):
+    with memlens.record(tmp_path / "a"):
+        pass
+    with memlens.record(tmp_path / "b"):
+        pass
+    assert len(gpu.observers) == 1
+    with pytest.raises(fake_torch.FakeOutOfMemoryError):
+        gpu.oom(MIB)
+    assert capsys.readouterr().err == ""
+    assert not list(tmp_path.glob("*/snapshot.oom.pickle"))
+
+
+def test_oom_explanation_goes_through_one_function(gpu, tmp_path, capsys, monkeypatch):
+    from memlens import _native
+
+    monkeypatch.setattr(_native, "explain_oom_file", lambda path: f"EXPLAINED {os.path.basename(path)}", raising=False)
+    with memlens.record(tmp_path / "snaps"):
+        with pytest.raises(fake_torch.FakeOutOfMemoryError):
+            gpu.oom(MIB)
+    assert "EXPLAINED snapshot.oom.pickle" in capsys.readouterr().err
+
+
+# -- the snapshot diff fallback --------------------------------------------------
+
+
+def test_python_diff_groups_by_innermost_user_frame():
+    from memlens._diff import is_user_file, python_diff, user_site
+
+    assert not is_user_file("/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py")
+    assert not is_user_file("/usr/lib/python3.11/threading.py")
+    assert not is_user_file("/work/pytorch/torch/autograd/__init__.py")
+    assert is_user_file("/home/me/train.py")
+    frames = [
+        {"filename": "/x/site-packages/torch/nn/functional.py", "line": 9, "name": "linear"},
+        {"filename": "/home/me/model.py", "line": 77, "name": "forward"},
+        {"filename": "/home/me/train.py", "line": 3, "name": "<module>"},
+    ]
+    assert user_site(frames) == ("/home/me/model.py:77", "forward")
+    assert user_site(frames[:1]) == ("/x/site-packages/torch/nn/functional.py:9", "linear")
+    assert user_site([]) == ("<no stack recorded>", "")
+
+    gpu = fake_torch.FakeGPU()
+    keep = gpu.alloc(10 * MIB, file="/home/me/a.py", line=1)
+    gone = gpu.alloc(3 * MIB, file="/home/me/b.py", line=2)
+    before = gpu.snapshot()
+    gpu.free(gone)
+    gpu.alloc(5 * MIB, file="/home/me/c.py", line=3, name="leaky")
+    gpu.alloc(2 * MIB, file="/home/me/c.py", line=3, name="leaky")
+    after = gpu.snapshot()
+    d = python_diff(before, after)
+    assert d["grown"] == [{"site": "/home/me/c.py:3", "function": "leaky", "bytes": 7 * MIB, "count": 2}]
+    assert d["shrunk"] == [{"site": "/home/me/b.py:2", "function": "step", "bytes": 3 * MIB, "count": 1}]
+    assert keep in gpu.blocks[0]
