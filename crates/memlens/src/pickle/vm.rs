@@ -133,6 +133,7 @@ impl Memo {
         Ok((kind << ID_BITS) | id)
     }
 
+    #[inline(always)]
     fn unpack(&self, p: u32) -> Option<Value> {
         let id = p & ID_MASK;
         Some(match p >> ID_BITS {
@@ -191,13 +192,23 @@ impl Memo {
         Ok((kind << ID_BITS) | id)
     }
 
-    #[inline]
-    fn get(&self, index: usize) -> Result<Value, String> {
+    /// The value in memo slot `index`. An `Option` rather than a `Result`
+    /// with a message: this runs for most opcodes of a snapshot, and a
+    /// `Result<Value, String>` makes every hit go through memory.
+    #[inline(always)]
+    fn get(&self, index: usize) -> Option<Value> {
         match self.slots.get(index) {
-            Some(&p) if p != MEMO_EMPTY => self
-                .unpack(p)
-                .ok_or_else(|| format!("memo slot {index} is corrupt")),
-            _ => Err(format!("memo index {index} was never stored")),
+            Some(&p) if p != MEMO_EMPTY => self.unpack(p),
+            _ => None,
+        }
+    }
+
+    /// Why `get(index)` found nothing.
+    #[cold]
+    fn missing(&self, index: usize) -> Fault {
+        match self.slots.get(index) {
+            Some(&p) if p != MEMO_EMPTY => Fault::Msg(format!("memo slot {index} is corrupt")),
+            _ => Fault::Msg(format!("memo index {index} was never stored")),
         }
     }
 }
@@ -461,13 +472,17 @@ impl Vm {
         match op {
             BINGET => {
                 let i = input.byte()? as usize;
-                let v = self.memo.get(i)?;
-                self.push(v)?;
+                match self.memo.get(i) {
+                    Some(v) => self.push(v)?,
+                    None => return Err(self.memo.missing(i)),
+                }
             }
             LONG_BINGET => {
                 let i = u32::from_le_bytes(input.array()?) as usize;
-                let v = self.memo.get(i)?;
-                self.push(v)?;
+                match self.memo.get(i) {
+                    Some(v) => self.push(v)?,
+                    None => return Err(self.memo.missing(i)),
+                }
             }
             MEMOIZE => {
                 let v = *self
