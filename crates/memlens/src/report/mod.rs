@@ -26,6 +26,7 @@
 //! assert!(html.contains("id=\"memlens-data\""));
 //! ```
 
+mod build;
 mod convert;
 mod flame;
 mod html;
@@ -33,6 +34,7 @@ mod model;
 mod segments;
 mod timeline;
 
+pub use build::build_report;
 pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
 pub use flame::{
     prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
