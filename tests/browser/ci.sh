@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The browser part of tests/run_all.sh: HTML reports of real fixtures opened in
-# headless Chromium (tests/browser/run.sh checks every section drew, no console
-# error, no network request). Screenshots go to $MEMLENS_BROWSER_OUT if set.
+# The browser part of tests/run_all.sh (issue 7's acceptance): `memlens report`
+# on real snapshots (gpt2_eval_leak, varlen, oom, and the 1 GB benchmark
+# snapshot made from long.pickle.zst), each opened in headless Chromium by
+# tests/browser/run.sh, which fails on any console error or network request,
+# checks every section drew (timeline points, flame graph with the expected
+# site, segment rows) and saves a screenshot. Screenshots and reports go to
+# $MEMLENS_BROWSER_OUT if set. MEMLENS_SKIP_BIG=1 skips the 1 GB report.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -10,29 +14,22 @@ if [ -n "${MEMLENS_BROWSER_OUT:-}" ]; then
 else
   out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
 fi
-if ! command -v zstd >/dev/null; then
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
-  $SUDO apt-get update -qq && $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq zstd >/dev/null
-fi
+fx=${MEMLENS_FIXTURES:-$root/../shared/fixtures}
+(cd "$root" && cargo build -q --release -p memlens-cli)
+ml="$root/target/release/memlens"
 
-# 1. The page on sample data made from real snapshots (a stand-in for the
-#    analyses): leaks across steps, the tune table, an OOM.
-for name in gpt2_eval_leak varlen oom; do
-  "$here/sample.sh" "$name" "$out"
+# name : expected site in the flame graph (lines of fixtures/gen/workloads.py)
+for case in gpt2_eval_leak:workloads.py:55 varlen:workloads.py:99 oom:workloads.py:112; do
+  name=${case%%:*}; site=${case#*:}
+  "$ml" report "$fx/$name.pickle.zst" -o "$out/$name.html" >/dev/null
+  "$here/run.sh" "$out/$name.html" "$site" "$out/$name.png"
 done
 
-# 2. The page `memlens report` writes, once the command exists.
-fx=${MEMLENS_FIXTURES:-$root/../shared/fixtures}
-set +e
-msg=$(cd "$root" && cargo run -q -p memlens-cli -- report "$fx/gpt2_eval_leak.pickle.zst" -o "$out/real.html" 2>&1)
-rc=$?
-set -e
-# The stub takes no arguments and says "not implemented yet".
-if [ $rc -ne 0 ] && grep -qE "not implemented yet|unexpected argument" <<<"$msg"; then
-  echo "ci.sh: memlens report is not implemented yet; skipped the real report"
-elif [ $rc -ne 0 ]; then
-  echo "$msg" >&2
-  exit 1
-else
-  "$here/run.sh" "$out/real.html" "workloads.py:55" "$out/real.png"
+if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
+  big="$root/bench/data/large-1gb.pickle"
+  [ -f "$big" ] || python3 "$root/bench/make_large.py" "$fx/long.pickle.zst" "$big" 1160
+  start=$(date +%s.%N)
+  "$ml" report "$big" -o "$out/large-1gb.html" >/dev/null
+  echo "report of $(basename "$big") ($(( $(stat -c %s "$big") / 1000000 )) MB): $(echo "$(date +%s.%N) - $start" | bc) s, $(stat -c %s "$out/large-1gb.html") bytes"
+  "$here/run.sh" "$out/large-1gb.html" "workloads.py:148" "$out/large-1gb.png"
 fi
