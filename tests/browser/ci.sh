@@ -21,18 +21,15 @@ for name in gpt2_eval_leak varlen oom; do
   "$here/sample.sh" "$name" "$out"
 done
 
-# 2. The page `memlens report` writes, once the command exists.
+# 2. The pages `memlens report` writes from the real analyses: a leak across
+#    three snapshots, an OOM, dynamic shapes.
 fx=${MEMLENS_FIXTURES:-$root/../shared/fixtures}
-set +e
-msg=$(cd "$root" && cargo run -q -p memlens-cli -- report "$fx/gpt2_eval_leak.pickle.zst" -o "$out/real.html" 2>&1)
-rc=$?
-set -e
-# The stub takes no arguments and says "not implemented yet".
-if [ $rc -ne 0 ] && grep -qE "not implemented yet|unexpected argument" <<<"$msg"; then
-  echo "ci.sh: memlens report is not implemented yet; skipped the real report"
-elif [ $rc -ne 0 ]; then
-  echo "$msg" >&2
-  exit 1
-else
-  "$here/run.sh" "$out/real.html" "workloads.py:55" "$out/real.png"
-fi
+(cd "$root" && cargo build -q -p memlens-cli)
+memlens="$root/target/debug/memlens"
+"$memlens" report "$fx/gpt2_eval_leak.step1.pickle.zst" "$fx/gpt2_eval_leak.step5.pickle.zst" \
+  "$fx/gpt2_eval_leak.step11.pickle.zst" -o "$out/real_leak.html"
+"$here/run.sh" "$out/real_leak.html" "workloads.py:55" "$out/real_leak.png"
+"$memlens" report "$fx/oom.pickle.zst" -o "$out/real_oom.html"
+"$here/run.sh" "$out/real_oom.html" "workloads.py:112" "$out/real_oom.png"
+"$memlens" report "$fx/varlen.pickle.zst" -o "$out/real_varlen.html"
+"$here/run.sh" "$out/real_varlen.html" "workloads.py:99" "$out/real_varlen.png"

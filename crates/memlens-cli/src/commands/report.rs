@@ -46,12 +46,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
 /// Builds the report from a diagnosis and writes it; nothing is written when
 /// building fails.
 pub fn write_report(
-    _snaps: &[(String, &memlens::Snapshot)],
-    _d: &Diagnosis,
+    snaps: &[(String, &memlens::Snapshot)],
+    d: &Diagnosis,
     path: &Path,
 ) -> anyhow::Result<PathBuf> {
-    anyhow::bail!(
-        "the HTML report is not built yet ({} not written)",
-        path.display()
-    )
+    let data = memlens::report::from_diagnosis(snaps, d).bounded();
+    let html = memlens::report::render_html(&data);
+    std::fs::write(path, html).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    Ok(path.to_path_buf())
 }
