@@ -12,6 +12,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings
+# `memlens top` without its NVML source (cargo feature `nvml`) must lint too.
+cargo clippy -p memlens -p memlens-cli --all-targets --no-default-features -- -D warnings
 echo "== cargo test"
 cargo test --workspace
 for part in python browser; do

@@ -4,6 +4,7 @@
 
 pub mod commands;
 pub mod output;
+pub mod tui;
 
 use clap::{Parser, Subcommand};
 

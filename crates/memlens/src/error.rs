@@ -59,6 +59,15 @@ pub enum Error {
         /// The decompressor's complaint.
         what: String,
     },
+    /// A model description (`config.json`, `.safetensors`) that `estimate`
+    /// cannot use: unknown architecture, missing field, corrupt header.
+    #[error("{path}: {what}")]
+    Model {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        what: String,
+    },
     /// A bad argument or value given by the user (a size, a config string).
     #[error("{0}")]
     Usage(String),

@@ -10,8 +10,8 @@
 use super::categories::{classify, event_phases, free_index_of_allocs, Category, Phase, Phases};
 use super::sites::{stack_lines, Site, SiteIndex};
 use super::steps::{self, StepMethod};
-use crate::replay::{Replay, ReplayOptions};
-use crate::snapshot::Snapshot;
+use crate::replay::{LiveBlock, Replay, ReplayOptions};
+use crate::snapshot::{Snapshot, StackId};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -160,6 +160,157 @@ fn empty(snap: &Snapshot) -> PeakReport {
     }
 }
 
+/// Tells what a block is from its birth and death in one trace: the phase of
+/// its `alloc` event, the phase of its free (or none), and whether it outlived
+/// the step that made it ([`classify`]).
+pub struct BlockClassifier {
+    phases: Phases,
+    ev_phase: Vec<Phase>,
+    free_of: Vec<u32>,
+    step_starts: Vec<usize>,
+}
+
+impl BlockClassifier {
+    /// Prepares the classification of blocks of trace `trace` of `snap`, cut
+    /// into `steps`.
+    pub fn new(snap: &Snapshot, trace: usize, steps: &steps::Steps) -> Self {
+        let phases = Phases::new(snap);
+        let ev_phase = event_phases(snap, trace, &phases);
+        let free_of = free_index_of_allocs(snap, trace);
+        BlockClassifier {
+            phases,
+            ev_phase,
+            free_of,
+            step_starts: steps.starts.clone(),
+        }
+    }
+
+    /// Forgets frees at or after event `end`: blocks are classified as they
+    /// stood then (for an OOM, the frees of the exception's unwinding do not
+    /// make the failing step's activations temporaries).
+    pub fn until(mut self, end: usize) -> Self {
+        for f in self.free_of.iter_mut() {
+            if *f != u32::MAX && *f as usize >= end {
+                *f = u32::MAX;
+            }
+        }
+        self
+    }
+
+    /// The category and birth phase of the block made by the `alloc` event
+    /// `alloc_index` (`None`: a block from before the trace, known by `stack`).
+    pub fn classify(&self, alloc_index: Option<u32>, stack: StackId) -> (Category, Phase) {
+        let phase_at = |i: usize| self.ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
+        let step_end = |i: usize| -> usize {
+            let k = self.step_starts.partition_point(|&s| s <= i);
+            self.step_starts.get(k).copied().unwrap_or(usize::MAX)
+        };
+        let (birth, death, outlived) = match alloc_index {
+            Some(ai) => {
+                let ai = ai as usize;
+                let birth = phase_at(ai);
+                match self.free_of.get(ai).copied() {
+                    Some(fi) if fi != u32::MAX => (
+                        birth,
+                        Some(phase_at(fi as usize)),
+                        fi as usize >= step_end(ai),
+                    ),
+                    _ => (birth, None, true),
+                }
+            }
+            None => (self.phases.of(stack), None, true),
+        };
+        (classify(birth, death, outlived), birth)
+    }
+}
+
+/// Live memory grouped by site and category.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LiveGroups {
+    /// The largest groups, largest first.
+    pub sites: Vec<LiveSite>,
+    /// Groups left out (beyond `top`).
+    pub other_sites: usize,
+    /// Bytes and blocks by category.
+    pub categories: BTreeMap<Category, (u64, u64)>,
+}
+
+impl LiveGroups {
+    /// Bytes by category, keyed by the categories' JSON names.
+    pub fn category_bytes(&self) -> BTreeMap<String, u64> {
+        self.categories
+            .iter()
+            .map(|(c, v)| (c.as_str().to_string(), v.0))
+            .collect()
+    }
+}
+
+/// Groups the blocks `live` (pending frees left out) by allocation site and
+/// category, keeping the `top` largest groups.
+pub fn group_live(
+    snap: &Snapshot,
+    classifier: &BlockClassifier,
+    live: &[LiveBlock],
+    top: usize,
+) -> LiveGroups {
+    let index = SiteIndex::new(snap);
+    let mut groups: HashMap<(Option<u32>, Category), LiveSite> = HashMap::new();
+    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
+    for b in live.iter().filter(|b| !b.pending_free) {
+        let (cat, birth) = classifier.classify(b.alloc_index, b.stack);
+        let e = groups.entry((index.site(b.stack), cat)).or_insert_with(|| {
+            let mut site = Site::of(snap, &index, b.stack);
+            if birth == Phase::Backward && site.site == "<no stack>" {
+                site.site = "<backward pass: autograd thread, no Python stack>".into();
+            }
+            LiveSite {
+                site: site.site,
+                function: site.function,
+                stack: stack_lines(snap, b.stack),
+                bytes: 0,
+                count: 0,
+                category: cat,
+            }
+        });
+        e.bytes += b.size;
+        e.count += 1;
+        let c = cats.entry(cat).or_default();
+        c.0 += b.size;
+        c.1 += 1;
+    }
+    let mut sites: Vec<LiveSite> = groups.into_values().collect();
+    sites.sort_by(|a, b| (b.bytes, &a.site).cmp(&(a.bytes, &b.site)));
+    let other_sites = sites.len().saturating_sub(top);
+    sites.truncate(top);
+    LiveGroups {
+        sites,
+        other_sites,
+        categories: cats,
+    }
+}
+
+/// What was live on trace `trace` right after event `event_index` (`None`:
+/// before the first event), by site and category (the `top` largest sites),
+/// and the bytes by category.
+pub fn live_at(
+    snap: &Snapshot,
+    trace: usize,
+    event_index: Option<usize>,
+    top: usize,
+) -> (Vec<LiveSite>, BTreeMap<String, u64>) {
+    let Some(t) = snap.traces.get(trace) else {
+        return (Vec::new(), BTreeMap::new());
+    };
+    let mut r = Replay::new(snap, t.device, &ReplayOptions::default());
+    if let Some(i) = event_index {
+        r.run_to(i);
+    }
+    let classifier = BlockClassifier::new(snap, trace, &steps::detect(snap, trace));
+    let g = group_live(snap, &classifier, &r.live_blocks(), top);
+    let cats = g.category_bytes();
+    (g.sites, cats)
+}
+
 fn peak_of_trace(snap: &Snapshot, trace: usize, top: usize, opts: &ReplayOptions) -> PeakReport {
     let t = &snap.traces[trace];
     let st = steps::detect(snap, trace);
@@ -221,57 +372,12 @@ fn peak_of_trace(snap: &Snapshot, trace: usize, top: usize, opts: &ReplayOptions
         }
         None => Replay::new(snap, t.device, opts).live_blocks(),
     };
-    let phases = Phases::new(snap);
-    let ev_phase = event_phases(snap, trace, &phases);
-    let free_of = free_index_of_allocs(snap, trace);
-    let step_end = |i: usize| -> usize {
-        let k = st.starts.partition_point(|&s| s <= i);
-        st.starts.get(k).copied().unwrap_or(usize::MAX)
-    };
-    let index = SiteIndex::new(snap);
-    let mut groups: HashMap<(Option<u32>, Category), LiveSite> = HashMap::new();
-    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
-    for b in live.iter().filter(|b| !b.pending_free) {
-        // Its death: the free's stack and whether it outlived its step.
-        let (birth, death, outlived) = match b.alloc_index {
-            Some(ai) => {
-                let birth = ev_phase[ai as usize];
-                match free_of.get(ai as usize).copied() {
-                    Some(fi) if fi != u32::MAX => (
-                        birth,
-                        Some(ev_phase[fi as usize]),
-                        fi as usize >= step_end(ai as usize),
-                    ),
-                    _ => (birth, None, true),
-                }
-            }
-            None => (phases.of(b.stack), None, true),
-        };
-        let cat = classify(birth, death, outlived);
-        let e = groups.entry((index.site(b.stack), cat)).or_insert_with(|| {
-            let mut site = Site::of(snap, &index, b.stack);
-            if birth == Phase::Backward && site.site == "<no stack>" {
-                site.site = "<backward pass: autograd thread, no Python stack>".into();
-            }
-            LiveSite {
-                site: site.site,
-                function: site.function,
-                stack: stack_lines(snap, b.stack),
-                bytes: 0,
-                count: 0,
-                category: cat,
-            }
-        });
-        e.bytes += b.size;
-        e.count += 1;
-        let c = cats.entry(cat).or_default();
-        c.0 += b.size;
-        c.1 += 1;
-    }
-    let mut sites: Vec<LiveSite> = groups.into_values().collect();
-    sites.sort_by(|a, b| (b.bytes, &a.site).cmp(&(a.bytes, &b.site)));
-    let other_sites = sites.len().saturating_sub(top);
-    sites.truncate(top);
+    let classifier = BlockClassifier::new(snap, trace, &st);
+    let LiveGroups {
+        sites,
+        other_sites,
+        categories: cats,
+    } = group_live(snap, &classifier, &live, top);
     let time = |i: Option<usize>| i.and_then(|i| t.events.get(i)).map(|e| e.time_us);
     PeakReport {
         device: t.device,

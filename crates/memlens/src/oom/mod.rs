@@ -3,11 +3,20 @@
 //! * [`message`] finds an out-of-memory message in any text and reads its figures.
 //! * [`triage`] gives a first diagnosis from the message alone.
 //! * [`cause`] is the shared vocabulary: [`Cause`] and [`Fix`].
+//! * [`snapshot`] analyses a snapshot whose trace holds the OOM
+//!   ([`analyze_snapshot`]): the state right before it, the cause, and fixes
+//!   ([`fixes`]) checked by simulating a model of the failing step ([`whatif`]).
 
 pub mod cause;
+pub mod fixes;
 pub mod message;
+pub mod snapshot;
 pub mod triage;
+pub mod whatif;
 
 pub use cause::{Cause, Fix};
+pub use fixes::{BatchFit, FixKind, OomFix};
 pub use message::{parse, OomMessage};
+pub use snapshot::{analyze_snapshot, simulate_what_if, OomOptions, OomReport};
 pub use triage::{diagnose, explain_message, MessageDiagnosis};
+pub use whatif::WhatIfSpec;

@@ -39,6 +39,9 @@ pub struct InitialBlock {
     /// Freed by the user but not yet returned (between `free_requested` and
     /// `free_completed`).
     pub pending: bool,
+    /// For blocks known only from the trace: the lowest address of another
+    /// block allocated above it during its life, a bound on its end.
+    pub end_bound: Option<u64>,
     /// The best stack known for it.
     pub stack: StackId,
 }
@@ -90,11 +93,11 @@ pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> Initi
                     stream: s.stream,
                     pending: b.state == BlockState::ActivePendingFree,
                     stack: b.stack,
+                    end_bound: None,
                 },
             );
         }
     }
-    let mut orphan_frees = 0;
     for e in events.iter().rev() {
         match e.action {
             Action::Alloc => {
@@ -134,11 +137,47 @@ pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> Initi
     // only from the trace's frees mark a cut trace.
     let mut blocks: Vec<InitialBlock> = live.into_values().collect();
     blocks.sort_unstable_by_key(|b| b.addr);
-    orphan_frees += blocks.iter().filter(|b| b.size.is_none()).count();
+    bound_orphans(&mut blocks, events);
+    let orphan_frees = blocks.iter().filter(|b| b.size.is_none()).count();
     InitialState {
         segments: segs.into_values().collect(),
         blocks,
         orphan_frees,
+    }
+}
+
+/// Bounds the end of each block known only from the trace: while it lives,
+/// every allocation above it starts at or after its end, and the first one
+/// carved from the free space right after it starts exactly there.
+fn bound_orphans(blocks: &mut [InitialBlock], events: &[TraceEvent]) {
+    let mut open: BTreeMap<u64, usize> = blocks
+        .iter()
+        .enumerate()
+        .filter(|(_, b)| b.size.is_none())
+        .map(|(i, b)| (b.addr, i))
+        .collect();
+    // Blocks live before the trace also bound their lower neighbour.
+    for i in 0..blocks.len().saturating_sub(1) {
+        if blocks[i].size.is_none() {
+            blocks[i].end_bound = Some(blocks[i + 1].addr);
+        }
+    }
+    for e in events {
+        if open.is_empty() {
+            break;
+        }
+        match e.action {
+            Action::Alloc => {
+                if let Some((_, &i)) = open.range(..e.addr).next_back() {
+                    let b = &mut blocks[i];
+                    b.end_bound = Some(b.end_bound.map_or(e.addr, |x| x.min(e.addr)));
+                }
+            }
+            Action::FreeCompleted => {
+                open.remove(&e.addr);
+            }
+            _ => {}
+        }
     }
 }
 
@@ -150,6 +189,7 @@ fn orphan(e: &TraceEvent, pending: bool) -> InitialBlock {
         stream: e.stream,
         pending,
         stack: e.stack,
+        end_bound: None,
     }
 }
 

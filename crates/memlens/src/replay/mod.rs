@@ -195,6 +195,9 @@ struct LiveEntry {
 }
 
 const NO_INDEX: u32 = u32::MAX;
+
+/// A segment's address and size, and its blocks' (address, size, in use).
+type SegmentShape = (u64, u64, Vec<(u64, u64, bool)>);
 const MAX_WARNINGS: usize = 20;
 
 /// A replay of one device's trace, advanced one event at a time.
@@ -210,10 +213,12 @@ pub struct Replay<'s> {
     totals: Totals,
     run_frees: u32,
     run_frees_oversize: u32,
+    run_empty_cache: bool,
     private_ranges: Vec<(u64, u64, u16)>,
     mismatches: u64,
     warnings: Vec<String>,
     initial: InitialState,
+    segment_sizes: Vec<u64>,
 }
 
 impl<'s> Replay<'s> {
@@ -253,10 +258,12 @@ impl<'s> Replay<'s> {
             totals: Totals::default(),
             run_frees: 0,
             run_frees_oversize: 0,
+            run_empty_cache: false,
             private_ranges,
             mismatches: 0,
             warnings: Vec::new(),
             initial: InitialState::default(),
+            segment_sizes: Vec::new(),
         };
         if snap.settings.trace_alloc_overflowed == Some(true) {
             r.warn("the trace ring buffer overflowed: events before the first one were lost");
@@ -308,9 +315,12 @@ impl<'s> Replay<'s> {
                 Some(size) => self
                     .model
                     .alloc_at(b.addr, size, b.requested, NO_INDEX as u64),
-                None => self
-                    .model
-                    .alloc_at_request(b.addr, b.requested, NO_INDEX as u64),
+                None => self.model.alloc_at_request_within(
+                    b.addr,
+                    b.requested,
+                    b.end_bound.unwrap_or(u64::MAX),
+                    NO_INDEX as u64,
+                ),
             };
             let Some(h) = h else {
                 self.warn(format!(
@@ -403,6 +413,13 @@ impl<'s> Replay<'s> {
         self.mismatches
     }
 
+    /// Sizes of the segments (and expandable mappings) the model made, in
+    /// order: equal to the trace's `segment_alloc`/`segment_map` sizes when
+    /// it reproduces the run.
+    pub fn segment_sizes(&self) -> &[u64] {
+        &self.segment_sizes
+    }
+
     /// Problems met so far (at most 20).
     pub fn warnings(&self) -> &[String] {
         &self.warnings
@@ -443,7 +460,7 @@ impl<'s> Replay<'s> {
             Action::FreeRequested => self.on_free_requested(&event),
             Action::FreeCompleted => self.on_free_completed(&event),
             Action::SegmentAlloc | Action::SegmentMap => self.on_reserve(index, &event),
-            Action::SegmentFree | Action::SegmentUnmap => self.on_release(&event),
+            Action::SegmentFree | Action::SegmentUnmap => self.on_release(index, &event),
             Action::Oom => self.on_oom(&event),
             Action::Snapshot => Delta::None,
         };
@@ -498,6 +515,7 @@ impl<'s> Replay<'s> {
             stats: self.model.stats().clone(),
             starts_at_birth: self.initial.is_empty(),
             mismatches: self.mismatches,
+            segment_sizes: self.segment_sizes,
             warnings: self.warnings,
         }
     }
@@ -564,7 +582,31 @@ impl<'s> Replay<'s> {
         }
     }
 
-    fn on_release(&mut self, e: &TraceEvent) -> Delta {
+    /// At the first free of a run: would the cache have served the
+    /// allocation the run belongs to? Then the run is an `empty_cache()`.
+    fn run_is_empty_cache(&self, index: usize) -> bool {
+        let end = self.events[index..]
+            .iter()
+            .position(|x| !is_segment_event(x.action))
+            .map_or(self.events.len(), |k| index + k);
+        let makes = self.events[index..end]
+            .iter()
+            .any(|x| matches!(x.action, Action::SegmentAlloc | Action::SegmentMap));
+        match self.events.get(end) {
+            Some(t) if t.action == Action::Oom => false,
+            Some(t) if t.action == Action::Alloc && makes => {
+                let stream = self.stream_key(t.stream);
+                self.model
+                    .would_reuse(t.size, stream, self.pool_for(t.addr))
+            }
+            _ => true,
+        }
+    }
+
+    fn on_release(&mut self, index: usize, e: &TraceEvent) -> Delta {
+        if self.run_frees == 0 {
+            self.run_empty_cache = self.run_is_empty_cache(index);
+        }
         let small = self
             .model
             .pool_at(e.addr)
@@ -608,7 +650,7 @@ impl<'s> Replay<'s> {
     }
 
     fn on_alloc(&mut self, index: usize, e: &TraceEvent) -> Delta {
-        if self.run_frees > 0 && !self.pending.is_empty() {
+        if self.run_frees > 0 && !self.pending.is_empty() && !self.run_empty_cache {
             // Segments freed and one made for this allocation: a failed
             // cudaMalloc, a cache flush and a retry. (Freeing only oversize
             // segments is `release_available_cached_blocks`, no retry.)
@@ -635,6 +677,13 @@ impl<'s> Replay<'s> {
             .malloc(e.size, stream, pool, index as u64, &mut dev);
         let clean = dev.clean();
         let done = std::mem::take(&mut dev.done);
+        for (op, _) in &done {
+            if let crate::sim::DeviceOp::SegmentAlloc { size, .. }
+            | crate::sim::DeviceOp::SegmentMap { size, .. } = op
+            {
+                self.segment_sizes.push(*size);
+            }
+        }
         let leftover = dev.unmatched_trace_ops();
         self.fake_va = fake;
         let placed = match res {
@@ -645,7 +694,8 @@ impl<'s> Replay<'s> {
             }
         };
         let (size, small) = match placed.and_then(|h| self.model.block_info(h)) {
-            Some((_, size, _)) => (size, self.model.pool_at(e.addr).is_none_or(|p| p.0)),
+            // The pool follows the rounded request (1 MiB or less: small).
+            Some((_, size, _)) => (size, is_small(round_size(self.model.config(), e.size))),
             None => {
                 let size = round_size(self.model.config(), e.size);
                 (size, is_small(size))
@@ -825,7 +875,7 @@ impl<'s> Replay<'s> {
 
     /// Compares the end state with the dumped segments.
     fn check_final_state(&mut self) {
-        let mut dumped: Vec<(u64, u64, Vec<(u64, u64, bool)>)> = self
+        let mut dumped: Vec<SegmentShape> = self
             .snap
             .segments
             .iter()
@@ -846,7 +896,7 @@ impl<'s> Replay<'s> {
             })
             .collect();
         dumped.sort_unstable_by_key(|s| s.0);
-        let model: Vec<(u64, u64, Vec<(u64, u64, bool)>)> = self
+        let model: Vec<SegmentShape> = self
             .model
             .segments()
             .into_iter()
@@ -902,6 +952,8 @@ pub struct ReplaySummary {
     pub starts_at_birth: bool,
     /// Allocations the model placed differently from the trace.
     pub mismatches: u64,
+    /// Sizes of the segments (and mappings) the model made, in order.
+    pub segment_sizes: Vec<u64>,
     /// Problems met (at most 20).
     pub warnings: Vec<String>,
 }
@@ -918,6 +970,81 @@ pub fn replay_all(snap: &Snapshot, opts: &ReplayOptions) -> Vec<ReplaySummary> {
         .filter(|t| !t.events.is_empty())
         .map(|t| replay_device(snap, t.device, opts))
         .collect()
+}
+
+/// Why the allocator gave memory back at some point of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReleaseCause {
+    /// The program called `torch.cuda.empty_cache()`.
+    EmptyCache,
+    /// The allocator freed cached segments itself to make room: a failed
+    /// cudaMalloc and retry (or GC, or `release_available_cached_blocks`).
+    MakeRoom,
+}
+
+/// A run of recorded `segment_free`/`segment_unmap` events.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct ReleaseRun {
+    /// Index of the first event of the run.
+    pub start: usize,
+    /// Index just past the last one.
+    pub end: usize,
+    /// What caused it.
+    pub cause: ReleaseCause,
+}
+
+fn is_segment_event(a: Action) -> bool {
+    matches!(
+        a,
+        Action::SegmentAlloc | Action::SegmentMap | Action::SegmentFree | Action::SegmentUnmap
+    )
+}
+
+/// Classifies every run of segment frees in `device`'s trace. The allocator
+/// frees segments itself only inside an allocation that the cache could not
+/// serve and that then makes a new segment (or fails); anything else is an
+/// `empty_cache()` call. Whether the cache could serve the allocation is
+/// answered by the replay, in the state just before the frees.
+pub fn release_runs(snap: &Snapshot, device: u32, opts: &ReplayOptions) -> Vec<ReleaseRun> {
+    let events: &[TraceEvent] = snap
+        .traces
+        .iter()
+        .find(|t| t.device == device)
+        .map_or(&[], |t| &t.events);
+    if !events
+        .iter()
+        .any(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
+    {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let mut r = Replay::new(snap, device, opts);
+    let mut i = 0;
+    while i < events.len() {
+        let e = &events[i];
+        let starts = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
+            && (i == 0 || !is_segment_event(events[i - 1].action));
+        if starts {
+            let end = events[i..]
+                .iter()
+                .position(|x| !is_segment_event(x.action))
+                .map_or(events.len(), |k| i + k);
+            let cause = if r.run_is_empty_cache(i) {
+                ReleaseCause::EmptyCache
+            } else {
+                ReleaseCause::MakeRoom
+            };
+            out.push(ReleaseRun {
+                start: i,
+                end,
+                cause,
+            });
+        }
+        r.step();
+        i += 1;
+    }
+    out
 }
 
 /// The whole state right after event `index` of a device's trace.

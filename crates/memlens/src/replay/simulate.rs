@@ -6,6 +6,7 @@
 //! trace shows them.
 
 use super::initial::{self, InitialState};
+use super::{ReleaseCause, ReplayOptions};
 use crate::sim::rounding::SMALL_BUFFER;
 use crate::sim::{
     Allocator, AllocatorConfig, DeviceLimits, DeviceOp, Handle, MemoryStats, SyntheticDevice,
@@ -93,31 +94,6 @@ pub struct SimulationResult {
     pub warnings: Vec<String>,
 }
 
-/// Estimates memory used outside the allocator from the first `oom` event:
-/// device total less free device bytes less what the allocator held then.
-pub fn estimate_overhead(snap: &Snapshot, device: u32, device_memory: u64) -> Option<u64> {
-    let events = trace_of(snap, device);
-    let init = initial::reconstruct(snap, device, events);
-    let mut reserved: u64 = init.segments.iter().map(|s| s.size).sum();
-    for e in events {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => reserved += e.size,
-            Action::SegmentFree | Action::SegmentUnmap => {
-                reserved = reserved.saturating_sub(e.size)
-            }
-            Action::Oom => {
-                return Some(
-                    device_memory
-                        .saturating_sub(e.addr)
-                        .saturating_sub(reserved),
-                )
-            }
-            _ => {}
-        }
-    }
-    None
-}
-
 fn trace_of(snap: &Snapshot, device: u32) -> &[TraceEvent] {
     snap.traces
         .iter()
@@ -125,22 +101,67 @@ fn trace_of(snap: &Snapshot, device: u32) -> &[TraceEvent] {
         .map_or(&[], |t| &t.events)
 }
 
-/// Whether the run of segment events starting at `i` is an `empty_cache()`:
-/// only frees/unmaps, and not the retry of a failed allocation (which ends in
-/// a new segment, or in an `oom`).
-fn is_empty_cache_run(events: &[TraceEvent], i: usize) -> (bool, usize) {
-    let mut j = i;
-    let mut makes = false;
-    while let Some(e) = events.get(j) {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => makes = true,
-            Action::SegmentFree | Action::SegmentUnmap => {}
-            _ => break,
+/// What a what-if run needs from the recorded trace, computed once for any
+/// number of settings: the state before the first event, where the program
+/// called `empty_cache()`, and the overhead an `oom` event implies.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    device: u32,
+    initial: InitialState,
+    empty_cache_at: Vec<usize>,
+    reserved_at_oom: Option<(u64, u64)>,
+}
+
+impl Prepared {
+    /// Studies `device`'s trace (one replay when it has segment frees).
+    pub fn new(snap: &Snapshot, device: u32) -> Prepared {
+        let events = trace_of(snap, device);
+        let initial = initial::reconstruct(snap, device, events);
+        let empty_cache_at = super::release_runs(snap, device, &ReplayOptions::default())
+            .into_iter()
+            .filter(|r| r.cause == ReleaseCause::EmptyCache)
+            .map(|r| r.start)
+            .collect();
+        let mut reserved: u64 = initial.segments.iter().map(|s| s.size).sum();
+        let mut reserved_at_oom = None;
+        for e in events {
+            match e.action {
+                Action::SegmentAlloc | Action::SegmentMap => reserved += e.size,
+                Action::SegmentFree | Action::SegmentUnmap => {
+                    reserved = reserved.saturating_sub(e.size)
+                }
+                Action::Oom => {
+                    reserved_at_oom = Some((reserved, e.addr));
+                    break;
+                }
+                _ => {}
+            }
         }
-        j += 1;
+        Prepared {
+            device,
+            initial,
+            empty_cache_at,
+            reserved_at_oom,
+        }
     }
-    let then_oom = events.get(j).is_some_and(|e| e.action == Action::Oom);
-    (!makes && !then_oom, j)
+
+    /// Memory used outside the allocator, from the first `oom` event: device
+    /// total less the free bytes CUDA reported less what the allocator held.
+    pub fn overhead(&self, device_memory: u64) -> Option<u64> {
+        self.reserved_at_oom
+            .map(|(reserved, free)| device_memory.saturating_sub(free).saturating_sub(reserved))
+    }
+
+    /// Indices of the trace events where `empty_cache()` was called.
+    pub fn empty_cache_points(&self) -> &[usize] {
+        &self.empty_cache_at
+    }
+}
+
+/// Estimates memory used outside the allocator from the first `oom` event:
+/// device total less free device bytes less what the allocator held then.
+pub fn estimate_overhead(snap: &Snapshot, device: u32, device_memory: u64) -> Option<u64> {
+    Prepared::new(snap, device).overhead(device_memory)
 }
 
 /// Runs `device`'s trace through the model under `opts`.
@@ -149,6 +170,16 @@ pub fn simulate(
     device: u32,
     opts: &SimulateOptions,
 ) -> crate::Result<SimulationResult> {
+    simulate_prepared(snap, &Prepared::new(snap, device), opts)
+}
+
+/// [`simulate`] with the trace already studied (for many settings at once).
+pub fn simulate_prepared(
+    snap: &Snapshot,
+    prep: &Prepared,
+    opts: &SimulateOptions,
+) -> crate::Result<SimulationResult> {
+    let device = prep.device;
     let events = trace_of(snap, device);
     if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
         return Err(crate::Error::usage(
@@ -158,7 +189,7 @@ pub fn simulate(
     let mut warnings = Vec::new();
     let overhead = match (opts.device_memory, opts.overhead) {
         (Some(_), Some(o)) => Some(o),
-        (Some(total), None) => Some(estimate_overhead(snap, device, total).unwrap_or(0)),
+        (Some(total), None) => Some(prep.overhead(total).unwrap_or(0)),
         (None, o) => o,
     };
     let capacity = opts
@@ -174,14 +205,14 @@ pub fn simulate(
     let mut dev = SyntheticDevice::recording(capacity);
     let mut live: HashMap<u64, Option<Handle>> = HashMap::with_capacity(1024);
 
-    let init = initial::reconstruct(snap, device, events);
+    let init = &prep.initial;
     if !init.is_empty() {
         warnings.push(
             "the trace does not start at the allocator's birth: the simulation starts from the \
              recorded state before its first event"
                 .to_string(),
         );
-        load_initial(snap, &mut model, &mut dev, &init, &mut live);
+        load_initial(snap, &mut model, &mut dev, init, &mut live);
     }
 
     let mut peak_reserved = (model.stats().reserved_bytes.all.current, None);
@@ -189,7 +220,8 @@ pub fn simulate(
     let mut frag = (0.0, 0u64);
     let mut first_oom = None;
     let mut empty_cache_calls = 0;
-    let mut skip_until = 0usize;
+    // Where the program called empty_cache(), judged on the recorded run.
+    let mut empty_cache_at = prep.empty_cache_at.iter().copied().peekable();
     for (i, e) in events.iter().enumerate() {
         match e.action {
             Action::Alloc => {
@@ -215,6 +247,29 @@ pub fn simulate(
                     }
                 }
             }
+            Action::Oom => {
+                // The request that failed in the recorded run (its size is
+                // already rounded). Under other settings it may fit; its
+                // lifetime is unknown, so it is freed at once.
+                let stream = snap.stream(e.stream) as u64;
+                match model.malloc(e.size, stream, DEFAULT_POOL, i as u64, &mut dev) {
+                    Ok(h) => {
+                        model.free(h);
+                    }
+                    Err(oom) => {
+                        if first_oom.is_none() {
+                            first_oom = Some(SimulatedOom {
+                                event_index: i,
+                                requested_bytes: e.size,
+                                alloc_size: oom.alloc_size,
+                                allocated_bytes: oom.allocated_bytes,
+                                reserved_bytes: oom.reserved_bytes,
+                                stack: e.stack,
+                            });
+                        }
+                    }
+                }
+            }
             Action::FreeRequested => {
                 if let Some(Some(h)) = live.get(&e.addr) {
                     model.free_requested(*h);
@@ -225,13 +280,10 @@ pub fn simulate(
                     model.free_completed(h);
                 }
             }
-            Action::SegmentFree | Action::SegmentUnmap if i >= skip_until => {
-                let (empty, end) = is_empty_cache_run(events, i);
-                skip_until = end;
-                if empty {
-                    model.empty_cache(&mut dev);
-                    empty_cache_calls += 1;
-                }
+            Action::SegmentFree | Action::SegmentUnmap if empty_cache_at.peek() == Some(&i) => {
+                empty_cache_at.next();
+                model.empty_cache(&mut dev);
+                empty_cache_calls += 1;
             }
             _ => {}
         }
@@ -312,7 +364,12 @@ fn load_initial(
     for b in init.blocks.iter().rev() {
         let h = match b.size {
             Some(size) => model.alloc_at(b.addr, size, b.requested, u64::MAX),
-            None => model.alloc_at_request(b.addr, b.requested, u64::MAX),
+            None => model.alloc_at_request_within(
+                b.addr,
+                b.requested,
+                b.end_bound.unwrap_or(u64::MAX),
+                u64::MAX,
+            ),
         };
         if let Some(h) = h {
             if b.pending {

@@ -1,7 +1,7 @@
 //! `tune`: simulates the usual `PYTORCH_CUDA_ALLOC_CONF` settings on a trace
 //! (in parallel) and ranks them by OOMs, then by peak reserved memory.
 
-use super::simulate::{simulate, SimulateOptions, SimulationResult};
+use super::simulate::{simulate_prepared, Prepared, SimulateOptions, SimulationResult};
 use crate::sim::AllocatorConfig;
 use crate::snapshot::Snapshot;
 use crate::units::format_bytes;
@@ -85,10 +85,9 @@ pub fn candidate_configs(
 /// Simulates every candidate on `device`'s trace and ranks them.
 pub fn tune(snap: &Snapshot, device: u32, opts: &SimulateOptions) -> crate::Result<TuneResult> {
     let recorded = AllocatorConfig::from_settings(&snap.settings);
+    let prep = Prepared::new(snap, device);
     let overhead = match (opts.device_memory, opts.overhead) {
-        (Some(total), None) => {
-            Some(super::simulate::estimate_overhead(snap, device, total).unwrap_or(0))
-        }
+        (Some(total), None) => Some(prep.overhead(total).unwrap_or(0)),
         (_, o) => o,
     };
     let capacity = opts
@@ -98,9 +97,9 @@ pub fn tune(snap: &Snapshot, device: u32, opts: &SimulateOptions) -> crate::Resu
     let results: Vec<crate::Result<SimulationResult>> = configs
         .par_iter()
         .map(|c| {
-            simulate(
+            simulate_prepared(
                 snap,
-                device,
+                &prep,
                 &SimulateOptions {
                     config: c.clone(),
                     overhead,

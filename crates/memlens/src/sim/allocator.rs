@@ -460,17 +460,8 @@ impl Allocator {
         tag: u64,
         dev: &mut dyn Device,
     ) -> Result<Handle, OomInfo> {
-        let size = round_size(&self.config, orig_size);
-        let pool_index = self.pool_index(pool, is_small(size));
-        let expandable = self.config.expandable_segments
-            && (pool == DEFAULT_POOL || self.config.version.expandable_private_pools());
-        let p = Params {
-            size,
-            stream,
-            pool: pool_index,
-            alloc_size: allocation_size(&self.config, size),
-            expandable,
-        };
+        let p = self.params(orig_size, stream, pool);
+        let (size, pool_index, expandable) = (p.size, p.pool, p.expandable);
         let mut found = self.get_free_block(&p);
         if found.is_none() {
             if self.allowed_memory_maximum.is_some()
@@ -528,11 +519,17 @@ impl Allocator {
     fn get_free_block(&mut self, p: &Params) -> Option<u32> {
         let gc =
             self.allowed_memory_maximum.is_some() && self.config.garbage_collection_threshold > 0.0;
-        let max_split = self.config.max_split();
-        let pool = &mut self.pools[p.pool as usize];
         if gc {
-            pool.get_free_blocks_call_count += 1;
+            self.pools[p.pool as usize].get_free_blocks_call_count += 1;
         }
+        let chosen = self.find_free_block(p)?;
+        self.remove_free(chosen);
+        Some(chosen)
+    }
+
+    /// The search of `get_free_block`, without taking the block.
+    fn find_free_block(&self, p: &Params) -> Option<u32> {
+        let max_split = self.config.max_split();
         let pool = &self.pools[p.pool as usize];
         let mut it = pool.blocks.range((p.stream, p.size, 0)..);
         let (&(stream, _, _), &first) = it.next()?;
@@ -576,8 +573,27 @@ impl Allocator {
         {
             return None;
         }
-        self.remove_free(chosen);
         Some(chosen)
+    }
+
+    /// Whether a request of `orig_size` bytes on `stream` would be served
+    /// from the cache now, without a new segment (changes nothing).
+    pub fn would_reuse(&self, orig_size: u64, stream: u64, pool: u16) -> bool {
+        let p = self.params(orig_size, stream, pool);
+        self.find_free_block(&p).is_some()
+    }
+
+    fn params(&self, orig_size: u64, stream: u64, pool: u16) -> Params {
+        let size = round_size(&self.config, orig_size);
+        let expandable = self.config.expandable_segments
+            && (pool == DEFAULT_POOL || self.config.version.expandable_private_pools());
+        Params {
+            size,
+            stream,
+            pool: self.pool_index(pool, is_small(size)),
+            alloc_size: allocation_size(&self.config, size),
+            expandable,
+        }
     }
 
     fn expandable_size(&self, id: u32) -> u64 {
@@ -1037,6 +1053,13 @@ impl Allocator {
 
     /// A new expandable segment: one unmapped block over its address space.
     fn new_expandable(&mut self, base: u64, size: u64, page: u64, stream: u64, pool: u16) -> u32 {
+        // With recorded addresses the real reservation size is unknown: keep
+        // address spaces from overlapping, which would misattribute addresses.
+        let mut size = size;
+        if let Some((&next, _)) = self.seg_index.range(base.saturating_add(1)..).next() {
+            size = size.min(next - base);
+        }
+        self.clip_expandable_before(base);
         let seg = self.new_seg(SegmentRec {
             addr: base,
             size,
@@ -1051,6 +1074,39 @@ impl Allocator {
         self.bm(id).mapped = false;
         self.insert_unmapped(id);
         id
+    }
+
+    /// Ends the expandable address space that contains `base` just before
+    /// it, when only its unmapped tail lies beyond.
+    fn clip_expandable_before(&mut self, base: u64) {
+        let Some(seg) = self.seg_containing(base) else {
+            return;
+        };
+        if !self.segs[seg as usize].is_expandable() {
+            return;
+        }
+        let Some(id) = self.block_containing(base) else {
+            return;
+        };
+        let (addr, next, prev, mapped) = {
+            let b = self.b(id);
+            (b.addr, b.next, b.prev, b.mapped)
+        };
+        if mapped || next != NIL || self.b(id).status != BlockStatus::Free {
+            return;
+        }
+        if addr < base {
+            self.bm(id).size = base - addr;
+        } else {
+            if prev == NIL {
+                return;
+            }
+            self.remove_unmapped(id);
+            self.bm(prev).next = NIL;
+            self.delete_block(id);
+        }
+        let s = &mut self.segs[seg as usize];
+        s.size = base - s.addr;
     }
 
     /// `map_block`: maps whole pages covering `[addr, addr + size)` at the
@@ -1305,7 +1361,13 @@ impl Allocator {
         dev: &mut dyn Device,
     ) -> bool {
         let pool_index = self.pool_index(pool, small);
-        let id = match self.block_containing(addr) {
+        // An address space of another pool or stream that merely covers
+        // `addr` (its real size being unknown) is not the one.
+        let own = self.block_containing(addr).filter(|&id| {
+            let seg = &self.segs[self.b(id).seg as usize];
+            seg.is_expandable() && seg.pool == pool_index && seg.stream == stream
+        });
+        let id = match own {
             Some(id) => id,
             None => {
                 let page = if small {
@@ -1314,9 +1376,6 @@ impl Allocator {
                     self.config.large_segment_size
                 };
                 let va = self.va_per_expandable.div_ceil(page) * page;
-                if self.seg_containing(addr + va - 1).is_some() {
-                    return false;
-                }
                 self.new_expandable(addr, va, page, stream, pool_index)
             }
         };
@@ -1420,10 +1479,22 @@ impl Allocator {
     /// as the model would size it there: the rounded request, plus the rest of
     /// the free block when that rest would not have been split off.
     pub fn alloc_at_request(&mut self, addr: u64, requested: u64, tag: u64) -> Option<Handle> {
+        self.alloc_at_request_within(addr, requested, u64::MAX, tag)
+    }
+
+    /// [`Allocator::alloc_at_request`], with the block known to end at or
+    /// before `end_bound` (the next block seen beside it).
+    pub fn alloc_at_request_within(
+        &mut self,
+        addr: u64,
+        requested: u64,
+        end_bound: u64,
+        tag: u64,
+    ) -> Option<Handle> {
         let size = round_size(&self.config, requested);
         let id = self.block_containing(addr)?;
         let b = self.b(id);
-        let end = b.addr + b.size;
+        let end = (b.addr + b.size).min(end_bound);
         if b.status != BlockStatus::Free || addr + size > end {
             return None;
         }

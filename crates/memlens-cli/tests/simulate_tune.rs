@@ -1,0 +1,138 @@
+//! `memlens simulate` and `memlens tune`: JSON contract and exit codes.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn fixture(name: &str) -> String {
+    let dir = std::env::var("MEMLENS_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        });
+    dir.join(name).to_string_lossy().into_owned()
+}
+
+fn memlens(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .args(args)
+        .output()
+        .expect("memlens runs")
+}
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = memlens(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+#[test]
+fn simulate_json_carries_the_contract_keys() {
+    let v = json(&[
+        "simulate",
+        &fixture("varlen.pickle.zst"),
+        "--config",
+        "expandable_segments:True",
+        "--json",
+    ]);
+    assert_eq!(v["schema"], "memlens/1");
+    // The real varlen@expandable run reserved exactly this much.
+    assert_eq!(v["peak_reserved_bytes"], 12847153152u64);
+    assert_eq!(v["num_device_alloc"], 67);
+    for k in [
+        "peak_allocated_bytes",
+        "num_device_free",
+        "num_alloc_retries",
+        "num_ooms",
+        "first_oom_index",
+        "fragmentation_at_peak",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k}");
+    }
+    assert_eq!(v["segment_sizes"].as_array().map(Vec::len), Some(67));
+    assert_eq!(v["recorded"]["peak_reserved_bytes"], 13254000640u64);
+}
+
+#[test]
+fn simulate_finds_the_oom_under_the_memory_cap() {
+    let v = json(&[
+        "simulate",
+        &fixture("oom.pickle.zst"),
+        "--device-memory",
+        "85018877624",
+        "--memory-fraction",
+        "0.1",
+        "--overhead",
+        "0",
+        "--json",
+    ]);
+    assert_eq!(v["num_ooms"], 1);
+    assert_eq!(v["first_oom_index"], 9609);
+    assert!(v["first_oom_site"]["site"]
+        .as_str()
+        .unwrap()
+        .contains("workloads.py"));
+    let text = memlens(&[
+        "simulate",
+        &fixture("oom.pickle.zst"),
+        "--device-memory",
+        "85018877624",
+        "--memory-fraction",
+        "0.1",
+    ]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("first OOM at event #9609"));
+}
+
+#[test]
+fn tune_ranks_candidates_best_first() {
+    let v = json(&["tune", &fixture("varlen.pickle.zst"), "--json"]);
+    let c = v["candidates"].as_array().unwrap();
+    assert!(c.len() >= 8);
+    assert_eq!(c[0]["config"], "expandable_segments:True");
+    for w in c.windows(2) {
+        let key = |x: &serde_json::Value| {
+            (
+                x["num_ooms"].as_u64().unwrap(),
+                x["peak_reserved_bytes"].as_u64().unwrap(),
+            )
+        };
+        assert!(key(&w[0]) <= key(&w[1]));
+    }
+    assert!(v["advice"]
+        .as_str()
+        .unwrap()
+        .contains("expandable_segments:True"));
+}
+
+#[test]
+fn bad_settings_are_usage_errors() {
+    for args in [
+        vec!["simulate", "X", "--config", "max_split_size_mb:5"],
+        vec!["simulate", "X", "--config", "no_such_key:1"],
+        vec!["simulate", "X", "--device-memory", "lots"],
+        vec!["simulate", "X", "--memory-fraction", "0.5"],
+        vec![
+            "tune",
+            "X",
+            "--memory-fraction",
+            "2",
+            "--device-memory",
+            "80GB",
+        ],
+    ] {
+        let snap = fixture("cache_leak.pickle.zst");
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| if *a == "X" { snap.as_str() } else { a })
+            .collect();
+        let out = memlens(&args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.starts_with("memlens: error: "), "{err}");
+    }
+}

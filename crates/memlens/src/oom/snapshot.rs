@@ -1,0 +1,939 @@
+//! The OOM explainer on a snapshot: the allocator's state right before the
+//! failed allocation, why it failed, and what would fix it.
+//!
+//! The `oom` trace event carries the rounded request (`size`) and the device's
+//! free memory (`device_free`). The state it is judged against is the replayed
+//! state right before that event: the allocator records `oom` after its last
+//! retry (every wholly free segment already returned to the device), so that
+//! state is exactly what the `OutOfMemoryError` message describes. A snapshot
+//! dumped in the `except` handler shows a later state: the failing frame's
+//! tensors are gone by then.
+
+use super::cause::Cause;
+use super::fixes::{self, BatchFit, OomFix};
+use super::message::OomMessage;
+use super::whatif::{StepModel, WhatIf, WhatIfSpec};
+use crate::analysis::categories::Category;
+use crate::analysis::peak::{group_live, BlockClassifier, LiveSite};
+use crate::analysis::sites::{stack_lines, Site, SiteIndex};
+use crate::analysis::steps;
+use crate::replay::{Replay, ReplayOptions};
+use crate::sim::allocator::BlockStatus;
+use crate::sim::rounding::{allocation_size, is_small};
+use crate::sim::{AllocatorConfig, SegmentView};
+use crate::snapshot::{Action, Snapshot};
+use crate::units::format_bytes;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// What the analysis can be told beyond the snapshot.
+#[derive(Clone, Debug)]
+pub struct OomOptions {
+    /// The `OutOfMemoryError` text of the same failure, when the user has it:
+    /// it tells the device's total memory, the cap ("allowed") and the memory
+    /// of other processes.
+    pub message: Option<OomMessage>,
+    /// Total memory of the GPU (`--device-memory`); wins over the message's.
+    pub device_memory: Option<u64>,
+    /// The batch size of the failing step, to say the fitting batch in samples.
+    pub batch: Option<u64>,
+    /// Allocation sites listed in `live_at_oom`.
+    pub top: usize,
+}
+
+impl Default for OomOptions {
+    fn default() -> Self {
+        OomOptions {
+            message: None,
+            device_memory: None,
+            batch: None,
+            top: 10,
+        }
+    }
+}
+
+/// Free memory in one pool of one stream, as the allocator's best fit sees it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PoolState {
+    /// `small` (blocks up to 1 MiB, 2 MiB segments) or `large`.
+    pub pool: &'static str,
+    /// The CUDA stream (raw `cudaStream_t`; 0 is the default stream).
+    pub stream: i64,
+    /// The private pool (`MempoolId_t`: CUDA graphs, `torch.cuda.MemPool`);
+    /// `None` for the default pool.
+    pub private_pool: Option<(i64, i64)>,
+    /// Segments (mapped ranges for expandable segments).
+    pub segments: usize,
+    /// Reserved bytes.
+    pub reserved_bytes: u64,
+    /// Bytes in allocated blocks.
+    pub allocated_bytes: u64,
+    /// Bytes freed by the user but waiting for other streams.
+    pub pending_free_bytes: u64,
+    /// Bytes in free blocks.
+    pub free_bytes: u64,
+    /// Number of free blocks.
+    pub free_blocks: usize,
+    /// The largest free block.
+    pub largest_free_block_bytes: u64,
+    /// Whether the request went to this pool.
+    pub requested_here: bool,
+}
+
+/// The free space the request could have used, in pieces.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FreePieces {
+    /// Free blocks in the request's pool and stream.
+    pub count: usize,
+    /// Their total.
+    pub total_bytes: u64,
+    /// The largest ones, largest first (at most 10).
+    pub largest: Vec<u64>,
+    /// Segments holding them (each also holds live tensors, or it would have
+    /// been returned to the device before the OOM was raised).
+    pub segments: usize,
+}
+
+/// Where the memory cap figure comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CapSource {
+    /// The message's "allowed" figure.
+    Message,
+    /// Inferred from the trace: the device had room, yet the allocation failed.
+    Inferred,
+}
+
+/// The per-process memory cap (`set_per_process_memory_fraction`).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct MemoryCap {
+    /// The cap in bytes (for an inferred cap without a fraction: the lowest
+    /// value consistent with the trace).
+    pub bytes: u64,
+    /// The memory fraction, when the device's total is known.
+    pub fraction: Option<f64>,
+    /// Where the figure comes from.
+    pub source: CapSource,
+    /// For an inferred cap: it is at least the first figure (PyTorch held that
+    /// much before) and below the second (held + the failed segment).
+    pub range_bytes: Option<(u64, u64)>,
+    /// How it was found, in a sentence.
+    pub how: String,
+}
+
+/// The device's memory around the failure.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DeviceMemory {
+    /// Total memory (`--device-memory`, or the message's "total capacity").
+    pub total_bytes: Option<u64>,
+    /// `option` or `message`.
+    pub total_source: Option<&'static str>,
+    /// Free memory by `cudaMemGetInfo` when the allocation failed (the `oom`
+    /// event's `device_free`).
+    pub free_bytes: u64,
+    /// Memory not reserved by this process's PyTorch allocator: total - free -
+    /// reserved (other processes, this process's CUDA context and libraries).
+    pub outside_pytorch_bytes: Option<u64>,
+    /// Of it, other processes (from the message).
+    pub other_processes_bytes: Option<u64>,
+    /// Of it, this process outside PyTorch's allocator (from the message).
+    pub this_process_non_pytorch_bytes: Option<u64>,
+}
+
+/// One figure of the message compared with the replayed state.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct MessageCheck {
+    /// Which figure.
+    pub figure: &'static str,
+    /// As printed.
+    pub printed: String,
+    /// The snapshot's value right before the `oom` event.
+    pub snapshot_bytes: u64,
+    /// Whether the printed figure (two decimals) admits the snapshot's value.
+    pub agrees: bool,
+}
+
+/// Bytes of one category live at the OOM.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CategoryBytes {
+    /// The category.
+    pub category: Category,
+    /// Bytes.
+    pub bytes: u64,
+    /// Blocks.
+    pub count: u64,
+}
+
+/// The OOM analysis of a snapshot. The first keys are those of the
+/// `memlens oom --json` contract.
+#[derive(Clone, Debug, Serialize)]
+pub struct OomReport {
+    /// Always `"snapshot"` (`"message"` for the message-only diagnosis).
+    pub source: &'static str,
+    /// Why the allocation failed.
+    pub cause: Cause,
+    /// The rounded request (the `oom` event's `size`).
+    pub requested_bytes: u64,
+    /// The largest free block in the pool and stream the request came from.
+    pub largest_free_block_bytes: u64,
+    /// Reserved but not allocated (reserved - allocated, as the message prints).
+    pub reserved_unallocated_bytes: u64,
+    /// What to do, best first; every one is predicted to help.
+    pub fixes: Vec<OomFix>,
+    /// A short paragraph with the numbers, for people.
+    pub explanation: String,
+    /// The segment the allocator tried to get ("Tried to allocate").
+    pub tried_to_allocate_bytes: u64,
+    /// Device ordinal.
+    pub device: u32,
+    /// Index of the `oom` event in the device's trace.
+    pub event_index: usize,
+    /// Its time, epoch microseconds.
+    pub time_us: i64,
+    /// `small` or `large`: the pool the request would come from.
+    pub pool: &'static str,
+    /// The stream it was made on.
+    pub stream: i64,
+    /// `file:line` of the innermost user frame of the failed allocation.
+    pub site: String,
+    /// The function of that line.
+    pub function: String,
+    /// The whole stack, innermost first.
+    pub stack: Vec<String>,
+    /// Allocated bytes right before the failure.
+    pub allocated_bytes: u64,
+    /// Reserved bytes right before the failure.
+    pub reserved_bytes: u64,
+    /// The most PyTorch had reserved at any point before the failure.
+    pub peak_reserved_before_bytes: u64,
+    /// The free space of the request's pool and stream, in pieces.
+    pub free_pieces: FreePieces,
+    /// Every pool and stream.
+    pub pools: Vec<PoolState>,
+    /// Reserved in other streams' segments (unusable by this request).
+    pub other_streams_reserved_bytes: u64,
+    /// Of it, free.
+    pub other_streams_free_bytes: u64,
+    /// Reserved in private pools (CUDA graphs, `MemPool`).
+    pub private_pools_reserved_bytes: u64,
+    /// Of it, free.
+    pub private_pools_free_bytes: u64,
+    /// The device's memory.
+    pub device_memory: DeviceMemory,
+    /// The cap, when one applied.
+    pub memory_cap: Option<MemoryCap>,
+    /// What was live right before the failure, by site and category.
+    pub live_at_oom: Vec<LiveSite>,
+    /// Sites not listed.
+    pub other_sites: usize,
+    /// Live bytes by category.
+    pub categories: BTreeMap<String, u64>,
+    /// Live bytes and blocks by category, largest first.
+    pub category_detail: Vec<CategoryBytes>,
+    /// How the failing step was modelled for the predictions.
+    pub step_model: Option<StepModel>,
+    /// The largest batch that fits, by simulation.
+    pub batch: Option<BatchFit>,
+    /// Fixes the simulation says would not help, with its figures.
+    pub not_helpful: Vec<OomFix>,
+    /// The message's figures against the snapshot's (when a message was given).
+    pub message_check: Vec<MessageCheck>,
+    /// `oom` events in the trace (the last one is analysed).
+    pub ooms_in_trace: usize,
+    /// Caveats.
+    pub warnings: Vec<String>,
+}
+
+/// The replayed state right before the failure.
+struct State {
+    allocated: u64,
+    reserved: u64,
+    peak_reserved: u64,
+    segments: Vec<SegmentView>,
+    live: Vec<crate::replay::LiveBlock>,
+    warnings: Vec<String>,
+}
+
+fn state_before(snap: &Snapshot, device: u32, index: usize) -> State {
+    let mut r = Replay::new(snap, device, &ReplayOptions::default());
+    let mut peak = r.totals().all.reserved;
+    while r.position() < index {
+        match r.step() {
+            Some(s) => peak = peak.max(s.totals.all.reserved),
+            None => break,
+        }
+    }
+    let t = r.totals().all;
+    let mut warnings = r.warnings().to_vec();
+    if r.mismatches() > 0 {
+        warnings.push(format!(
+            "the allocator model placed {} events differently from the trace before the OOM \
+             (the trace's placement was kept)",
+            r.mismatches()
+        ));
+    }
+    State {
+        allocated: t.allocated,
+        reserved: t.reserved,
+        peak_reserved: peak,
+        segments: r.segments(),
+        live: r.live_blocks(),
+        warnings,
+    }
+}
+
+/// Analyses the last OOM of the snapshot's trace; `None` when the trace holds
+/// no `oom` event (the snapshot was not taken at or after an OOM, or the
+/// trace was not recorded).
+pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Option<OomReport>> {
+    let found = snap.traces.iter().enumerate().find_map(|(ti, t)| {
+        t.events
+            .iter()
+            .rposition(|e| e.action == Action::Oom)
+            .map(|i| (ti, i))
+    });
+    let Some((trace, k)) = found else {
+        return Ok(None);
+    };
+    let t = &snap.traces[trace];
+    let oom = t.events[k];
+    let ooms_in_trace = t.events.iter().filter(|e| e.action == Action::Oom).count();
+    let config = AllocatorConfig::from_settings(&snap.settings);
+    let request = oom.size;
+    let tried = allocation_size(&config, request);
+    let small = is_small(request);
+    let stream_key = snap.stream(oom.stream);
+    let st = state_before(snap, t.device, k);
+    let mut warnings = st.warnings.clone();
+    if ooms_in_trace > 1 {
+        warnings.push(format!(
+            "the trace holds {ooms_in_trace} OOMs; this is the last one"
+        ));
+    }
+
+    // Pools and the free pieces the request could use.
+    let pools = pool_states(&st.segments, small, stream_key as u64);
+    let here: Vec<&SegmentView> = st
+        .segments
+        .iter()
+        .filter(|s| s.pool_id == (0, 0) && s.is_small == small && s.stream == stream_key as u64)
+        .collect();
+    let mut free_sizes: Vec<u64> = here
+        .iter()
+        .flat_map(|s| s.blocks.iter())
+        .filter(|b| b.status == BlockStatus::Free)
+        .map(|b| b.size)
+        .collect();
+    free_sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let free_pieces = FreePieces {
+        count: free_sizes.len(),
+        total_bytes: free_sizes.iter().sum(),
+        largest: free_sizes.iter().take(10).copied().collect(),
+        segments: here
+            .iter()
+            .filter(|s| s.blocks.iter().any(|b| b.status == BlockStatus::Free))
+            .count(),
+    };
+    let largest_free = free_sizes.first().copied().unwrap_or(0);
+    let default = |s: &&SegmentView| s.pool_id == (0, 0);
+    let other_streams: Vec<&SegmentView> = st
+        .segments
+        .iter()
+        .filter(default)
+        .filter(|s| s.stream != stream_key as u64)
+        .collect();
+    let private: Vec<&SegmentView> = st.segments.iter().filter(|s| s.pool_id != (0, 0)).collect();
+    let free_of = |v: &[&SegmentView]| -> u64 {
+        v.iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.status == BlockStatus::Free)
+            .map(|b| b.size)
+            .sum()
+    };
+
+    // The device, the cap.
+    let msg = opts.message.as_ref();
+    let (total, total_source) = match (
+        opts.device_memory,
+        msg.and_then(|m| m.total_capacity.as_ref()),
+    ) {
+        (Some(d), _) => (Some(d), Some("option")),
+        (None, Some(f)) => (Some(f.bytes), Some("message")),
+        (None, None) => (None, None),
+    };
+    let device_free = oom.addr;
+    let outside = total.map(|t| t.saturating_sub(device_free).saturating_sub(st.reserved));
+    let this_non_pytorch = msg
+        .and_then(|m| m.this_process.as_ref())
+        .map(|p| p.bytes.saturating_sub(st.reserved));
+    let device_memory = DeviceMemory {
+        total_bytes: total,
+        total_source,
+        free_bytes: device_free,
+        outside_pytorch_bytes: outside,
+        other_processes_bytes: msg
+            .filter(|m| !m.other_processes.is_empty())
+            .map(|m| m.other_processes_bytes()),
+        this_process_non_pytorch_bytes: this_non_pytorch,
+    };
+    let memory_cap = memory_cap(
+        msg,
+        total,
+        device_free,
+        tried,
+        st.reserved,
+        st.peak_reserved,
+    );
+
+    // What was live.
+    let steps = steps::detect(snap, trace);
+    let classifier = BlockClassifier::new(snap, trace, &steps).until(k);
+    let groups = group_live(snap, &classifier, &st.live, opts.top);
+    let mut category_detail: Vec<CategoryBytes> = groups
+        .categories
+        .iter()
+        .map(|(c, v)| CategoryBytes {
+            category: *c,
+            bytes: v.0,
+            count: v.1,
+        })
+        .collect();
+    category_detail.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+    let index = SiteIndex::new(snap);
+    let site = Site::of(snap, &index, oom.stack);
+
+    let facts = Facts {
+        request,
+        tried,
+        reserved: st.reserved,
+        allocated: st.allocated,
+        free_here: free_pieces.total_bytes,
+        largest_free,
+        unallocated: st.reserved.saturating_sub(st.allocated),
+        other_streams_free: free_of(&other_streams),
+        private_free: free_of(&private),
+        device_free,
+        total,
+        outside,
+        others: device_memory.other_processes_bytes,
+        cap: memory_cap.as_ref().map(|c| c.bytes),
+    };
+    let cause = decide(&facts);
+
+    let message_check = msg.map_or_else(Vec::new, |m| check_message(m, &facts));
+    if message_check.iter().any(|c| !c.agrees) {
+        warnings.push(
+            "some figures of the message do not match the snapshot: it may come from another OOM"
+                .into(),
+        );
+    }
+
+    // Predictions.
+    let whatif = WhatIf::new(snap, trace, k);
+    let leftovers = fixes::leftovers(snap, &classifier, &st.live, whatif.as_ref());
+    let autocast = uses_autocast(snap);
+    let ctx = fixes::Context {
+        cause,
+        recorded: config.clone(),
+        cap: memory_cap.as_ref().map(|c| c.bytes),
+        cap_fraction: memory_cap.as_ref().and_then(|c| c.fraction),
+        total,
+        overhead: outside,
+        device_free,
+        others: facts.others,
+        batch: opts.batch,
+        autocast,
+        reserved: st.reserved,
+        activation_bytes: groups
+            .categories
+            .iter()
+            .filter(|(c, _)| matches!(c, Category::Activation | Category::Temporary))
+            .map(|(_, v)| v.0)
+            .sum(),
+        leftovers,
+        unallocated: facts.unallocated,
+        request: tried,
+    };
+    let outcome = match &whatif {
+        Some(w) => fixes::predict(w, &ctx),
+        None => fixes::advice_only(&ctx),
+    };
+    warnings.extend(outcome.warnings.iter().cloned());
+
+    let explanation = explain(
+        &facts,
+        cause,
+        &site,
+        memory_cap.as_ref(),
+        &category_detail,
+        &free_pieces,
+    );
+    Ok(Some(OomReport {
+        source: "snapshot",
+        cause,
+        requested_bytes: request,
+        largest_free_block_bytes: largest_free,
+        reserved_unallocated_bytes: facts.unallocated,
+        fixes: outcome.fixes,
+        explanation,
+        tried_to_allocate_bytes: tried,
+        device: t.device,
+        event_index: k,
+        time_us: oom.time_us,
+        pool: if small { "small" } else { "large" },
+        stream: stream_key,
+        site: site.site,
+        function: site.function,
+        stack: stack_lines(snap, oom.stack),
+        allocated_bytes: st.allocated,
+        reserved_bytes: st.reserved,
+        peak_reserved_before_bytes: st.peak_reserved,
+        free_pieces,
+        pools,
+        other_streams_reserved_bytes: other_streams.iter().map(|s| s.total_size).sum(),
+        other_streams_free_bytes: facts.other_streams_free,
+        private_pools_reserved_bytes: private.iter().map(|s| s.total_size).sum(),
+        private_pools_free_bytes: facts.private_free,
+        device_memory,
+        memory_cap,
+        live_at_oom: groups.sites.clone(),
+        other_sites: groups.other_sites,
+        categories: groups.category_bytes(),
+        category_detail,
+        step_model: whatif.map(|w| w.model),
+        batch: outcome.batch,
+        not_helpful: outcome.not_helpful,
+        message_check,
+        ooms_in_trace,
+        warnings,
+    }))
+}
+
+/// Whether the run used autocast (mixed precision is then already on).
+fn uses_autocast(snap: &Snapshot) -> bool {
+    snap.frames.iter().any(|f| {
+        let file = snap.str(f.filename);
+        file.ends_with("autocast_mode.py") || file.contains("/torch/amp/")
+    })
+}
+
+fn pool_states(segments: &[SegmentView], small: bool, stream: u64) -> Vec<PoolState> {
+    let mut map: BTreeMap<((i64, i64), bool, u64), PoolState> = BTreeMap::new();
+    for s in segments {
+        let key = (s.pool_id, s.is_small, s.stream);
+        let p = map.entry(key).or_insert_with(|| PoolState {
+            pool: if s.is_small { "small" } else { "large" },
+            stream: s.stream as i64,
+            private_pool: (s.pool_id != (0, 0)).then_some(s.pool_id),
+            segments: 0,
+            reserved_bytes: 0,
+            allocated_bytes: 0,
+            pending_free_bytes: 0,
+            free_bytes: 0,
+            free_blocks: 0,
+            largest_free_block_bytes: 0,
+            requested_here: s.pool_id == (0, 0) && s.is_small == small && s.stream == stream,
+        });
+        p.segments += 1;
+        p.reserved_bytes += s.total_size;
+        for b in &s.blocks {
+            match b.status {
+                BlockStatus::Allocated => p.allocated_bytes += b.size,
+                BlockStatus::PendingFree => p.pending_free_bytes += b.size,
+                BlockStatus::Free => {
+                    p.free_bytes += b.size;
+                    p.free_blocks += 1;
+                    p.largest_free_block_bytes = p.largest_free_block_bytes.max(b.size);
+                }
+            }
+        }
+    }
+    let mut v: Vec<PoolState> = map.into_values().collect();
+    v.sort_by(|a, b| {
+        (b.requested_here, b.reserved_bytes).cmp(&(a.requested_here, a.reserved_bytes))
+    });
+    v
+}
+
+/// Fractions a user would write, coarsest first.
+const FRACTION_STEPS: [f64; 4] = [0.05, 0.01, 0.005, 0.001];
+
+/// The cap: printed by the message, or inferred when the device had room for
+/// the segment but the allocation failed anyway.
+fn memory_cap(
+    msg: Option<&OomMessage>,
+    total: Option<u64>,
+    device_free: u64,
+    tried: u64,
+    reserved: u64,
+    peak_reserved: u64,
+) -> Option<MemoryCap> {
+    if let Some(cap) = msg.and_then(|m| m.memory_cap()) {
+        let text = msg
+            .and_then(|m| m.allowed.as_ref())
+            .map_or_else(|| format_bytes(cap), |a| a.text.clone());
+        return Some(MemoryCap {
+            bytes: cap,
+            fraction: total.map(|t| round_to(cap as f64 / t as f64, 0.001)),
+            source: CapSource::Message,
+            range_bytes: None,
+            how: format!("the message prints \"{text} allowed\""),
+        });
+    }
+    // The device had room: cudaMalloc was not what failed. Demand a clear
+    // margin, since free device memory can itself be in pieces.
+    let room = device_free >= tried.saturating_mul(2).max(tried + (512 << 20));
+    if !room {
+        return None;
+    }
+    // Every segment made before fitted under the cap; the failed one did not.
+    let lo = peak_reserved.max(reserved);
+    let hi = reserved + tried;
+    let fraction = total.and_then(|t| {
+        FRACTION_STEPS.iter().find_map(|&step| {
+            let f = round_to((lo as f64 / t as f64 / step).ceil() * step, step);
+            let cap = (f * t as f64) as u64;
+            (f > 0.0 && f < 1.0 && cap >= lo && cap < hi).then_some((f, cap))
+        })
+    });
+    let range = format!(
+        "the device still had {} free when a {} segment failed, so a per-process cap refused \
+         it (torch.cuda.set_per_process_memory_fraction); the cap is at least {} (PyTorch held \
+         that much before) and below {} (that plus the segment)",
+        format_bytes(device_free),
+        format_bytes(tried),
+        format_bytes(lo),
+        format_bytes(hi)
+    );
+    Some(match (fraction, total) {
+        (Some((f, cap)), Some(t)) => MemoryCap {
+            bytes: cap,
+            fraction: Some(f),
+            source: CapSource::Inferred,
+            range_bytes: Some((lo, hi)),
+            how: format!(
+                "{range}; of a {} device, the round fraction in that range is {f} ({})",
+                format_bytes(t),
+                format_bytes(cap)
+            ),
+        },
+        _ => MemoryCap {
+            bytes: lo,
+            fraction: None,
+            source: CapSource::Inferred,
+            range_bytes: Some((lo, hi)),
+            how: format!(
+                "{range}; predictions use the lower end (pass --device-memory to find the fraction)"
+            ),
+        },
+    })
+}
+
+fn round_to(x: f64, step: f64) -> f64 {
+    let d = (1.0 / step).round();
+    (x * d).round() / d
+}
+
+/// The figures the cause is decided from, in bytes.
+pub(super) struct Facts {
+    pub request: u64,
+    pub tried: u64,
+    pub reserved: u64,
+    pub allocated: u64,
+    pub free_here: u64,
+    pub largest_free: u64,
+    pub unallocated: u64,
+    pub other_streams_free: u64,
+    pub private_free: u64,
+    pub device_free: u64,
+    pub total: Option<u64>,
+    pub outside: Option<u64>,
+    pub others: Option<u64>,
+    pub cap: Option<u64>,
+}
+
+/// The cause, from the numbers, in order:
+/// 1. `memory_cap`: a cap applies, what PyTorch held plus the segment is over
+///    it, and the device had room for the segment;
+/// 2. `private_pools`: private pools hold free memory (at least a tenth of
+///    reserved) that, with the device's free memory, would have been enough;
+/// 3. `fragmentation`: the request's pool and stream (or another stream) had
+///    enough free memory in total, but no block large enough;
+/// 4. `other_processes`: memory outside this PyTorch allocator (other
+///    processes when the message lists them) is at least a tenth of the
+///    device, and without it the segment would have fitted;
+/// 5. `capacity`: this process's own tensors fill the memory.
+fn decide(f: &Facts) -> Cause {
+    if let Some(cap) = f.cap {
+        if f.reserved + f.tried > cap && f.device_free >= f.tried {
+            return Cause::MemoryCap;
+        }
+    }
+    if f.private_free > 0
+        && f.private_free.saturating_mul(10) >= f.reserved
+        && f.device_free + f.private_free >= f.tried
+    {
+        return Cause::PrivatePools;
+    }
+    if f.free_here >= f.request || f.free_here + f.other_streams_free >= f.request {
+        return Cause::Fragmentation;
+    }
+    let outside = f.others.or(f.outside).unwrap_or(0);
+    let share_ok = f.total.is_some_and(|t| outside.saturating_mul(10) >= t);
+    if share_ok && outside >= f.tried.saturating_sub(f.device_free) {
+        return Cause::OtherProcesses;
+    }
+    Cause::Capacity
+}
+
+fn check_message(m: &OomMessage, f: &Facts) -> Vec<MessageCheck> {
+    let mut out = Vec::new();
+    let mut add = |figure: &'static str, fig: &Option<super::message::Figure>, bytes: u64| {
+        if let Some(x) = fig {
+            out.push(MessageCheck {
+                figure,
+                printed: x.text.clone(),
+                snapshot_bytes: bytes,
+                agrees: x.admits(bytes),
+            });
+        }
+    };
+    add("tried_to_allocate", &m.requested, f.tried);
+    add("device_free", &m.device_free, f.device_free);
+    add("allocated", &m.allocated, f.allocated);
+    add(
+        "reserved_unallocated",
+        &m.reserved_unallocated,
+        f.unallocated,
+    );
+    add("reserved_total", &m.reserved_total, f.reserved);
+    out
+}
+
+fn explain(
+    f: &Facts,
+    cause: Cause,
+    site: &Site,
+    cap: Option<&MemoryCap>,
+    cats: &[CategoryBytes],
+    pieces: &FreePieces,
+) -> String {
+    let mut s = format!(
+        "A {} allocation failed at {}{}: the allocator needed a new {} segment. ",
+        format_bytes(f.request),
+        site.site,
+        if site.function.is_empty() {
+            String::new()
+        } else {
+            format!(" (in {})", site.function)
+        },
+        format_bytes(f.tried)
+    );
+    let held = format!(
+        "{} ({} in live tensors, {} cached but free)",
+        format_bytes(f.reserved),
+        format_bytes(f.allocated),
+        format_bytes(f.unallocated)
+    );
+    match cause {
+        Cause::MemoryCap => {
+            let c = cap.map_or(0, |c| c.bytes);
+            let what = match cap {
+                Some(c) if c.source == CapSource::Message => match c.fraction {
+                    Some(fr) => format!("{} (a memory fraction of {fr})", format_bytes(c.bytes)),
+                    None => format_bytes(c.bytes),
+                },
+                Some(c) => match c.fraction {
+                    Some(fr) => format!(
+                        "about {} (inferred: most likely set_per_process_memory_fraction({fr}))",
+                        format_bytes(c.bytes)
+                    ),
+                    None => format!("somewhere from {} (inferred)", format_bytes(c.bytes)),
+                },
+                None => "a cap".into(),
+            };
+            s.push_str(&format!(
+                "The limit was not the device but the process's own cap: it may hold at most \
+                 {what}. PyTorch already held {held}, and that plus the {} segment is {}, over \
+                 the cap, while the device still had {} free. ",
+                format_bytes(f.tried),
+                format_bytes(f.reserved + f.tried),
+                format_bytes(f.device_free)
+            ));
+            let _ = c;
+            if f.free_here >= f.request {
+                s.push_str(&format!(
+                    "The {} cached and free in this pool would have covered the request had it \
+                     been in one piece (the largest was {}). ",
+                    format_bytes(f.free_here),
+                    format_bytes(f.largest_free)
+                ));
+            }
+        }
+        Cause::PrivatePools => s.push_str(&format!(
+            "{} sits free in private pools (CUDA graphs, torch.compile's reduce-overhead mode, \
+             torch.cuda.MemPool), which this allocation cannot use; the device had {} free. \
+             PyTorch held {held}. ",
+            format_bytes(f.private_free),
+            format_bytes(f.device_free)
+        )),
+        Cause::Fragmentation => {
+            s.push_str(&format!(
+            "Enough memory was cached and free ({} in {} pieces in this pool and stream{}), but \
+             the largest piece was {}: the cache is fragmented, and the segments holding the \
+             pieces also hold live tensors, so they could not be returned to the device; the \
+             device had only {} free for a new segment. ",
+            format_bytes(f.free_here),
+            pieces.count,
+            if f.other_streams_free > 0 {
+                format!(", {} more on other streams", format_bytes(f.other_streams_free))
+            } else {
+                String::new()
+            },
+            format_bytes(f.largest_free),
+            format_bytes(f.device_free)
+        ))
+        }
+        Cause::OtherProcesses => s.push_str(&format!(
+            "Memory outside this process's PyTorch allocator takes {} of the device{}; without \
+             it the segment would have fitted. PyTorch held {held} and the device had {} free. ",
+            format_bytes(f.others.or(f.outside).unwrap_or(0)),
+            if f.others.is_some() {
+                " (other processes, by the message)"
+            } else {
+                " (other processes, or this process's CUDA context and libraries)"
+            },
+            format_bytes(f.device_free)
+        )),
+        Cause::Capacity => s.push_str(&format!(
+            "The memory is taken by this process's own tensors: PyTorch held {held}, the \
+             largest free piece was {}, and the device had only {} free. ",
+            format_bytes(f.largest_free),
+            format_bytes(f.device_free)
+        )),
+    }
+    let top: Vec<String> = cats
+        .iter()
+        .filter(|c| c.bytes > 0)
+        .take(4)
+        .map(|c| {
+            format!(
+                "{} {}",
+                c.category.as_str().replace('_', " "),
+                format_bytes(c.bytes)
+            )
+        })
+        .collect();
+    if !top.is_empty() {
+        s.push_str(&format!("Live at the failure: {}.", top.join(", ")));
+    }
+    s.trim_end().to_string()
+}
+
+/// Replays the what-if run `spec` (a fix's `what_if`) of the OOM `report`
+/// describes: the recorded run up to the failing step, then the modelled
+/// step, through the allocator simulator.
+pub fn simulate_what_if(
+    snap: &Snapshot,
+    report: &OomReport,
+    spec: &WhatIfSpec,
+) -> crate::Result<crate::replay::simulate::SimulationResult> {
+    let trace = snap
+        .traces
+        .iter()
+        .position(|t| t.device == report.device)
+        .ok_or_else(|| crate::Error::usage(format!("no trace for device {}", report.device)))?;
+    let w = WhatIf::new(snap, trace, report.event_index).ok_or_else(|| {
+        crate::Error::usage(format!(
+            "event {} of device {} is not an OOM this snapshot can model",
+            report.event_index, report.device
+        ))
+    })?;
+    w.simulate(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn cap_is_inferred_when_the_device_had_room() {
+        let total = 80 * GIB;
+        // 20 GiB free, a 1 GiB segment refused while 7.5 GiB were held.
+        let cap = memory_cap(
+            None,
+            Some(total),
+            20 * GIB,
+            GIB,
+            7 * GIB + 512 * MIB,
+            7 * GIB + 600 * MIB,
+        )
+        .expect("a cap");
+        assert_eq!(cap.source, CapSource::Inferred);
+        assert_eq!(cap.fraction, Some(0.1));
+        assert_eq!(cap.bytes, (0.1 * total as f64) as u64);
+        // Not a round 5%: the nearest hundredth that fits the range.
+        let cap = memory_cap(None, Some(total), 20 * GIB, GIB, 9 * GIB, 9 * GIB).expect("a cap");
+        assert_eq!(cap.fraction, Some(0.12));
+        // Unknown total: the lower end, no fraction.
+        let cap = memory_cap(None, None, 20 * GIB, GIB, 9 * GIB, 9 * GIB).expect("a cap");
+        assert_eq!((cap.bytes, cap.fraction), (9 * GIB, None));
+        // The device was nearly full: no cap.
+        assert!(memory_cap(None, Some(total), GIB + 100 * MIB, GIB, 70 * GIB, 70 * GIB).is_none());
+    }
+
+    fn facts() -> Facts {
+        Facts {
+            request: GIB,
+            tried: GIB,
+            reserved: 10 * GIB,
+            allocated: 9 * GIB,
+            free_here: 512 * MIB,
+            largest_free: 100 * MIB,
+            unallocated: GIB,
+            other_streams_free: 0,
+            private_free: 0,
+            device_free: 256 * MIB,
+            total: Some(80 * GIB),
+            outside: Some(2 * GIB),
+            others: None,
+            cap: None,
+        }
+    }
+
+    #[test]
+    fn causes_in_order() {
+        assert_eq!(decide(&facts()), Cause::Capacity);
+        let f = Facts {
+            free_here: GIB + MIB,
+            ..facts()
+        };
+        assert_eq!(decide(&f), Cause::Fragmentation);
+        // Free memory on another stream counts as fragmentation too.
+        let f = Facts {
+            other_streams_free: GIB,
+            ..facts()
+        };
+        assert_eq!(decide(&f), Cause::Fragmentation);
+        let f = Facts {
+            outside: Some(60 * GIB),
+            ..facts()
+        };
+        assert_eq!(decide(&f), Cause::OtherProcesses);
+        let f = Facts {
+            private_free: 2 * GIB,
+            device_free: GIB - 100 * MIB,
+            ..facts()
+        };
+        assert_eq!(decide(&f), Cause::PrivatePools);
+        let f = Facts {
+            cap: Some(10 * GIB + 100 * MIB),
+            device_free: 40 * GIB,
+            ..facts()
+        };
+        assert_eq!(decide(&f), Cause::MemoryCap);
+    }
+}
