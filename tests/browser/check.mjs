@@ -116,7 +116,9 @@ try {
   // Interactions: search the flame graph, hover it, zoom the timeline and reset.
   if (state.flame) {
     await page.fill('#flame-search', expectedSite);
-    await page.waitForTimeout(300);
+    // The search runs after a short pause in typing; wait until it has.
+    await page.waitForFunction((q) => window.memlens.flame.query === q, expectedSite.trim().toLowerCase(), { timeout: 10000 })
+      .catch(() => fail('flame search never ran'));
     const matches = await page.evaluate(() => window.memlens.flame.matches || 0);
     if (matches < 1) fail(`flame search for ${JSON.stringify(expectedSite)}: no match`);
     state.flame.matches = matches;

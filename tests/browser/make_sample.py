@@ -335,7 +335,7 @@ def main():
         for d, s, v in grow[:6]:
             info = next(i for i in stacks.info if i["site"] == s)
             sites.append({"site": s, "function": info["function"], "stack": info["stack"], "bytes": v,
-                          "bytes_per_step": (v[-1] - v[0]) // span, "confidence": 0.9 if v[-1] > 4 * max(v[0], 1) else 0.6,
+                          "bytes_per_step": (v[-1] - v[0]) // span, "confidence": "high" if v[-1] > 4 * max(v[0], 1) else "medium",
                           "suggestion": "Tensors from here are kept across steps; detach or drop them (e.g. .item() for losses, torch.no_grad() in eval)."})
         if sites:
             report["leaks"] = {"x_label": "step", "points": labels, "sites": sites}

@@ -105,7 +105,7 @@ fn sample() -> ReportData {
                 stack,
                 bytes: vec![1 << 30, 2 << 30, 3 << 30],
                 bytes_per_step: 100 << 20,
-                confidence: 0.9,
+                confidence: "high".into(),
                 suggestion: None,
             }],
         }),
@@ -116,7 +116,8 @@ fn sample() -> ReportData {
                     config: "expandable_segments:True".into(),
                     peak_reserved_bytes: 12 << 30,
                     num_ooms: 0,
-                    num_device_alloc: 67,
+                    num_device_alloc: Some(67),
+                    num_alloc_retries: None,
                     delta_bytes: -(388 << 20),
                     current: false,
                 },
@@ -124,7 +125,8 @@ fn sample() -> ReportData {
                     config: String::new(),
                     peak_reserved_bytes: (12 << 30) + (388 << 20),
                     num_ooms: 0,
-                    num_device_alloc: 72,
+                    num_device_alloc: Some(72),
+                    num_alloc_retries: None,
                     delta_bytes: 0,
                     current: true,
                 },
@@ -655,4 +657,81 @@ fn analysis_categories_convert_by_name() {
         let c = Category::from(a);
         assert_eq!(serde_json::to_value(c).unwrap(), a.as_str());
     }
+}
+
+/// The whole report of a real run, from `doctor`'s diagnosis.
+#[test]
+fn report_of_the_real_leaking_run_holds_every_figure_exactly() {
+    use memlens::analysis::doctor::{diagnose, DoctorOptions};
+    let names = [
+        "gpt2_eval_leak.step1.pickle.zst",
+        "gpt2_eval_leak.step5.pickle.zst",
+        "gpt2_eval_leak.step11.pickle.zst",
+    ];
+    let snaps: Vec<(String, Snapshot)> = names.iter().map(|n| (n.to_string(), load(n))).collect();
+    let refs: Vec<(String, &Snapshot)> = snaps.iter().map(|(n, s)| (n.clone(), s)).collect();
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+
+    // Timeline: the replayed peak, exactly, at the analysis' event.
+    let t = data.timeline.as_ref().expect("timeline");
+    let p = t.peak.expect("peak");
+    assert_eq!(t.allocated[p], d.peak.peak_allocated_bytes);
+    assert_eq!(Some(t.event[p] as usize), d.peak.peak_event_index);
+    assert_eq!(t.reserved.iter().max(), Some(&d.peak.peak_reserved_bytes));
+    assert!(t.x.len() <= DEFAULT_MAX_POINTS + t.ooms.len());
+    assert!(t.sites.iter().any(|s| s.site.ends_with("workloads.py:55")));
+    for i in 0..t.x.len() {
+        let bands: u64 = t.bands.iter().map(|b| b[i]).sum();
+        assert_eq!(bands + t.other[i], t.allocated[i]);
+    }
+    // Flame: what was allocated at the peak.
+    let f = data.flame.as_ref().expect("flame");
+    assert_eq!(f.value[0], d.peak.peak_allocated_bytes);
+    assert!(f.names.iter().any(|n| n.contains("workloads.py:55 in ")));
+    // Segments at the peak: reserved and allocated there.
+    let m = data.segments.as_ref().expect("segments");
+    let kept: u64 = m.segments.iter().map(|s| s.size).sum();
+    let omitted = m.omitted.map_or(0, |o| o.bytes);
+    assert_eq!(kept + omitted, t.reserved[p]);
+    let allocated: u64 = m
+        .segments
+        .iter()
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == BlockState::Allocated)
+        .map(|b| b.size)
+        .sum::<u64>()
+        + m.omitted.map_or(0, |o| o.allocated_bytes);
+    assert_eq!(allocated, d.peak.peak_allocated_bytes);
+    // Leaks across the three snapshots, the planted one first.
+    let l = data.leaks.as_ref().expect("leaks");
+    assert_eq!(l.points.len(), 3);
+    assert!(l.sites[0].site.ends_with("workloads.py:55"));
+    assert!(l.sites[0].bytes.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(data.findings.len(), d.findings.len());
+    assert!(data
+        .meta
+        .stats
+        .iter()
+        .any(|s| s.bytes == Some(d.peak.peak_allocated_bytes)));
+
+    let html = render_html(&data);
+    let back: ReportData = serde_json::from_value(embedded(&html)).unwrap();
+    assert_eq!(back, data);
+}
+
+#[test]
+fn report_of_the_real_oom_shows_the_segments_at_the_oom() {
+    use memlens::analysis::doctor::{diagnose, DoctorOptions};
+    let snap = load("oom.pickle.zst");
+    let refs = vec![("oom.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+    let t = data.timeline.as_ref().expect("timeline");
+    assert_eq!(t.ooms.len(), 1);
+    let m = data.segments.as_ref().expect("segments");
+    assert!(m.when.starts_with("at the OOM"), "{}", m.when);
+    let reserved: u64 =
+        m.segments.iter().map(|s| s.size).sum::<u64>() + m.omitted.map_or(0, |o| o.bytes);
+    assert_eq!(reserved, t.reserved[t.ooms[0]]);
 }

@@ -51,7 +51,8 @@ pub fn write_report(
     d: &Diagnosis,
     path: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let html = memlens::report::render_html(&memlens::report::build_report(snaps, d));
+    let data = memlens::report::from_diagnosis(snaps, d).bounded();
+    let html = memlens::report::render_html(&data);
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -61,8 +62,8 @@ pub fn write_report(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    let write = |p: &Path| std::fs::write(p, html.as_bytes());
-    write(&tmp).map_err(|e| anyhow::anyhow!("{}: cannot write the report: {e}", path.display()))?;
+    std::fs::write(&tmp, html.as_bytes())
+        .map_err(|e| anyhow::anyhow!("{}: cannot write the report: {e}", path.display()))?;
     std::fs::rename(&tmp, path).map_err(|e| {
         let _ = std::fs::remove_file(&tmp);
         anyhow::anyhow!("{}: cannot write the report: {e}", path.display())

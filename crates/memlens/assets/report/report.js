@@ -58,6 +58,21 @@
     var m = FRAME_RE.exec(s);
     return m ? m[2] + ' (' + basename(m[1]) + ')' : s;
   }
+  /* Text with `code` spans (as the analyses write commands and settings). */
+  function richText(s) {
+    var span = el('span');
+    String(s).split('`').forEach(function (part, i) {
+      if (part) span.appendChild(i % 2 ? el('code', { text: part }) : document.createTextNode(part));
+    });
+    return span;
+  }
+  /* A snapshot path or step label, short enough for an axis: "step11". */
+  function shortPoint(s) {
+    var b = basename(String(s)).replace(/\.(pickle|pkl|json)(\.(gz|zst))?$/, '');
+    var m = /(?:^|[._-])(step[._-]?\d+|at_oom)$/i.exec(b);
+    if (m) return m[1];
+    return b.length > 16 ? '…' + b.slice(-15) : b;
+  }
   function stackBlock(stack) {
     return el('div', { class: 'stack', text: stack.join('\n') });
   }
@@ -131,12 +146,12 @@
       var head = el('div', { class: 'head' }, [
         el('span', { class: 'badge ' + sev, text: sev }),
         f.kind ? el('span', { class: 'badge kind', text: f.kind }) : null,
-        el('span', { class: 'title', text: f.title || '' }),
+        el('span', { class: 'title' }, [richText(f.title || '')]),
         f.bytes != null ? el('span', { class: 'bytes', text: fmtBytes(f.bytes) }) : null
       ]);
       var card = el('div', { class: 'finding ' + sev }, [head]);
       if (f.site) card.appendChild(el('div', { class: 'site muted' }, ['at ', el('code', { text: f.site })]));
-      if (f.suggestion) card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Fix: ' }), f.suggestion]));
+      if (f.suggestion) card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Fix: ' }), richText(f.suggestion)]));
       if (f.evidence && f.evidence.length) {
         card.appendChild(el('ul', { class: 'small' }, f.evidence.map(function (e) { return el('li', { text: e }); })));
       }
@@ -538,6 +553,7 @@
         }
         ML.flame.matches = matched ? matched.reduce(function (a, b) { return a + b; }, 0) : 0;
         draw(); status();
+        ML.flame.query = query;
       }, 120);
     });
     draw();
@@ -667,7 +683,8 @@
     var L = D.leaks;
     if (!L || !L.sites || !L.sites.length) return;
     section('leaks');
-    var pts = L.points || [];
+    var full = L.points || [];
+    var pts = full.map(shortPoint);
     var xl = L.x_label || 'step';
     $('leaks-sub').textContent = 'Live bytes of each leaking site at each ' + xl + ' (' + pts.length + ' ' + xl + 's: ' +
       (pts.length > 6 ? pts.slice(0, 3).join(', ') + ', …, ' + pts[pts.length - 1] : pts.join(', ')) + '). Most likely leak first.';
@@ -678,9 +695,9 @@
       var card = el('div', { class: 'leak' }, [
         el('div', { class: 'site', text: s.site || '?' }),
         el('div', { class: 'small muted' }, [(s.function ? 'in ' + s.function + ' · ' : ''), el('span', { class: 'rate', text: (s.bytes_per_step >= 0 ? '+' : '') + fmtBytes(s.bytes_per_step) + ' per ' + xl }),
-          s.confidence != null ? ' · confidence ' + Math.round(s.confidence * 100) + '%' : null]),
+          s.confidence ? ' · confidence ' + s.confidence : null]),
         chart]);
-      if (s.suggestion) card.appendChild(el('div', { class: 'small', style: 'margin-top:4px' }, [el('b', { text: 'Fix: ' }), s.suggestion]));
+      if (s.suggestion) card.appendChild(el('div', { class: 'small', style: 'margin-top:4px' }, [el('b', { text: 'Fix: ' }), richText(s.suggestion)]));
       if (s.stack && s.stack.length) card.appendChild(el('details', null, [el('summary', { text: 'stack' }), stackBlock(s.stack)]));
       grid.appendChild(card);
       var xs = (s.bytes || []).map(function (_, i) { return i; });
@@ -701,7 +718,7 @@
             var i = u.cursor.idx;
             if (i == null || u.cursor.left < 0) { hideTip(); return; }
             var r = u.over.getBoundingClientRect();
-            showTip({ clientX: r.left + u.cursor.left, clientY: r.top + u.cursor.top }, [tipLine(xl, String(pts[i] != null ? pts[i] : i)), tipLine('live', fmtBytes(s.bytes[i]))]);
+            showTip({ clientX: r.left + u.cursor.left, clientY: r.top + u.cursor.top }, [tipLine(xl, String(full[i] != null ? full[i] : i)), tipLine('live', fmtBytes(s.bytes[i]))]);
           }]
         }
       }, [xs, s.bytes || []], chart);
@@ -718,9 +735,13 @@
     $('tune-sub').textContent = 'Allocator settings simulated on this trace' + (T.device_memory ? ' with ' + fmtBytes(T.device_memory) + ' of device memory' : '') +
       ', best first. Set the winner with PYTORCH_CUDA_ALLOC_CONF before the process starts.';
     var tb = $('tune-table');
+    var hasAllocs = T.rows.some(function (r) { return r.num_device_alloc != null; });
+    var hasRetries = T.rows.some(function (r) { return r.num_alloc_retries != null; });
     tb.appendChild(el('thead', null, [el('tr', null, [
       el('th', { text: 'config' }), el('th', { class: 'num', text: 'peak reserved' }), el('th', { class: 'num', text: 'vs current' }),
-      el('th', { class: 'num', text: 'OOMs' }), el('th', { class: 'num', text: 'device allocs' })])]));
+      el('th', { class: 'num', text: 'OOMs' }),
+      hasAllocs ? el('th', { class: 'num', text: 'device allocs' }) : null,
+      hasRetries ? el('th', { class: 'num', text: 'alloc retries' }) : null])]));
     var body = el('tbody');
     T.rows.forEach(function (r, i) {
       var d = r.delta_bytes || 0;
@@ -731,7 +752,8 @@
         el('td', { class: 'num', text: fmtBytes(r.peak_reserved_bytes) }),
         el('td', { class: 'num ' + (r.current || d === 0 ? '' : d < 0 ? 'good' : 'bad'), text: r.current ? '—' : (d > 0 ? '+' : '') + fmtBytes(d) }),
         el('td', { class: 'num ' + (r.num_ooms ? 'bad' : ''), text: fmtInt(r.num_ooms) }),
-        el('td', { class: 'num', text: fmtInt(r.num_device_alloc) })]));
+        hasAllocs ? el('td', { class: 'num', text: fmtInt(r.num_device_alloc) }) : null,
+        hasRetries ? el('td', { class: 'num ' + (r.num_alloc_retries ? 'bad' : ''), text: fmtInt(r.num_alloc_retries) }) : null]));
     });
     tb.appendChild(body);
   }

@@ -1,115 +1,167 @@
-//! Fills a [`ReportData`] from a diagnosis: the findings, a timeline stacked
-//! by the top sites (one replay pass), the flame graph and the segment map at
-//! the allocated peak (or at the OOM), the leak evidence and the `tune` table.
-//! Everything is aggregated here; the raw snapshot never reaches the page.
+//! Filling a [`ReportData`] from the snapshots of a run and their
+//! [`Diagnosis`] (what `memlens doctor` and `memlens report` write).
+//!
+//! The diagnosis gives the findings, the peak, the leaks and the tune table;
+//! this module adds what only a page needs: the timeline (one more replay,
+//! tracking the bytes of the top sites), the flame graph of the blocks live at
+//! the peak and the segment map at the OOM or the peak (one replay each, to
+//! that event). The result is not bounded yet: call [`ReportData::bounded`].
 
-use super::{
-    segment_map, settings_pairs, stack_labels, Finding, FlameBuilder, LeakSite, Leaks, Meta,
-    ReportData, Severity, Stat, TimelineBuilder, TimelinePoint, TimelineSite, Tune, TuneRow, XUnit,
-    DEFAULT_MAX_POINTS,
+use super::convert::{segment_map, settings_pairs, stack_labels};
+use super::flame::FlameBuilder;
+use super::model::{
+    BlockSite, BlockState, Category, Finding, LeakSite, Leaks, Meta, ReportData, SegmentBlock,
+    SegmentMap, SegmentRow, Severity, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
+use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
 use crate::analysis::doctor::{self, Diagnosis};
 use crate::analysis::leaks::Confidence;
-use crate::analysis::peak::BlockClassifier;
 use crate::analysis::sites::{Site, SiteIndex};
-use crate::analysis::steps;
-use crate::replay::{Delta, Replay, ReplayOptions};
+use crate::replay::{state_at, Delta, Replay, ReplayOptions, ReplayState};
 use crate::sim::BlockStatus;
-use crate::snapshot::{Action, Block, BlockState, PoolKind, Segment, Snapshot, StackId};
+use crate::snapshot::{Action, Snapshot, StackId};
 use hashbrown::HashMap;
 
-/// How many sites get their own band in the timeline.
-const TIMELINE_SITES: usize = 8;
+/// Sites drawn as their own band in the timeline; the rest are "other".
+pub const TIMELINE_TOP_SITES: usize = 8;
 
-/// Builds the report of the snapshots of one run (the last one is replayed).
-pub fn build_report(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportData {
-    let files: Vec<String> = snaps.iter().map(|(n, _)| n.clone()).collect();
-    let mut meta = Meta::now(files);
-    let mut data = ReportData::default();
-    data.findings = d.findings.iter().map(finding).collect();
-    data.leaks = leaks(d);
-    data.tune = d.tune.as_ref().map(|t| {
-        let current = t
-            .candidates
-            .iter()
-            .find(|c| c.recorded)
-            .map_or(0, |c| c.peak_reserved_bytes);
-        Tune {
-            device_memory: None,
-            rows: t
-                .candidates
-                .iter()
-                .map(|c| TuneRow {
-                    config: c.config.clone(),
-                    peak_reserved_bytes: c.peak_reserved_bytes,
-                    num_ooms: c.num_ooms,
-                    num_device_alloc: 0,
-                    delta_bytes: c.peak_reserved_bytes as i64 - current as i64,
-                    current: c.recorded,
-                })
-                .collect(),
-        }
-    });
+/// Builds the report of a run: `snaps` oldest first, as given to
+/// [`doctor::diagnose`], and their diagnosis. The last snapshot is the one
+/// whose timeline, peak and segments are shown.
+pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportData {
+    let mut data = ReportData {
+        meta: meta(snaps, d),
+        findings: d.findings.iter().map(finding).collect(),
+        leaks: leaks(d),
+        tune: tune(d),
+        ..ReportData::default()
+    };
     let Some((_, snap)) = snaps.last() else {
-        data.meta = meta;
         return data;
     };
-    meta.settings = settings_pairs(&snap.settings);
-    meta.device = Some(format!("cuda:{}", d.peak.device));
-    meta.stats = vec![
-        stat("peak allocated", d.peak.peak_allocated_bytes),
-        stat("peak reserved", d.peak.peak_reserved_bytes),
-        stat("allocated at dump", d.summary.allocated_bytes),
-        stat("reserved at dump", d.summary.reserved_bytes),
-        stat("non-releasable at dump", d.summary.inactive_split_bytes),
-        Stat {
-            label: "trace events".into(),
-            bytes: None,
-            text: Some(d.summary.trace_events.to_string()),
-        },
-    ];
-    meta.notes = d.summary.warnings.clone();
-    data.meta = meta;
-    if let Some(trace) = snap
+    let snap: &Snapshot = snap;
+    let index = SiteIndex::new(snap);
+    // Category of a site, from what was live at the peak (the largest group of
+    // the site wins); blocks of other sites are "other".
+    let mut site_category: HashMap<String, (u64, Category)> = HashMap::default();
+    for l in &d.peak.live_at_peak {
+        let e = site_category
+            .entry(l.site.clone())
+            .or_insert((0, Category::from(l.category)));
+        if l.bytes > e.0 {
+            *e = (l.bytes, Category::from(l.category));
+        }
+    }
+    let category_of = |site: &str| site_category.get(site).map_or(Category::Other, |e| e.1);
+
+    let device = d.peak.device;
+    let events = snap
         .traces
         .iter()
-        .position(|t| t.device == d.peak.device && !t.events.is_empty())
-    {
-        let (timeline, flame, segments) = replayed_views(snap, trace, d);
-        data.timeline = Some(timeline);
-        data.flame = Some(flame);
-        data.segments = Some(segments);
-    } else {
-        // No trace: the dump-time state is all there is.
-        let index = SiteIndex::new(snap);
-        let mut flame = FlameBuilder::new("live at dump time");
-        for seg in &snap.segments {
-            for b in seg
-                .blocks
-                .iter()
-                .filter(|b| b.state == BlockState::ActiveAllocated)
-            {
-                flame.add_innermost_first(&stack_labels(snap, b.stack), b.size);
-            }
-        }
-        data.flame = Some(flame.finish());
+        .find(|t| t.device == device && !t.events.is_empty())
+        .map(|t| t.events.as_slice());
+    let Some(events) = events else {
+        // No trace: what the dump holds.
+        data.flame = Some(flame_of_dump(snap));
         data.segments = Some(segment_map(
             snap,
             &snap.segments,
             "at dump time",
             |s| Some(Site::of(snap, &index, s).site),
-            |_| super::Category::Other,
+            |s| category_of(&Site::of(snap, &index, s).site),
+        ));
+        return data;
+    };
+    let opts = ReplayOptions::default();
+    data.timeline = Some(timeline(snap, device, d, &index, &category_of, &opts));
+
+    let peak_index = d.peak.peak_event_index;
+    let peak_state = peak_index.map(|i| state_at(snap, device, i, &opts));
+    if let Some(st) = &peak_state {
+        let mut fb = FlameBuilder::new(format!("live at the peak (event {})", st.index));
+        for b in st.live.iter().filter(|b| !b.pending_free) {
+            fb.add_innermost_first(&stack_labels(snap, b.stack), b.size);
+        }
+        data.flame = Some(fb.finish());
+    }
+    let oom = events.iter().position(|e| e.action == Action::Oom);
+    let (state, when) = match (oom, peak_state) {
+        (Some(i), _) => (
+            Some(state_at(snap, device, i, &opts)),
+            format!("at the OOM (event {i})"),
+        ),
+        (None, Some(st)) => {
+            let w = format!("at the peak (event {})", st.index);
+            (Some(st), w)
+        }
+        (None, None) => (None, String::new()),
+    };
+    if let Some(st) = state {
+        data.segments = Some(segments_of_state(
+            snap,
+            events,
+            &st,
+            &when,
+            &index,
+            &category_of,
         ));
     }
-    data.bounded()
+    data
 }
 
-fn stat(label: &str, bytes: u64) -> Stat {
-    Stat {
-        label: label.into(),
-        bytes: Some(bytes),
-        text: None,
+fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
+    let files: Vec<String> = snaps.iter().map(|(n, _)| n.clone()).collect();
+    let last = files
+        .last()
+        .map_or("", |f| f.rsplit(['/', '\\']).next().unwrap_or(f.as_str()));
+    let mut m = Meta::now(files.clone());
+    m.title = if last.is_empty() {
+        "memlens report".into()
+    } else {
+        format!("memlens report: {last}")
+    };
+    m.device = Some(format!("cuda:{}", d.peak.device));
+    if let Some((_, s)) = snaps.last() {
+        m.settings = settings_pairs(&s.settings);
     }
+    let bytes = |label: &str, b: u64| Stat {
+        label: label.into(),
+        bytes: Some(b),
+        text: None,
+    };
+    m.stats = vec![
+        bytes("peak allocated", d.peak.peak_allocated_bytes),
+        bytes("peak reserved", d.peak.peak_reserved_bytes),
+        bytes("reserved at dump", d.summary.reserved_bytes),
+        Stat {
+            label: "trace events".into(),
+            bytes: None,
+            text: Some(group_digits(d.summary.trace_events)),
+        },
+    ];
+    if d.peak.steps.len() > 1 {
+        m.stats.push(Stat {
+            label: "steps".into(),
+            bytes: None,
+            text: Some(d.peak.steps.len().to_string()),
+        });
+    }
+    m.notes = d.peak.warnings.clone();
+    m.notes.extend(d.summary.warnings.iter().cloned());
+    m
+}
+
+/// `1234567` as `1,234,567`.
+fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 fn finding(f: &doctor::Finding) -> Finding {
@@ -129,96 +181,138 @@ fn finding(f: &doctor::Finding) -> Finding {
     }
 }
 
+/// The leak candidates `doctor` would report (medium confidence or more):
+/// charts of weak candidates would alarm more than they inform.
 fn leaks(d: &Diagnosis) -> Option<Leaks> {
-    let shown: Vec<_> = d
+    let first = d
+        .leaks
+        .leaks
+        .iter()
+        .find(|l| l.confidence >= Confidence::Medium)?;
+    let points = first.evidence_labels.clone();
+    let sites: Vec<LeakSite> = d
         .leaks
         .leaks
         .iter()
         .filter(|l| l.confidence >= Confidence::Medium)
-        .take(6)
+        .filter(|l| l.evidence.len() == points.len() && l.evidence.len() > 1)
+        .take(12)
+        .map(|l| LeakSite {
+            site: l.site.clone(),
+            function: l.function.clone(),
+            stack: l.stack.clone(),
+            bytes: l.evidence.clone(),
+            bytes_per_step: i64::try_from(l.bytes_per_step).unwrap_or(i64::MAX),
+            confidence: match l.confidence {
+                Confidence::High => "high",
+                Confidence::Medium => "medium",
+                Confidence::Low => "low",
+            }
+            .into(),
+            suggestion: Some(l.suggestion.clone()),
+        })
         .collect();
-    let first = shown.first()?;
+    if sites.is_empty() {
+        return None;
+    }
+    let x_label = if d.leaks.method == "across_snapshots" {
+        "snapshot"
+    } else {
+        "step"
+    };
     Some(Leaks {
-        x_label: if d.leaks.method == "across_snapshots" {
-            "snapshot".into()
-        } else {
-            "step".into()
-        },
-        points: first.evidence_labels.clone(),
-        sites: shown
-            .iter()
-            .map(|l| LeakSite {
-                site: l.site.clone(),
-                function: l.function.clone(),
-                stack: l.stack.clone(),
-                bytes: l.evidence.clone(),
-                bytes_per_step: l.bytes_per_step as i64,
-                confidence: match l.confidence {
-                    Confidence::High => 0.9,
-                    Confidence::Medium => 0.6,
-                    Confidence::Low => 0.3,
-                },
-                suggestion: Some(l.suggestion.clone()),
-            })
-            .collect(),
+        x_label: x_label.into(),
+        points,
+        sites,
     })
 }
 
-/// The timeline (one pass over the trace), and the flame graph and segment
-/// map at the moment that matters: the OOM when there is one, else the peak.
-fn replayed_views(
-    snap: &Snapshot,
-    trace: usize,
-    d: &Diagnosis,
-) -> (super::Timeline, super::Flame, super::SegmentMap) {
-    let t = &snap.traces[trace];
-    let events = &t.events;
-    let index = SiteIndex::new(snap);
-    let st = steps::detect(snap, trace);
-    let classifier = BlockClassifier::new(snap, trace, &st);
-
-    // The top sites at the peak get a band each; the rest is `other`.
-    let mut top: Vec<String> = Vec::new();
-    let mut sites: Vec<TimelineSite> = Vec::new();
-    for s in &d.peak.live_at_peak {
-        if top.len() >= TIMELINE_SITES || top.contains(&s.site) {
-            continue;
-        }
-        top.push(s.site.clone());
-        sites.push(TimelineSite {
-            site: s.site.clone(),
-            function: s.function.clone(),
-            stack: s.stack.clone(),
-            category: s.category.into(),
-            peak_bytes: s.bytes,
-        });
-    }
-    let band_of_stack: Vec<Option<usize>> = (0..snap.stack_ranges.len() as StackId)
-        .map(|s| {
-            let site = Site::of(snap, &index, s).site;
-            top.iter().position(|x| *x == site)
+fn tune(d: &Diagnosis) -> Option<Tune> {
+    let t = d.tune.as_ref()?;
+    let current = t
+        .candidates
+        .iter()
+        .find(|c| c.recorded)
+        .map(|c| c.peak_reserved_bytes);
+    let rows: Vec<TuneRow> = t
+        .candidates
+        .iter()
+        .map(|c| TuneRow {
+            config: c.config.clone(),
+            peak_reserved_bytes: c.peak_reserved_bytes,
+            num_ooms: c.num_ooms,
+            num_device_alloc: None,
+            num_alloc_retries: Some(c.num_alloc_retries),
+            delta_bytes: current.map_or(0, |cur| {
+                i64::try_from(c.peak_reserved_bytes).unwrap_or(i64::MAX)
+                    - i64::try_from(cur).unwrap_or(i64::MAX)
+            }),
+            current: c.recorded,
         })
         .collect();
-    let timed = events.iter().any(|e| e.time_us != 0);
-    let mut tl = TimelineBuilder::new(
-        if timed { XUnit::TimeUs } else { XUnit::Event },
-        sites,
-        events.len() as u64,
+    (!rows.is_empty()).then_some(Tune {
+        device_memory: None,
+        rows,
+    })
+}
+
+/// Replays the trace once more, with the bytes of the top sites of the peak.
+fn timeline(
+    snap: &Snapshot,
+    device: u32,
+    d: &Diagnosis,
+    index: &SiteIndex,
+    category_of: &dyn Fn(&str) -> Category,
+    opts: &ReplayOptions,
+) -> Timeline {
+    let mut sites: Vec<TimelineSite> = Vec::new();
+    for l in &d.peak.live_at_peak {
+        if sites.len() == TIMELINE_TOP_SITES {
+            break;
+        }
+        if !sites.iter().any(|s| s.site == l.site) {
+            sites.push(TimelineSite {
+                site: l.site.clone(),
+                function: l.function.clone(),
+                stack: l.stack.clone(),
+                category: category_of(&l.site),
+                peak_bytes: 0,
+            });
+        }
+    }
+    let mut band_of_stack: HashMap<StackId, Option<usize>> = HashMap::default();
+    let mut band_of = |stack: StackId| -> Option<usize> {
+        *band_of_stack.entry(stack).or_insert_with(|| {
+            let site = Site::of(snap, index, stack).site;
+            sites.iter().position(|s| s.site == site)
+        })
+    };
+    let mut r = Replay::new(snap, device, opts);
+    let events = r.events();
+    let time = events.last().is_some_and(|e| e.time_us != 0);
+    let n = events.len();
+    // Per-site bytes after each event, and where each live block belongs.
+    let mut bands = vec![0u64; sites.len()];
+    let mut peaks = vec![0u64; sites.len()];
+    let mut live: HashMap<u64, (u64, Option<usize>)> = HashMap::default();
+    let keep = d.peak.peak_event_index;
+    let site_list = sites.clone();
+    let mut b = TimelineBuilder::new(
+        if time { XUnit::TimeUs } else { XUnit::Event },
+        site_list,
+        n as u64,
         DEFAULT_MAX_POINTS,
     );
-    let oom_index = events.iter().position(|e| e.action == Action::Oom);
-    let focus = oom_index.or(d.peak.peak_event_index);
-    let mut bands = vec![0u64; top.len()];
-    let mut live: HashMap<u64, (usize, u64)> = HashMap::new();
-    let mut r = Replay::new(snap, t.device, &ReplayOptions::default());
-    let mut focus_state = None;
     while let Some(s) = r.step() {
-        match s.delta {
+        let oom = match s.delta {
             Delta::Alloc { addr, size, .. } => {
-                if let Some(b) = band_of_stack.get(s.event.stack as usize).copied().flatten() {
-                    bands[b] += size;
-                    live.insert(addr, (b, size));
+                let k = band_of(s.event.stack);
+                if let Some(k) = k {
+                    bands[k] = bands[k].saturating_add(size);
+                    peaks[k] = peaks[k].max(bands[k]);
                 }
+                live.insert(addr, (size, k));
+                false
             }
             Delta::FreeRequested { addr, .. }
             | Delta::FreeCompleted {
@@ -226,108 +320,143 @@ fn replayed_views(
                 also_requested: true,
                 ..
             } => {
-                if let Some((b, size)) = live.remove(&addr) {
-                    bands[b] = bands[b].saturating_sub(size);
+                if let Some((size, Some(k))) = live.remove(&addr) {
+                    bands[k] = bands[k].saturating_sub(size);
                 }
+                false
             }
-            _ => {}
-        }
-        let a = s.totals.all;
-        tl.push(TimelinePoint {
-            x: if timed {
+            Delta::Oom { .. } => true,
+            _ => false,
+        };
+        let t = s.totals.all;
+        b.push(TimelinePoint {
+            x: if time {
                 s.event.time_us
             } else {
                 s.index as i64
             },
             event: s.index as u64,
-            allocated: a.allocated,
-            reserved: a.reserved,
-            active: Some(a.active),
+            allocated: t.allocated,
+            reserved: t.reserved,
+            active: Some(t.active),
             bands: &bands,
-            oom: matches!(s.delta, Delta::Oom { .. }),
-            keep: Some(s.index) == d.peak.peak_event_index,
+            oom,
+            keep: keep == Some(s.index),
         });
-        // The state right before the OOM (what the message describes), or at the peak.
-        let at_focus = match oom_index {
-            Some(o) => s.index + 1 == o,
-            None => Some(s.index) == focus,
-        };
-        if at_focus {
-            focus_state = Some((r.live_blocks(), r.segments(), s.index));
+    }
+    let mut t = b.finish();
+    for (s, p) in t.sites.iter_mut().zip(peaks) {
+        s.peak_bytes = p;
+    }
+    // The analysis' peak event wins over the first highest point kept.
+    if let Some(k) = keep {
+        if let Some(j) = t.event.iter().position(|&e| e == k as u64) {
+            t.peak = Some(j);
         }
     }
-    let (live_blocks, views, at) =
-        focus_state.unwrap_or_else(|| (r.live_blocks(), r.segments(), events.len()));
-    let when = if oom_index.is_some() {
-        format!("right before the OOM (event {})", at + 1)
-    } else {
-        format!("at the allocated peak (event {at})")
-    };
-    let classifier = classifier.until(at + 1);
+    t
+}
 
-    // Flame graph of what was live.
-    let mut flame = FlameBuilder::new(format!("live {when}"));
-    let mut cat_of_alloc: HashMap<u64, super::Category> = HashMap::new();
-    for b in live_blocks.iter().filter(|b| !b.pending_free) {
-        flame.add_innermost_first(&stack_labels(snap, b.stack), b.size);
-        let (cat, _) = classifier.classify(b.alloc_index, b.stack);
-        cat_of_alloc.insert(b.addr, cat.into());
+/// The flame graph of the blocks allocated at dump time.
+fn flame_of_dump(snap: &Snapshot) -> crate::report::Flame {
+    let mut fb = FlameBuilder::new("live at dump time");
+    for seg in &snap.segments {
+        for b in seg
+            .blocks
+            .iter()
+            .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated)
+        {
+            fb.add_innermost_first(&stack_labels(snap, b.stack), b.size);
+        }
     }
+    fb.finish()
+}
 
-    // Segment map from the replayed segments.
-    let segments: Vec<Segment> = views
-        .iter()
-        .map(|v| Segment {
-            device: t.device,
-            address: v.address,
-            total_size: v.total_size,
-            allocated_size: 0,
-            active_size: 0,
-            requested_size: 0,
-            stream: 0,
-            pool: if v.is_small {
-                PoolKind::Small
-            } else {
-                PoolKind::Large
-            },
-            pool_id: v.pool_id,
-            is_expandable: v.is_expandable,
-            stack: 0,
-            blocks: v
-                .blocks
-                .iter()
-                .map(|b| Block {
-                    address: b.address,
+/// The segment map of a replayed state. Block tags are `alloc` event indices,
+/// which give the stack.
+fn segments_of_state(
+    snap: &Snapshot,
+    events: &[crate::snapshot::TraceEvent],
+    st: &ReplayState,
+    when: &str,
+    index: &SiteIndex,
+    category_of: &dyn Fn(&str) -> Category,
+) -> SegmentMap {
+    // Blocks from before the trace have no event; their stack comes from the
+    // live blocks the replay knows.
+    let stack_by_addr: HashMap<u64, StackId> = st.live.iter().map(|b| (b.addr, b.stack)).collect();
+    let mut sites: Vec<BlockSite> = Vec::new();
+    let mut site_ids: HashMap<StackId, (u32, Category)> = HashMap::default();
+    let mut rows = Vec::with_capacity(st.segments.len());
+    for seg in &st.segments {
+        let blocks = seg
+            .blocks
+            .iter()
+            .map(|b| {
+                let state = match b.status {
+                    BlockStatus::Allocated => BlockState::Allocated,
+                    BlockStatus::PendingFree => BlockState::PendingFree,
+                    BlockStatus::Free => BlockState::Free,
+                };
+                let stack = (state != BlockState::Free)
+                    .then(|| {
+                        usize::try_from(b.tag)
+                            .ok()
+                            .and_then(|i| events.get(i))
+                            .map(|e| e.stack)
+                            .or_else(|| stack_by_addr.get(&b.address).copied())
+                    })
+                    .flatten();
+                let (site, category) = match stack {
+                    Some(s) => {
+                        let (id, cat) = *site_ids.entry(s).or_insert_with(|| {
+                            let site = Site::of(snap, index, s).site;
+                            let cat = category_of(&site);
+                            sites.push(BlockSite {
+                                site,
+                                stack: stack_labels(snap, s),
+                            });
+                            ((sites.len() - 1) as u32, cat)
+                        });
+                        (Some(id), cat)
+                    }
+                    None => (None, Category::Other),
+                };
+                SegmentBlock {
+                    offset: b.address.saturating_sub(seg.address),
                     size: b.size,
-                    requested_size: b.requested_size,
-                    state: match b.status {
-                        BlockStatus::Allocated => BlockState::ActiveAllocated,
-                        BlockStatus::PendingFree => BlockState::ActivePendingFree,
-                        BlockStatus::Free => BlockState::Inactive,
+                    requested: if state == BlockState::Free {
+                        0
+                    } else {
+                        b.requested_size
                     },
-                    stack: events.get(b.tag as usize).map_or(0, |e| e.stack),
-                })
-                .collect(),
-        })
-        .collect();
-    let addr_of_stack: HashMap<StackId, u64> = segments
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.state != BlockState::Inactive)
-        .map(|b| (b.stack, b.address))
-        .collect();
-    let map = segment_map(
-        snap,
-        &segments,
-        &when,
-        |s| Some(Site::of(snap, &index, s).site),
-        |s| {
-            addr_of_stack
-                .get(&s)
-                .and_then(|a| cat_of_alloc.get(a))
-                .copied()
-                .unwrap_or(super::Category::Other)
-        },
-    );
-    (tl.finish(), flame.finish(), map)
+                    state,
+                    category,
+                    site,
+                    count: 1,
+                }
+            })
+            .collect();
+        let mut pool = if seg.is_small { "small" } else { "large" }.to_string();
+        if seg.pool_id != (0, 0) {
+            pool.push_str(&format!(" (private {},{})", seg.pool_id.0, seg.pool_id.1));
+        }
+        if seg.is_expandable {
+            pool.push_str(", expandable");
+        }
+        rows.push(SegmentRow {
+            address: seg.address,
+            size: seg.total_size,
+            stream: seg.stream as i64,
+            pool,
+            blocks,
+        });
+    }
+    rows.sort_by_key(|r| r.address);
+    SegmentMap {
+        when: when.to_string(),
+        segments: rows,
+        sites,
+        omitted: None,
+    }
 }

@@ -35,8 +35,16 @@ pub fn settings_pairs(s: &AllocatorSettings) -> Vec<(String, String)> {
     if !s.present {
         return Vec::new();
     }
+    const KNOWN: [&str; 2] = ["roundup_power2_divisions", "PYTORCH_CUDA_ALLOC_CONF"];
     let mut v = vec![
-        ("PYTORCH_CUDA_ALLOC_CONF".to_string(), s.alloc_conf.clone()),
+        (
+            "PYTORCH_CUDA_ALLOC_CONF".to_string(),
+            if s.alloc_conf.is_empty() {
+                "(not set)".to_string()
+            } else {
+                s.alloc_conf.clone()
+            },
+        ),
         (
             "max_split_size".to_string(),
             s.max_split_size
@@ -59,7 +67,12 @@ pub fn settings_pairs(s: &AllocatorSettings) -> Vec<(String, String)> {
             .collect();
         v.push(("roundup_power2_divisions".to_string(), d.join(",")));
     }
+    let known = v.len();
+    // `other` may repeat the keys above verbatim; show each key once.
     for (k, val) in &s.other {
+        if KNOWN.contains(&k.as_str()) || v[..known].iter().any(|(have, _)| have == k) {
+            continue;
+        }
         let text = match val {
             serde_json::Value::String(t) => t.clone(),
             other => other.to_string(),

@@ -1,9 +1,10 @@
 //! The self-contained HTML report.
 //!
 //! The analyses fill a [`ReportData`] (every section optional, aggregates
-//! only); [`render_html`] turns it into one HTML file that works offline: the
-//! page's JavaScript and CSS, the vendored uPlot chart library and the data (as
-//! JSON) are all inlined.
+//! only; [`from_diagnosis`] fills it from `doctor`'s diagnosis, with one more
+//! replay for the timeline); [`render_html`] turns it into one HTML file that
+//! works offline: the page's JavaScript and CSS, the vendored uPlot chart
+//! library and the data (as JSON) are all inlined.
 //!
 //! Big inputs are bounded before rendering by the level-of-detail helpers, so
 //! that the page stays under about 10 MB and opens quickly even for a 1 GB
@@ -34,7 +35,7 @@ mod model;
 mod segments;
 mod timeline;
 
-pub use build::build_report;
+pub use build::{from_diagnosis, TIMELINE_TOP_SITES};
 pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
 pub use flame::{
     prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,

@@ -439,8 +439,8 @@ pub struct LeakSite {
     pub bytes: Vec<u64>,
     /// Growth per step.
     pub bytes_per_step: i64,
-    /// How sure the detector is, 0 to 1.
-    pub confidence: f64,
+    /// How sure the detector is: `high`, `medium` or `low`.
+    pub confidence: String,
     /// What to do about it.
     pub suggestion: Option<String>,
 }
@@ -465,8 +465,10 @@ pub struct TuneRow {
     pub peak_reserved_bytes: u64,
     /// Predicted OOMs.
     pub num_ooms: u64,
-    /// Predicted `cudaMalloc` calls.
-    pub num_device_alloc: u64,
+    /// Predicted `cudaMalloc` calls, when the simulation counted them.
+    pub num_device_alloc: Option<u64>,
+    /// Predicted allocation retries (each a full cache flush), when counted.
+    pub num_alloc_retries: Option<u64>,
     /// Peak reserved minus that of the current settings.
     pub delta_bytes: i64,
     /// This row is the configuration the snapshot was recorded with.
