@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Make large, realistic snapshots for benchmarks from a real one.
 
-Usage: make_large.py SRC.pickle[.zst] OUT.pickle TARGET_MB
+Usage: make_large.py SRC.pickle[.zst|.gz] OUT.pickle TARGET_MB
 
 The trace of SRC (a real run, e.g. fixtures/long.pickle.zst) is repeated with
 shifted times until the pickle reaches about TARGET_MB. To keep the result a
@@ -16,6 +16,10 @@ import io, os, pickle, subprocess, sys
 
 
 def load(path):
+    if path.endswith(".gz"):
+        import gzip
+        with gzip.open(path, "rb") as f:
+            return pickle.load(f)
     if path.endswith(".zst"):
         raw = subprocess.run(["zstd", "-dc", path], check=True, capture_output=True).stdout
         return pickle.loads(raw)

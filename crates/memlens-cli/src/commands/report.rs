@@ -43,15 +43,29 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     Ok(output::OK)
 }
 
-/// Builds the report from a diagnosis and writes it; nothing is written when
-/// building fails.
+/// Builds the report from a diagnosis and writes it. The page is written to a
+/// temporary file beside the target and renamed into place, so a failure never
+/// leaves a half-written report over an earlier one.
 pub fn write_report(
-    _snaps: &[(String, &memlens::Snapshot)],
-    _d: &Diagnosis,
+    snaps: &[(String, &memlens::Snapshot)],
+    d: &Diagnosis,
     path: &Path,
 ) -> anyhow::Result<PathBuf> {
-    anyhow::bail!(
-        "the HTML report is not built yet ({} not written)",
-        path.display()
-    )
+    let html = memlens::report::render_html(&memlens::report::build_report(snaps, d));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let write = |p: &Path| std::fs::write(p, html.as_bytes());
+    write(&tmp).map_err(|e| anyhow::anyhow!("{}: cannot write the report: {e}", path.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        anyhow::anyhow!("{}: cannot write the report: {e}", path.display())
+    })?;
+    Ok(path.to_path_buf())
 }

@@ -1,1 +1,73 @@
 //! The self-contained HTML report.
+//!
+//! The analyses fill a [`ReportData`] (every section optional, aggregates
+//! only); [`render_html`] turns it into one HTML file that works offline: the
+//! page's JavaScript and CSS, the vendored uPlot chart library and the data (as
+//! JSON) are all inlined.
+//!
+//! Big inputs are bounded before rendering by the level-of-detail helpers, so
+//! that the page stays under about 10 MB and opens quickly even for a 1 GB
+//! snapshot:
+//! * [`TimelineBuilder`] / [`downsample_timeline`]: at most about
+//!   [`DEFAULT_MAX_POINTS`] points, peaks and OOMs kept exactly;
+//! * [`FlameBuilder`] / [`prune_flame`]: nodes under 0.1 % of the root merged;
+//! * [`cap_segments`]: the largest segments, the rest summed.
+//!
+//! ```
+//! use memlens::report::{render_html, FlameBuilder, ReportData, Meta};
+//! let mut flame = FlameBuilder::new("live at the peak");
+//! flame.add(["train.py:10 in main", "model.py:42 in forward"], 1 << 30);
+//! let data = ReportData {
+//!     meta: Meta::now(vec!["snapshot.pickle".into()]),
+//!     flame: Some(flame.finish()),
+//!     ..ReportData::default()
+//! };
+//! let html = render_html(&data);
+//! assert!(html.contains("id=\"memlens-data\""));
+//! ```
+
+mod build;
+mod convert;
+mod flame;
+mod html;
+mod model;
+mod segments;
+mod timeline;
+
+pub use build::build_report;
+pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
+pub use flame::{
+    prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
+};
+pub use html::{render_html, render_html_from_json, script_json};
+pub use model::{
+    utc_rfc3339, BlockSite, BlockState, Category, Finding, Flame, LeakSite, Leaks, Meta,
+    OmittedSegments, ReportData, SegmentBlock, SegmentMap, SegmentRow, Severity, Stat, Timeline,
+    TimelineSite, Tune, TuneRow, XUnit,
+};
+pub use segments::{
+    cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS, MAX_BLOCK_STACK_FRAMES,
+};
+pub use timeline::{downsample_timeline, TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
+
+impl ReportData {
+    /// Applies every level-of-detail bound with its default: downsamples the
+    /// timeline, prunes the flame graph, caps the segment map. The analyses may
+    /// call the helpers themselves with other bounds instead.
+    pub fn bounded(mut self) -> ReportData {
+        if let Some(t) = &self.timeline {
+            self.timeline = Some(downsample_timeline(t, DEFAULT_MAX_POINTS));
+        }
+        if let Some(f) = &self.flame {
+            self.flame = Some(prune_flame(f, DEFAULT_FLAME_MIN_FRACTION));
+        }
+        if let Some(s) = &self.segments {
+            self.segments = Some(cap_segments(
+                s,
+                DEFAULT_MAX_SEGMENTS,
+                DEFAULT_MAX_BLOCKS_PER_SEGMENT,
+            ));
+        }
+        self
+    }
+}

@@ -1,0 +1,749 @@
+/* memlens report: renders the JSON in #memlens-data. No network, no eval.
+ * Sections whose data is absent stay hidden. window.memlens exposes what the
+ * browser test checks (the uPlot instances, the flame graph's node names, ...). */
+(function () {
+  'use strict';
+
+  var D = JSON.parse(document.getElementById('memlens-data').textContent || '{}');
+  var ML = (window.memlens = { data: D, rendered: {}, charts: {} });
+
+  var PALETTE = ['#4e79a7', '#f28e2b', '#59a14f', '#e15759', '#76b7b2', '#edc948', '#b07aa1',
+    '#ff9da7', '#9c755f', '#8cd17d', '#86bcb6', '#f1ce63'];
+  var OTHER_COLOR = '#c8cdd3';
+  var CATEGORIES = ['parameter', 'gradient', 'optimizer_state', 'activation', 'temporary', 'input', 'other'];
+  var CAT_COLOR = {
+    parameter: '#4e79a7', gradient: '#f28e2b', optimizer_state: '#b07aa1', activation: '#59a14f',
+    temporary: '#edc948', input: '#76b7b2', other: '#9c755f'
+  };
+  var STATE_NAMES = ['allocated', 'pending free', 'free'];
+  var FREE_COLOR = '#e8ecf0';
+  var FREE_EDGE = '#c3cad2';
+
+  // ---------- helpers ----------
+  function $(id) { return document.getElementById(id); }
+  function el(tag, attrs, kids) {
+    var e = document.createElement(tag);
+    if (attrs) {
+      for (var k in attrs) {
+        if (!Object.prototype.hasOwnProperty.call(attrs, k) || attrs[k] == null) continue;
+        if (k === 'text') e.textContent = attrs[k];
+        else if (k === 'class') e.className = attrs[k];
+        else e.setAttribute(k, attrs[k]);
+      }
+    }
+    if (kids) kids.forEach(function (c) { if (c != null) e.appendChild(typeof c === 'string' ? document.createTextNode(c) : c); });
+    return e;
+  }
+  function fmtBytes(b) {
+    if (b == null || isNaN(b)) return '–';
+    var neg = b < 0, v = Math.abs(b);
+    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0;
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    var s = i === 0 ? String(Math.round(v)) + ' B' : v.toFixed(2) + ' ' + units[i];
+    return (neg ? '-' : '') + s;
+  }
+  function fmtShort(b) {
+    var units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'], i = 0, v = Math.abs(b);
+    while (v >= 1024 && i < units.length - 1) { v /= 1024; i++; }
+    var d = v >= 100 || Number.isInteger(v) ? 0 : v >= 10 ? 1 : 2;
+    return (b < 0 ? '-' : '') + v.toFixed(d).replace(/\.0+$/, '') + ' ' + units[i];
+  }
+  function fmtInt(n) { return n == null ? '–' : Number(n).toLocaleString('en-US'); }
+  function pct(a, b) { return b > 0 ? (100 * a / b).toFixed(a / b < 0.01 ? 2 : 1) + '%' : '–'; }
+  function hex(n) { return '0x' + Number(n).toString(16); }
+  function basename(p) { var i = p.lastIndexOf('/'); return i >= 0 ? p.slice(i + 1) : p; }
+  /* A frame label "file:line in fn" shown as "fn (base:line)". */
+  var FRAME_RE = /^(.*:\d+) in (.*)$/;
+  function shortLabel(s) {
+    var m = FRAME_RE.exec(s);
+    return m ? m[2] + ' (' + basename(m[1]) + ')' : s;
+  }
+  function stackBlock(stack) {
+    return el('div', { class: 'stack', text: stack.join('\n') });
+  }
+  function section(id) { var s = $(id); s.hidden = false; ML.rendered[id] = true; return s; }
+  function guard(name, fn) {
+    try { fn(); } catch (e) {
+      console.error('memlens report: ' + name + ': ' + (e && e.stack || e));
+      var s = $(name);
+      if (s) { s.hidden = false; s.appendChild(el('p', { class: 'error', text: 'This section failed to draw: ' + e })); }
+    }
+  }
+
+  // One tooltip shared by every chart.
+  var tip = $('tip');
+  function showTip(ev, nodes) {
+    tip.textContent = '';
+    nodes.forEach(function (n) { tip.appendChild(n); });
+    tip.hidden = false;
+    var pad = 14, w = tip.offsetWidth, h = tip.offsetHeight;
+    var x = ev.clientX + pad, y = ev.clientY + pad;
+    if (x + w > window.innerWidth - 4) x = Math.max(4, ev.clientX - w - pad);
+    if (y + h > window.innerHeight - 4) y = Math.max(4, ev.clientY - h - pad);
+    tip.style.left = x + 'px';
+    tip.style.top = y + 'px';
+  }
+  function hideTip() { tip.hidden = true; }
+  function tipLine(label, value, mono) {
+    return el('div', null, [el('span', { class: 'd', text: label + ' ' }), el(mono ? 'span' : 'b', { class: mono ? 'm' : null, text: value })]);
+  }
+
+  /* Binary tick increments for byte axes: 1, 2, 4, ... of each unit. */
+  var BYTE_INCRS = (function () {
+    var r = [];
+    for (var u = 0; u < 5; u++) for (var m = 1; m < 1024; m *= 2) r.push(m * Math.pow(1024, u));
+    return r;
+  })();
+
+  // ---------- header, verdict, about ----------
+  var SECTION_TITLES = { verdict: 'Verdict', timeline: 'Timeline', flame: 'Flame graph', segments: 'Segments',
+    leaks: 'Leaks', tune: 'Tune', about: 'About' };
+  var KIND_SECTION = { leak: 'leaks', leaks: 'leaks', peak: 'flame', fragmentation: 'segments', oom: 'segments',
+    tune: 'tune', settings: 'tune', growth: 'timeline' };
+
+  function renderHeader() {
+    var m = D.meta || {};
+    var bits = [];
+    if (m.files && m.files.length) bits.push(m.files.join(', '));
+    if (m.device) bits.push(m.device);
+    if (m.generated) bits.push('generated ' + m.generated.replace('T', ' ').replace('Z', ' UTC'));
+    $('meta-line').textContent = bits.join(' · ');
+    $('footer').textContent = 'memlens ' + (m.memlens_version || '') + ' · a self-contained report: no network needed.';
+  }
+
+  function renderVerdict() {
+    var m = D.meta || {};
+    var stats = $('stats');
+    (m.stats || []).forEach(function (s) {
+      var v = s.text != null ? s.text : fmtBytes(s.bytes);
+      stats.appendChild(el('div', { class: 'stat' }, [el('div', { class: 'v', text: v }), el('div', { class: 'l', text: s.label })]));
+    });
+    if (!stats.childNodes.length) stats.hidden = true;
+    var list = $('findings-list');
+    var fs = (D.findings || []).slice();
+    var rank = { critical: 0, warning: 1, info: 2 };
+    fs.sort(function (a, b) { return (rank[a.severity] || 2) - (rank[b.severity] || 2); });
+    if (!fs.length) {
+      list.appendChild(el('p', { class: 'none', text: 'No findings in this report.' }));
+    }
+    fs.forEach(function (f) {
+      var sev = f.severity || 'info';
+      var head = el('div', { class: 'head' }, [
+        el('span', { class: 'badge ' + sev, text: sev }),
+        f.kind ? el('span', { class: 'badge kind', text: f.kind }) : null,
+        el('span', { class: 'title', text: f.title || '' }),
+        f.bytes != null ? el('span', { class: 'bytes', text: fmtBytes(f.bytes) }) : null
+      ]);
+      var card = el('div', { class: 'finding ' + sev }, [head]);
+      if (f.site) card.appendChild(el('div', { class: 'site muted' }, ['at ', el('code', { text: f.site })]));
+      if (f.suggestion) card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Fix: ' }), f.suggestion]));
+      if (f.evidence && f.evidence.length) {
+        card.appendChild(el('ul', { class: 'small' }, f.evidence.map(function (e) { return el('li', { text: e }); })));
+      }
+      if (f.stack && f.stack.length) {
+        card.appendChild(el('details', null, [el('summary', { text: 'stack (' + f.stack.length + ' frames, innermost first)' }), stackBlock(f.stack)]));
+      }
+      var target = KIND_SECTION[f.kind];
+      if (target && D[target]) {
+        card.appendChild(el('div', { class: 'see' }, [el('a', { href: '#' + target, text: 'see ' + SECTION_TITLES[target].toLowerCase() + ' →' })]));
+      }
+      list.appendChild(card);
+    });
+    ML.rendered.verdict = true;
+  }
+
+  function renderAbout() {
+    var m = D.meta || {};
+    var body = $('about-body');
+    var dl = el('dl', { class: 'kv' });
+    function row(k, v) { if (v != null && v !== '') { dl.appendChild(el('dt', { text: k })); dl.appendChild(el('dd', null, [v])); } }
+    row('Files', (m.files || []).join(', '));
+    row('Device', m.device);
+    row('memlens', m.memlens_version);
+    row('Generated', m.generated);
+    (m.settings || []).forEach(function (kv) { row(kv[0], el('code', { text: String(kv[1]) })); });
+    body.appendChild(dl);
+    if (m.notes && m.notes.length) {
+      body.appendChild(el('h3', { class: 'small', text: 'Notes' }));
+      body.appendChild(el('ul', { class: 'small' }, m.notes.map(function (n) { return el('li', { text: n }); })));
+    }
+    body.appendChild(el('p', { class: 'muted small', text: 'Sizes are binary (1 GiB = 1024³ bytes). Stacks list the innermost frame first. The page holds aggregates only, not the snapshot.' }));
+  }
+
+  function renderNav() {
+    var nav = $('nav-links');
+    var missing = [];
+    ['verdict', 'timeline', 'flame', 'segments', 'leaks', 'tune', 'about'].forEach(function (id) {
+      if (!$(id).hidden) {
+        var a = el('a', { href: '#' + id, text: SECTION_TITLES[id] });
+        if (id === 'verdict') {
+          var n = (D.findings || []).filter(function (f) { return f.severity === 'critical'; }).length;
+          if (n) a.appendChild(el('span', { class: 'count', text: String(n) }));
+        }
+        nav.appendChild(a);
+      } else {
+        missing.push(SECTION_TITLES[id].toLowerCase());
+      }
+    });
+    if (missing.length) {
+      var p = $('missing');
+      p.textContent = 'Not available in this report: ' + missing.join(', ') + '.';
+      p.hidden = false;
+    }
+  }
+
+  // ---------- timeline ----------
+  function renderTimeline() {
+    var T = D.timeline;
+    if (!T || !T.x || !T.x.length) return;
+    var sec = section('timeline');
+    var n = T.x.length;
+    var hasTime = T.x_unit === 'time_us';
+    var events = T.event && T.event.length === n ? T.event : (hasTime ? null : T.x);
+    // Events spread the activity evenly (a long pause, such as loading a model,
+    // takes no room), so they are the default; time is one click away.
+    var isTime = hasTime && !events;
+    function xsFor(time) {
+      var a = new Float64Array(n), t0 = T.x[0];
+      for (var i = 0; i < n; i++) a[i] = time ? (T.x[i] - t0) / 1e6 : events[i];
+      return a;
+    }
+    var xs = xsFor(isTime);
+    var sites = T.sites || [];
+    var bands = (T.bands || []).slice(0, sites.length);
+    var hasBands = bands.length > 0;
+    var hasActive = T.active && T.active.length === n;
+    var other = T.other && T.other.length === n ? T.other : null;
+
+    // Cumulative sums: cum[0] = band 0, cum[k] = band 0 + ... + band k; the last is "other" on top.
+    var layers = bands.map(function (b, k) { return { label: sites[k].site || ('site ' + (k + 1)), raw: b, color: PALETTE[k % PALETTE.length], site: sites[k] }; });
+    if (hasBands && other) layers.push({ label: 'other sites', raw: other, color: OTHER_COLOR, site: null });
+    if (!hasBands) layers.push({ label: 'allocated', raw: T.allocated, color: '#9fbfdf', site: null });
+    var cum = [], acc = new Float64Array(n);
+    layers.forEach(function (L) {
+      var c = new Float64Array(n);
+      for (var i = 0; i < n; i++) { acc[i] += L.raw[i] || 0; c[i] = acc[i]; }
+      cum.push(c);
+    });
+
+    // uPlot draws series in order, so draw the tallest stack first and let
+    // each lower layer paint over it with an opaque fill.
+    var data = [xs];
+    var series = [{ label: 'x' }];
+    for (var k = layers.length - 1; k >= 0; k--) {
+      data.push(cum[k]);
+      series.push({ label: layers[k].label, stroke: layers[k].color, fill: layers[k].color, width: 0, points: { show: false } });
+    }
+    data.push(T.allocated);
+    series.push({ label: 'allocated', stroke: '#1f2328', width: 1.25, points: { show: false } });
+    var idxReserved = data.length;
+    data.push(T.reserved && T.reserved.length === n ? T.reserved : T.allocated.map(function () { return null; }));
+    series.push({ label: 'reserved', stroke: '#c62828', width: 1.5, dash: [6, 4], points: { show: false } });
+    var idxActive = -1;
+    if (hasActive) {
+      idxActive = data.length;
+      data.push(T.active);
+      series.push({ label: 'active', stroke: '#6f42c1', width: 1, dash: [2, 3], points: { show: false } });
+    } else {
+      $('timeline-active').parentNode.hidden = true;
+    }
+
+    var sub = [];
+    if (hasBands) sub.push('Filled: allocated bytes of the top ' + sites.length + ' allocation sites, the rest as “other sites”.');
+    sub.push('Lines: allocated (solid), reserved (dashed)' + (hasActive ? ', active (dotted)' : '') + '.');
+    if (T.source_points && T.source_points > n) sub.push(fmtInt(n) + ' points shown of ' + fmtInt(T.source_points) + ' events (lows and highs of each stretch kept; peaks exact).');
+    $('timeline-sub').textContent = sub.join(' ');
+
+    var peak = T.peak != null && T.peak < n ? T.peak : null;
+    var ooms = (T.ooms || []).filter(function (i) { return i < n; });
+
+    function drawMarks(u) {
+      var ctx = u.ctx;
+      ctx.save();
+      var top = u.bbox.top, h = u.bbox.height;
+      function vline(i, color, label, dash) {
+        var px = u.valToPos(xs[i], 'x', true);
+        if (px < u.bbox.left - 1 || px > u.bbox.left + u.bbox.width + 1) return;
+        ctx.strokeStyle = color; ctx.lineWidth = 1.5 * devicePixelRatio; ctx.setLineDash(dash);
+        ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + h); ctx.stroke();
+        ctx.setLineDash([]);
+        ctx.font = 'bold ' + Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
+        var tw = ctx.measureText(label).width;
+        var lx = Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4);
+        ctx.fillStyle = 'rgba(255,255,255,.85)';
+        ctx.fillRect(lx - 2, top + 2, tw + 4, 15 * devicePixelRatio);
+        ctx.fillStyle = color;
+        ctx.fillText(label, lx, top + 13 * devicePixelRatio);
+      }
+      ooms.forEach(function (i) { vline(i, '#c62828', 'OOM', []); });
+      if (peak != null) vline(peak, '#1f2328', 'peak ' + fmtBytes(T.allocated[peak]), [4, 3]);
+      ctx.restore();
+    }
+
+    var panel = $('timeline-panel');
+    var lastIdx = -1, lastLayer = -2;
+    function updatePanel(u) {
+      var i = u.cursor.idx;
+      if (i == null) return;
+      var hot = -1;
+      if (u.cursor.top != null && u.cursor.top >= 0) {
+        var yv = u.posToVal(u.cursor.top, 'y');
+        for (var k = 0; k < cum.length; k++) {
+          if (yv <= cum[k][i] && yv >= (k ? cum[k - 1][i] : 0)) { hot = k; break; }
+        }
+      }
+      if (i === lastIdx && hot === lastLayer) return;
+      lastIdx = i; lastLayer = hot;
+      panel.textContent = '';
+      var xl = events ? 'event ' + fmtInt(events[i]) : '';
+      if (hasTime) xl += (xl ? ' · ' : '') + ((T.x[i] - T.x[0]) / 1e6).toFixed(3) + ' s';
+      panel.appendChild(el('h3', { text: xl + (i === peak ? ' · peak' : '') + (ooms.indexOf(i) >= 0 ? ' · OOM' : '') }));
+      var tb = el('table');
+      function trow(sw, label, v, cls, mono) {
+        tb.appendChild(el('tr', { class: cls || null }, [
+          el('td', null, [sw ? el('span', { class: 'sw', style: 'background:' + sw }) : null, el('span', { class: mono ? 'site' : null, text: label })]),
+          el('td', { class: 'num', text: fmtBytes(v) })]));
+      }
+      trow(null, 'allocated', T.allocated[i], 'hot');
+      if (T.reserved && T.reserved.length === n) trow(null, 'reserved', T.reserved[i]);
+      if (hasActive) trow(null, 'active', T.active[i]);
+      if (hasBands) {
+        for (var k2 = layers.length - 1; k2 >= 0; k2--) {
+          trow(layers[k2].color, layers[k2].site ? basename(layers[k2].label) : layers[k2].label, layers[k2].raw[i], k2 === hot ? 'hot' : null, true);
+        }
+      }
+      panel.appendChild(tb);
+      var L = hot >= 0 ? layers[hot] : null;
+      if (L && L.site) {
+        panel.appendChild(el('h3', { text: 'Stack of ' + basename(L.label), style: 'margin-top:8px' }));
+        if (L.site.function) panel.appendChild(el('div', { class: 'muted', text: 'in ' + L.site.function + (L.site.category ? ' · ' + L.site.category.replace('_', ' ') : '') + ' · at most ' + fmtBytes(L.site.peak_bytes) }));
+        if (L.site.stack && L.site.stack.length) panel.appendChild(stackBlock(L.site.stack));
+      } else if (hasBands) {
+        panel.appendChild(el('p', { class: 'muted', text: 'Point at a band to see its stack.' }));
+      }
+    }
+
+    var chartEl = $('timeline-chart');
+    function width() { return Math.max(320, chartEl.clientWidth || 800); }
+    function fullRange() { return { min: xs[0], max: xs[n - 1] > xs[0] ? xs[n - 1] : xs[0] + 1 }; }
+    var u = null;
+    function build() {
+      if (u) u.destroy();
+      var opts = {
+        width: width(), height: 380,
+        legend: { show: false },
+        cursor: { drag: { x: true, y: false, setScale: true }, points: { show: false } },
+        scales: { x: { time: false }, y: { range: function (u, mn, mx) { return [0, mx > 0 ? mx * 1.06 : 1]; } } },
+        axes: [
+          { label: isTime ? 'seconds since the first event' : 'event index in the trace', labelSize: 22, stroke: '#57606a',
+            grid: { stroke: '#eef1f4' }, ticks: { stroke: '#d0d7de' } },
+          { stroke: '#57606a', size: 72, incrs: BYTE_INCRS, grid: { stroke: '#eef1f4' }, ticks: { stroke: '#d0d7de' },
+            values: function (u, vals) { return vals.map(fmtShort); } }
+        ],
+        series: series,
+        // uPlot lays out after construction; place the cursor once it is ready.
+        hooks: { draw: [drawMarks], setCursor: [updatePanel], ready: [function (self) { u = self; showPeak(); }] }
+      };
+      data[0] = xs;
+      u = new uPlot(opts, data, chartEl);
+      u.setSeries(idxReserved, { show: $('timeline-reserved').checked });
+      if (idxActive > 0) u.setSeries(idxActive, { show: $('timeline-active').checked });
+      ML.charts.timeline = u;
+    }
+    /* Puts the cursor on the peak (or the last point), halfway up its stack. */
+    function showPeak() {
+      if (!u) return;
+      var i = peak != null ? peak : n - 1;
+      lastIdx = -1;
+      u.setCursor({ left: u.valToPos(xs[i], 'x'), top: u.valToPos((T.allocated[i] || 0) * 0.5, 'y') });
+      updatePanel(u);
+    }
+    build();
+    ML.timeline = { points: n, series: data.length - 1, showPeak: showPeak };
+    $('timeline-reset').addEventListener('click', function () { u.setScale('x', fullRange()); });
+    var modeSel = $('timeline-x');
+    if (hasTime && events) {
+      modeSel.addEventListener('change', function () {
+        isTime = modeSel.value === 'time';
+        xs = xsFor(isTime);
+        build();
+      });
+    } else {
+      modeSel.parentNode.hidden = true;
+    }
+    $('timeline-reserved').addEventListener('change', function (e) { u.setSeries(idxReserved, { show: e.target.checked }); });
+    if (idxActive > 0) $('timeline-active').addEventListener('change', function (e) { u.setSeries(idxActive, { show: e.target.checked }); });
+    window.addEventListener('resize', function () { u.setSize({ width: width(), height: 380 }); });
+  }
+
+  // ---------- flame graph (icicle) ----------
+  function renderFlame() {
+    var F = D.flame;
+    if (!F || !F.parent || !F.parent.length) return;
+    section('flame');
+    var n = Math.min(F.parent.length, F.name.length, F.value.length);
+    var names = F.names || [];
+    var parent = F.parent, value = F.value;
+    var label = new Array(n), depth = new Int32Array(n), kids = new Array(n), x0 = new Float64Array(n);
+    for (var i = 0; i < n; i++) { label[i] = names[F.name[i]] || '?'; kids[i] = []; }
+    for (i = 1; i < n; i++) {
+      var p = parent[i];
+      if (p >= i) { n = i; break; } // malformed: stop at the first bad node
+      kids[p].push(i);
+      depth[i] = depth[p] + 1;
+    }
+    for (i = 0; i < n; i++) {
+      kids[i].sort(function (a, b) { return value[b] - value[a]; });
+      var off = x0[i];
+      for (var j = 0; j < kids[i].length; j++) { x0[kids[i][j]] = off; off += value[kids[i][j]]; }
+    }
+    var total = value[0] || 0;
+    $('flame-sub').textContent = (F.title ? F.title + ': ' : '') + fmtBytes(total) + ' in ' + fmtInt(n) + ' frames.';
+
+    var ROW = 20;
+    var canvas = $('flame-canvas'), box = $('flame-box');
+    var ctx = canvas.getContext('2d');
+    var focus = 0, query = '', matched = null, hover = -1;
+    var rows = []; // rows[d] = flat [x, w, node, ...] drawn at depth d
+    ML.flame = { nodes: n, names: label, drawn: 0, focus: function () { return focus; } };
+
+    /* Frames of libraries (and of Python itself) are drawn in cool colours, user code in warm ones. */
+    function isLibrary(s) {
+      var m = FRAME_RE.exec(s), file = m ? m[1] : s;
+      return /site-packages|dist-packages|\/torch\/|\/lib\/python\d|^</.test(file);
+    }
+    function hash(s) { var h = 2166136261; for (var i = 0; i < s.length; i++) { h ^= s.charCodeAt(i); h = Math.imul(h, 16777619); } return h >>> 0; }
+    function color(node) {
+      var s = label[node];
+      if (node === 0) return '#5b6570';
+      if (s === '\u2026other') return '#d5d9de';
+      var h = hash(s);
+      if (matched) return matched[node] ? 'hsl(' + (320 + h % 20) + ',75%,' + (52 + h % 10) + '%)' : 'hsl(210,8%,' + (82 + h % 8) + '%)';
+      return isLibrary(s) ? 'hsl(' + (200 + h % 30) + ',45%,' + (72 + h % 12) + '%)' : 'hsl(' + (12 + h % 36) + ',85%,' + (62 + h % 12) + '%)';
+    }
+    function ancestors(node) { var a = []; while (node !== 0) { node = parent[node]; a.unshift(node); } return a; }
+
+    function draw() {
+      var dpr = window.devicePixelRatio || 1;
+      var W = box.clientWidth || 800;
+      var fv = value[focus] || 1, fx = x0[focus];
+      var anc = ancestors(focus);
+      var minW = 0.4;
+      // First pass: how deep the visible part goes.
+      var maxD = 0;
+      var stack = [focus];
+      while (stack.length) {
+        var v = stack.pop();
+        var w = value[v] / fv * W;
+        if (w < minW) continue;
+        if (depth[v] > maxD) maxD = depth[v];
+        for (var c = 0; c < kids[v].length; c++) stack.push(kids[v][c]);
+      }
+      var H = (maxD + 1) * ROW;
+      canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
+      canvas.style.height = H + 'px';
+      ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+      ctx.clearRect(0, 0, W, H);
+      ctx.font = '12px system-ui, -apple-system, "Segoe UI", Roboto, sans-serif';
+      ctx.textBaseline = 'middle';
+      rows = [];
+      for (var d = 0; d <= maxD; d++) rows.push([]);
+      var drawn = 0;
+      function rect(node, x, w) {
+        var d = depth[node], y = d * ROW;
+        rows[d].push(x, w, node);
+        drawn++;
+        ctx.fillStyle = color(node);
+        ctx.fillRect(x, y, Math.max(w - (w > 3 ? 1 : 0), 0.5), ROW - 1);
+        if (node === hover) { ctx.strokeStyle = '#1f2328'; ctx.lineWidth = 1.5; ctx.strokeRect(x + 0.75, y + 0.75, Math.max(w - 2.5, 0.5), ROW - 2.5); }
+        if (w > 28) {
+          var t = node === 0 ? label[0] + ' · ' + fmtBytes(value[0]) : shortLabel(label[node]);
+          var maxc = Math.floor((w - 8) / 6.6);
+          if (t.length > maxc) t = maxc > 2 ? t.slice(0, maxc - 1) + '…' : '';
+          if (t) {
+            ctx.fillStyle = (node === 0 || (matched && matched[node])) ? '#ffffff' : '#1f2328';
+            ctx.fillText(t, x + 4, y + ROW / 2);
+          }
+        }
+      }
+      anc.forEach(function (a) { rect(a, 0, W); });
+      stack = [focus];
+      while (stack.length) {
+        var v2 = stack.pop();
+        var w2 = value[v2] / fv * W;
+        if (w2 < minW) continue;
+        rect(v2, (x0[v2] - fx) / fv * W, w2);
+        for (var c2 = 0; c2 < kids[v2].length; c2++) stack.push(kids[v2][c2]);
+      }
+      ML.flame.drawn = drawn;
+    }
+
+    function nodeAt(ev) {
+      var r = canvas.getBoundingClientRect();
+      var x = ev.clientX - r.left, y = ev.clientY - r.top;
+      var d = Math.floor(y / ROW);
+      var row = rows[d];
+      if (!row) return -1;
+      for (var k = 0; k < row.length; k += 3) if (x >= row[k] && x < row[k] + Math.max(row[k + 1], 1)) return row[k + 2];
+      return -1;
+    }
+    canvas.addEventListener('mousemove', function (ev) {
+      var node = nodeAt(ev);
+      if (node !== hover) { hover = node; draw(); }
+      if (node < 0) { hideTip(); return; }
+      var selfB = value[node];
+      kids[node].forEach(function (c) { selfB -= value[c]; });
+      var lines = [el('div', { class: 'm', text: label[node] }),
+        tipLine('bytes', fmtBytes(value[node]) + '  (' + pct(value[node], total) + ' of all' + (focus ? ', ' + pct(value[node], value[focus]) + ' of zoom' : '') + ')'),
+        tipLine('self', fmtBytes(selfB)),
+        tipLine('depth', String(depth[node]))];
+      showTip(ev, lines);
+    });
+    canvas.addEventListener('mouseleave', function () { hover = -1; hideTip(); draw(); });
+    canvas.addEventListener('click', function (ev) {
+      var node = nodeAt(ev);
+      if (node < 0) return;
+      focus = node === focus ? parent[node] : node;
+      draw();
+      status();
+    });
+    $('flame-reset').addEventListener('click', function () { focus = 0; draw(); status(); });
+
+    function status() {
+      var s = [];
+      if (focus) s.push('Zoomed on ' + shortLabel(label[focus]) + ' (' + fmtBytes(value[focus]) + ').');
+      if (matched) {
+        // Bytes of matching frames, not counting a match inside another match twice.
+        var sum = 0, count = 0;
+        for (var i = 1; i < n; i++) {
+          if (!matched[i]) continue;
+          count++;
+          var a = parent[i], inner = false;
+          while (a !== 0) { if (matched[a]) { inner = true; break; } a = parent[a]; }
+          if (!inner) sum += value[i];
+        }
+        s.push(count ? 'Matches: ' + fmtInt(count) + ' frames, ' + fmtBytes(sum) + ' (' + pct(sum, total) + ').' : 'No frame matches “' + query + '”.');
+      }
+      $('flame-status').textContent = s.join(' ');
+    }
+    var searchTimer = 0;
+    $('flame-search').addEventListener('input', function (e) {
+      clearTimeout(searchTimer);
+      searchTimer = setTimeout(function () {
+        query = e.target.value.trim().toLowerCase();
+        if (!query) matched = null;
+        else {
+          matched = new Uint8Array(n);
+          for (var i = 1; i < n; i++) if (label[i].toLowerCase().indexOf(query) >= 0) matched[i] = 1;
+        }
+        ML.flame.matches = matched ? matched.reduce(function (a, b) { return a + b; }, 0) : 0;
+        draw(); status();
+      }, 120);
+    });
+    draw();
+    status();
+    var lastW = box.clientWidth;
+    window.addEventListener('resize', function () { if (box.clientWidth !== lastW) { lastW = box.clientWidth; draw(); } });
+  }
+
+  // ---------- segment map ----------
+  function renderSegments() {
+    var S = D.segments;
+    if (!S || !S.segments || !S.segments.length) return;
+    section('segments');
+    var segs = S.segments, sites = S.sites || [];
+    var tot = 0, alloc = 0, free = 0, pend = 0, largestFree = 0, maxSize = 0;
+    segs.forEach(function (s) {
+      tot += s.size; if (s.size > maxSize) maxSize = s.size;
+      (s.blocks || []).forEach(function (b) {
+        if (b[3] === 0) alloc += b[1]; else if (b[3] === 1) pend += b[1]; else { free += b[1]; if (b[1] > largestFree) largestFree = b[1]; }
+      });
+    });
+    $('segments-sub').textContent = (S.when ? 'Segments ' + S.when + ': ' : '') + fmtInt(segs.length) + ' segments, ' +
+      fmtBytes(tot) + ' reserved, ' + fmtBytes(alloc) + ' allocated, ' + (pend ? fmtBytes(pend) + ' pending free, ' : '') +
+      fmtBytes(free) + ' free (largest free block ' + fmtBytes(largestFree) + '). One row per segment, in address order.';
+    if (S.omitted && S.omitted.count) {
+      var o = S.omitted, p = $('segments-omitted');
+      p.textContent = fmtInt(o.count) + ' smaller segments not drawn: ' + fmtBytes(o.bytes) + ' reserved, ' + fmtBytes(o.allocated_bytes) + ' allocated, ' +
+        (o.pending_free_bytes ? fmtBytes(o.pending_free_bytes) + ' pending free, ' : '') + fmtBytes(o.free_bytes) + ' free.';
+      p.hidden = false;
+    }
+    var legend = $('segments-legend');
+    CATEGORIES.forEach(function (c) {
+      legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:' + CAT_COLOR[c] }), c.replace('_', ' ')]));
+    });
+    legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:repeating-linear-gradient(135deg,#9c755f 0 2px,#fff 2px 4px)' }), 'pending free']));
+    legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:' + FREE_COLOR + ';box-shadow:inset 0 0 0 1px ' + FREE_EDGE }), 'free']));
+
+    var container = $('segments-rows');
+    var tracks = [];
+    segs.forEach(function (s, si) {
+      var label = el('div', { class: 'seg-label', title: hex(s.address) + ' · ' + fmtBytes(s.size) + ' · stream ' + s.stream + ' · ' + s.pool }, [
+        el('span', { class: 'sz', text: fmtBytes(s.size) }), ' ', hex(s.address) + ' · ' + (s.stream ? 's' + hex(s.stream) : 'stream 0') + ' · ' + (s.pool || '')]);
+      var canvas = el('canvas');
+      var track = el('div', { class: 'seg-track' }, [canvas]);
+      var row = el('div', { class: 'seg-row', 'data-index': String(si) }, [label, track]);
+      container.appendChild(row);
+      tracks.push({ seg: s, canvas: canvas, track: track });
+    });
+    ML.segments = { rows: segs.length };
+
+    var patterns = {};
+    function pendingPattern(ctx, color) {
+      if (patterns[color]) return patterns[color];
+      var c = document.createElement('canvas'); c.width = 6; c.height = 6;
+      var g = c.getContext('2d');
+      g.fillStyle = '#ffffff'; g.fillRect(0, 0, 6, 6);
+      g.strokeStyle = color; g.lineWidth = 2;
+      g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.moveTo(-1, 1); g.lineTo(1, -1); g.moveTo(5, 7); g.lineTo(7, 5); g.stroke();
+      return (patterns[color] = ctx.createPattern(c, 'repeat'));
+    }
+    var proportional = false;
+    function drawAll() {
+      var dpr = window.devicePixelRatio || 1;
+      var full = tracks.length ? tracks[0].track.clientWidth : 600;
+      tracks.forEach(function (t) {
+        var s = t.seg;
+        var W = proportional ? Math.max(2, full * s.size / maxSize) : full;
+        var H = 18;
+        t.width = W;
+        t.canvas.width = Math.round(W * dpr); t.canvas.height = Math.round(H * dpr);
+        t.canvas.style.width = W + 'px';
+        var ctx = t.canvas.getContext('2d');
+        ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+        ctx.fillStyle = FREE_COLOR; ctx.fillRect(0, 0, W, H);
+        var scale = W / (s.size || 1);
+        (s.blocks || []).forEach(function (b) {
+          var x = b[0] * scale, w = Math.max(b[1] * scale, 0.6);
+          var cat = CATEGORIES[b[4]] || 'other';
+          if (b[3] === 2) {
+            ctx.fillStyle = FREE_COLOR; ctx.fillRect(x, 0, w, H);
+          } else if (b[3] === 1) {
+            ctx.fillStyle = pendingPattern(ctx, CAT_COLOR[cat]); ctx.fillRect(x, 0, w, H);
+          } else {
+            ctx.fillStyle = CAT_COLOR[cat]; ctx.fillRect(x, 0, w, H);
+          }
+          if (w > 3) { ctx.fillStyle = 'rgba(255,255,255,.9)'; ctx.fillRect(x + w - 1, 0, 1, H); }
+        });
+        ctx.strokeStyle = FREE_EDGE; ctx.lineWidth = 1; ctx.strokeRect(0.5, 0.5, W - 1, H - 1);
+      });
+    }
+    container.addEventListener('mousemove', function (ev) {
+      var c = ev.target;
+      if (!(c instanceof HTMLCanvasElement)) { hideTip(); return; }
+      var row = c.closest('.seg-row');
+      var t = tracks[Number(row.getAttribute('data-index'))];
+      if (!t) return;
+      var r = c.getBoundingClientRect();
+      var off = (ev.clientX - r.left) / (t.width || 1) * t.seg.size;
+      var bl = t.seg.blocks || [], lo = 0, hi = bl.length - 1, hit = null;
+      while (lo <= hi) {
+        var mid = (lo + hi) >> 1;
+        if (bl[mid][0] > off) hi = mid - 1; else { hit = bl[mid]; lo = mid + 1; }
+      }
+      if (!hit || off > hit[0] + hit[1]) { showTip(ev, [tipLine('segment', hex(t.seg.address) + ', ' + fmtBytes(t.seg.size)), el('div', { class: 'd', text: 'no block recorded here' })]); return; }
+      var st = STATE_NAMES[hit[3]] || 'free';
+      var lines = [el('div', null, [el('b', { text: (hit[6] > 1 ? fmtInt(hit[6]) + ' small blocks merged, ' : '') + st + (hit[3] !== 2 ? ' · ' + (CATEGORIES[hit[4]] || 'other').replace('_', ' ') : '') })]),
+        tipLine('size', fmtBytes(hit[1]) + (hit[2] && hit[3] !== 2 ? ' (requested ' + fmtBytes(hit[2]) + ')' : '')),
+        tipLine('address', hex(t.seg.address + hit[0]) + ' (offset ' + fmtBytes(hit[0]) + ')'),
+        tipLine('segment', hex(t.seg.address) + ', ' + fmtBytes(t.seg.size) + ', ' + (t.seg.pool || '') + ', stream ' + t.seg.stream)];
+      var site = hit[5] >= 0 ? sites[hit[5]] : null;
+      if (site) {
+        lines.push(tipLine('site', site.site, true));
+        if (site.stack && site.stack.length) lines.push(el('div', { class: 'm d', text: site.stack.slice(0, 8).join('\n'), style: 'white-space:pre-wrap;margin-top:4px' }));
+      }
+      showTip(ev, lines);
+    });
+    container.addEventListener('mouseleave', hideTip);
+    container.addEventListener('scroll', hideTip);
+    $('segments-proportional').addEventListener('change', function (e) { proportional = e.target.checked; drawAll(); });
+    drawAll();
+    var lastW = container.clientWidth;
+    window.addEventListener('resize', function () { if (container.clientWidth !== lastW) { lastW = container.clientWidth; drawAll(); } });
+  }
+
+  // ---------- leaks ----------
+  function renderLeaks() {
+    var L = D.leaks;
+    if (!L || !L.sites || !L.sites.length) return;
+    section('leaks');
+    var pts = L.points || [];
+    var xl = L.x_label || 'step';
+    $('leaks-sub').textContent = 'Live bytes of each leaking site at each ' + xl + ' (' + pts.length + ' ' + xl + 's: ' +
+      (pts.length > 6 ? pts.slice(0, 3).join(', ') + ', …, ' + pts[pts.length - 1] : pts.join(', ')) + '). Most likely leak first.';
+    var grid = $('leaks-grid');
+    ML.charts.leaks = [];
+    L.sites.forEach(function (s, k) {
+      var chart = el('div');
+      var card = el('div', { class: 'leak' }, [
+        el('div', { class: 'site', text: s.site || '?' }),
+        el('div', { class: 'small muted' }, [(s.function ? 'in ' + s.function + ' · ' : ''), el('span', { class: 'rate', text: (s.bytes_per_step >= 0 ? '+' : '') + fmtBytes(s.bytes_per_step) + ' per ' + xl }),
+          s.confidence != null ? ' · confidence ' + Math.round(s.confidence * 100) + '%' : null]),
+        chart]);
+      if (s.suggestion) card.appendChild(el('div', { class: 'small', style: 'margin-top:4px' }, [el('b', { text: 'Fix: ' }), s.suggestion]));
+      if (s.stack && s.stack.length) card.appendChild(el('details', null, [el('summary', { text: 'stack' }), stackBlock(s.stack)]));
+      grid.appendChild(card);
+      var xs = (s.bytes || []).map(function (_, i) { return i; });
+      var color = PALETTE[k % PALETTE.length];
+      var u = new uPlot({
+        width: Math.max(280, chart.clientWidth || 340), height: 150,
+        legend: { show: false },
+        cursor: { drag: { x: false, y: false }, points: { size: 7 } },
+        scales: { x: { time: false }, y: { range: function (u, mn, mx) { return [0, mx > 0 ? mx * 1.1 : 1]; } } },
+        axes: [
+          { stroke: '#57606a', size: 30, grid: { show: false }, incrs: [1, 2, 5, 10, 20, 50, 100],
+            values: function (u, vals) { return vals.map(function (v) { return pts[v] != null ? String(pts[v]) : ''; }); } },
+          { stroke: '#57606a', size: 64, incrs: BYTE_INCRS, grid: { stroke: '#eef1f4' }, values: function (u, vals) { return vals.map(fmtShort); } }
+        ],
+        series: [{}, { label: s.site, stroke: color, fill: color + '33', width: 2, points: { show: true, size: 5, fill: color } }],
+        hooks: {
+          setCursor: [function (u) {
+            var i = u.cursor.idx;
+            if (i == null || u.cursor.left < 0) { hideTip(); return; }
+            var r = u.over.getBoundingClientRect();
+            showTip({ clientX: r.left + u.cursor.left, clientY: r.top + u.cursor.top }, [tipLine(xl, String(pts[i] != null ? pts[i] : i)), tipLine('live', fmtBytes(s.bytes[i]))]);
+          }]
+        }
+      }, [xs, s.bytes || []], chart);
+      u.over.addEventListener('mouseleave', hideTip);
+      ML.charts.leaks.push(u);
+    });
+  }
+
+  // ---------- tune ----------
+  function renderTune() {
+    var T = D.tune;
+    if (!T || !T.rows || !T.rows.length) return;
+    section('tune');
+    $('tune-sub').textContent = 'Allocator settings simulated on this trace' + (T.device_memory ? ' with ' + fmtBytes(T.device_memory) + ' of device memory' : '') +
+      ', best first. Set the winner with PYTORCH_CUDA_ALLOC_CONF before the process starts.';
+    var tb = $('tune-table');
+    tb.appendChild(el('thead', null, [el('tr', null, [
+      el('th', { text: 'config' }), el('th', { class: 'num', text: 'peak reserved' }), el('th', { class: 'num', text: 'vs current' }),
+      el('th', { class: 'num', text: 'OOMs' }), el('th', { class: 'num', text: 'device allocs' })])]));
+    var body = el('tbody');
+    T.rows.forEach(function (r, i) {
+      var d = r.delta_bytes || 0;
+      var cfg = el('td', null, [el('code', { text: r.config || '(defaults)' })]);
+      if (r.current) cfg.appendChild(el('span', { class: 'badge kind', style: 'margin-left:6px', text: 'current' }));
+      if (i === 0) cfg.appendChild(el('span', { class: 'badge info', style: 'margin-left:6px', text: 'best' }));
+      body.appendChild(el('tr', { class: r.current ? 'current' : null }, [cfg,
+        el('td', { class: 'num', text: fmtBytes(r.peak_reserved_bytes) }),
+        el('td', { class: 'num ' + (r.current || d === 0 ? '' : d < 0 ? 'good' : 'bad'), text: r.current ? '—' : (d > 0 ? '+' : '') + fmtBytes(d) }),
+        el('td', { class: 'num ' + (r.num_ooms ? 'bad' : ''), text: fmtInt(r.num_ooms) }),
+        el('td', { class: 'num', text: fmtInt(r.num_device_alloc) })]));
+    });
+    tb.appendChild(body);
+  }
+
+  renderHeader();
+  guard('verdict', renderVerdict);
+  guard('timeline', renderTimeline);
+  guard('flame', renderFlame);
+  guard('segments', renderSegments);
+  guard('leaks', renderLeaks);
+  guard('tune', renderTune);
+  guard('about', renderAbout);
+  renderNav();
+  ML.ready = true;
+})();

@@ -1,0 +1,174 @@
+//! Helpers that turn the snapshot model into report data: frame labels,
+//! stacks as strings, allocator settings for display, a segment map.
+//!
+//! What a site is and what category a block belongs to are the analyses'
+//! decisions; the caller passes them in as functions.
+
+use super::model::{BlockSite, BlockState, Category, SegmentBlock, SegmentMap, SegmentRow};
+use crate::snapshot::{self, AllocatorSettings, FrameId, PoolKind, Segment, Snapshot, StackId};
+use hashbrown::HashMap;
+
+/// A frame as the report labels it: `file:line in function`, as the stacks
+/// of `memlens peak --json` read ([`crate::analysis::sites::stack_lines`]).
+pub fn frame_label(snap: &Snapshot, id: FrameId) -> String {
+    match snap.frames.get(id as usize) {
+        Some(f) => format!(
+            "{}:{} in {}",
+            snap.str(f.filename),
+            f.line,
+            snap.str(f.name)
+        ),
+        None => "?".to_string(),
+    }
+}
+
+/// The frames of a stack as labels, innermost first.
+pub fn stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
+    snap.stack(stack)
+        .iter()
+        .map(|&f| frame_label(snap, f))
+        .collect()
+}
+
+/// The allocator settings as `(key, value)` pairs for [`super::Meta::settings`].
+pub fn settings_pairs(s: &AllocatorSettings) -> Vec<(String, String)> {
+    if !s.present {
+        return Vec::new();
+    }
+    let mut v = vec![
+        ("PYTORCH_CUDA_ALLOC_CONF".to_string(), s.alloc_conf.clone()),
+        (
+            "max_split_size".to_string(),
+            s.max_split_size
+                .map_or("unlimited".to_string(), crate::units::format_bytes),
+        ),
+        (
+            "garbage_collection_threshold".to_string(),
+            s.garbage_collection_threshold.to_string(),
+        ),
+        (
+            "expandable_segments".to_string(),
+            s.expandable_segments.to_string(),
+        ),
+    ];
+    if s.roundup_power2_divisions.iter().any(|&d| d != 0) {
+        let d: Vec<String> = s
+            .roundup_power2_divisions
+            .iter()
+            .map(u32::to_string)
+            .collect();
+        v.push(("roundup_power2_divisions".to_string(), d.join(",")));
+    }
+    for (k, val) in &s.other {
+        let text = match val {
+            serde_json::Value::String(t) => t.clone(),
+            other => other.to_string(),
+        };
+        v.push((k.clone(), text));
+    }
+    v
+}
+
+/// The pool of a segment as the page shows it: `large`, `small (private 1,2)`,
+/// `large, expandable`.
+pub fn pool_label(seg: &Segment) -> String {
+    let mut s = match seg.pool {
+        PoolKind::Small => "small".to_string(),
+        PoolKind::Large => "large".to_string(),
+    };
+    if seg.pool_id != (0, 0) {
+        s.push_str(&format!(" (private {},{})", seg.pool_id.0, seg.pool_id.1));
+    }
+    if seg.is_expandable {
+        s.push_str(", expandable");
+    }
+    s
+}
+
+/// Builds a segment map from segments in the snapshot's model (the dump-time
+/// `snap.segments`, or a replay's state at the peak or the OOM). `site_of`
+/// names the site (`file:line`) of a stack, `category_of` its category; free
+/// blocks get neither. Bound the result with [`super::cap_segments`].
+pub fn segment_map(
+    snap: &Snapshot,
+    segments: &[Segment],
+    when: &str,
+    mut site_of: impl FnMut(StackId) -> Option<String>,
+    mut category_of: impl FnMut(StackId) -> Category,
+) -> SegmentMap {
+    let mut sites: Vec<BlockSite> = Vec::new();
+    let mut site_ids: HashMap<StackId, Option<u32>> = HashMap::default();
+    let mut rows: Vec<SegmentRow> = Vec::with_capacity(segments.len());
+    for seg in segments {
+        let blocks = seg
+            .blocks
+            .iter()
+            .map(|b| {
+                let state = match b.state {
+                    snapshot::BlockState::ActiveAllocated => BlockState::Allocated,
+                    snapshot::BlockState::ActivePendingFree => BlockState::PendingFree,
+                    snapshot::BlockState::Inactive => BlockState::Free,
+                };
+                let used = state != BlockState::Free && b.stack != snapshot::EMPTY_STACK;
+                let site = if used {
+                    *site_ids.entry(b.stack).or_insert_with(|| {
+                        let site = site_of(b.stack)?;
+                        sites.push(BlockSite {
+                            site,
+                            stack: stack_labels(snap, b.stack),
+                        });
+                        Some((sites.len() - 1) as u32)
+                    })
+                } else {
+                    None
+                };
+                SegmentBlock {
+                    offset: b.address.saturating_sub(seg.address),
+                    size: b.size,
+                    requested: if state == BlockState::Free {
+                        0
+                    } else {
+                        b.requested_size
+                    },
+                    state,
+                    category: if used {
+                        category_of(b.stack)
+                    } else {
+                        Category::Other
+                    },
+                    site,
+                    count: 1,
+                }
+            })
+            .collect();
+        rows.push(SegmentRow {
+            address: seg.address,
+            size: seg.total_size,
+            stream: snap.stream(seg.stream),
+            pool: pool_label(seg),
+            blocks,
+        });
+    }
+    rows.sort_by_key(|r| r.address);
+    SegmentMap {
+        when: when.to_string(),
+        segments: rows,
+        sites,
+        omitted: None,
+    }
+}
+
+impl From<crate::analysis::categories::Category> for Category {
+    fn from(c: crate::analysis::categories::Category) -> Category {
+        use crate::analysis::categories::Category as A;
+        match c {
+            A::Parameter => Category::Parameter,
+            A::Gradient => Category::Gradient,
+            A::OptimizerState => Category::OptimizerState,
+            A::Activation => Category::Activation,
+            A::Temporary => Category::Temporary,
+            A::Input => Category::Input,
+            A::Other => Category::Other,
+        }
+    }
+}

@@ -1,0 +1,165 @@
+// Opens a memlens HTML report in headless Chromium and checks it (issue 7's
+// acceptance): no console or page error, no network request, every section
+// whose data is present drew, and the flame graph holds the expected site.
+// Saves a full-page screenshot.
+//
+// usage: node check.mjs REPORT.html EXPECTED_SITE OUT.png
+// env:   CHROMIUM (default /usr/bin/chromium)
+import { chromium } from 'playwright-core';
+import { mkdtempSync, rmSync, existsSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { pathToFileURL } from 'node:url';
+
+const [report, expectedSite, outPng] = process.argv.slice(2);
+if (!report || !expectedSite || !outPng) {
+  console.error('usage: node check.mjs REPORT.html EXPECTED_SITE OUT.png');
+  process.exit(2);
+}
+if (!existsSync(report)) {
+  console.error(`check: ${report}: no such file`);
+  process.exit(2);
+}
+
+const failures = [];
+const fail = (msg) => failures.push(msg);
+const profile = mkdtempSync(join(tmpdir(), 'memlens-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  viewport: { width: 1400, height: 900 },
+  deviceScaleFactor: 1,
+  args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+    '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+});
+let summary = {};
+try {
+  const page = context.pages()[0] || await context.newPage();
+  page.on('console', (m) => { if (m.type() === 'error') fail(`console error: ${m.text()}`); });
+  page.on('pageerror', (e) => fail(`page error: ${e.message}`));
+  // The report must work offline: any request other than the file itself fails the test.
+  const url = pathToFileURL(resolve(report)).href;
+  await page.route('**/*', (route) => {
+    const u = route.request().url();
+    if (u === url || u.startsWith('data:') || u.startsWith('blob:')) return route.continue();
+    fail(`network request: ${u}`);
+    return route.abort();
+  });
+
+  const t0 = Date.now();
+  await page.goto(url, { waitUntil: 'load' });
+  await page.waitForFunction(() => window.memlens && window.memlens.ready === true, null, { timeout: 15000 });
+  const loadMs = Date.now() - t0;
+
+  const state = await page.evaluate((site) => {
+    const ML = window.memlens, D = ML.data;
+    const visible = (id) => { const e = document.getElementById(id); return !!e && !e.hidden && e.offsetHeight > 0; };
+    const out = { sections: {}, present: {} };
+    for (const id of ['timeline', 'flame', 'segments', 'leaks', 'tune']) {
+      out.present[id] = D[id] != null;
+      out.sections[id] = visible(id);
+    }
+    out.findings = document.querySelectorAll('#findings-list .finding').length;
+    out.expectedFindings = (D.findings || []).length;
+    if (D.timeline) {
+      const u = ML.charts.timeline;
+      out.timeline = {
+        canvas: !!document.querySelector('#timeline-chart canvas'),
+        points: u ? u.data[0].length : 0,
+        series: u ? u.series.length - 1 : 0,
+        dataPoints: D.timeline.x.length,
+      };
+    }
+    if (D.flame) {
+      const c = document.getElementById('flame-canvas');
+      let inked = 0;
+      if (c && c.width && c.height) {
+        const px = c.getContext('2d').getImageData(0, 0, c.width, Math.min(c.height, 200)).data;
+        for (let i = 3; i < px.length; i += 4 * 7) if (px[i] > 0) inked++;
+      }
+      out.flame = {
+        nodes: ML.flame ? ML.flame.nodes : 0,
+        drawn: ML.flame ? ML.flame.drawn : 0,
+        inked,
+        hasSite: !!ML.flame && ML.flame.names.some((n) => n.includes(site)),
+      };
+    }
+    if (D.segments) {
+      out.segments = { rows: document.querySelectorAll('#segments-rows .seg-row').length, expected: D.segments.segments.length };
+    }
+    if (D.leaks) out.leaks = { charts: (ML.charts.leaks || []).length, expected: D.leaks.sites.length };
+    if (D.tune) out.tune = { rows: document.querySelectorAll('#tune-table tbody tr').length, expected: D.tune.rows.length };
+    return out;
+  }, expectedSite);
+
+  for (const [id, present] of Object.entries(state.present)) {
+    if (present && !state.sections[id]) fail(`section ${id}: data present but not shown`);
+    if (!present && state.sections[id]) fail(`section ${id}: shown without data`);
+  }
+  if (state.findings !== state.expectedFindings) fail(`findings: ${state.findings} drawn, ${state.expectedFindings} in the data`);
+  if (state.timeline) {
+    const t = state.timeline;
+    if (!t.canvas) fail('timeline: no uPlot canvas');
+    if (t.points < 2 || t.points !== t.dataPoints) fail(`timeline: ${t.points} points in uPlot, ${t.dataPoints} in the data`);
+  }
+  if (state.flame) {
+    const f = state.flame;
+    if (f.drawn < 1 || f.inked < 1) fail(`flame: nothing drawn (${f.drawn} rects, ${f.inked} inked pixels)`);
+    if (!f.hasSite) fail(`flame: no node names ${JSON.stringify(expectedSite)}`);
+  }
+  if (state.segments && (state.segments.rows < 1 || state.segments.rows !== state.segments.expected)) {
+    fail(`segments: ${state.segments.rows} rows drawn, ${state.segments.expected} in the data`);
+  }
+  if (state.leaks && state.leaks.charts !== state.leaks.expected) fail(`leaks: ${state.leaks.charts} charts, ${state.leaks.expected} sites`);
+  if (state.tune && state.tune.rows !== state.tune.expected) fail(`tune: ${state.tune.rows} rows, ${state.tune.expected} in the data`);
+
+  // Interactions: search the flame graph, hover it, zoom the timeline and reset.
+  if (state.flame) {
+    await page.fill('#flame-search', expectedSite);
+    await page.waitForTimeout(300);
+    const matches = await page.evaluate(() => window.memlens.flame.matches || 0);
+    if (matches < 1) fail(`flame search for ${JSON.stringify(expectedSite)}: no match`);
+    state.flame.matches = matches;
+    // Bring the top of the graph below the sticky navigation bar, then hover its second row.
+    await page.evaluate(() => { document.getElementById('flame-box').scrollIntoView({ block: 'center', behavior: 'instant' }); });
+    const box = await page.locator('#flame-canvas').boundingBox();
+    await page.mouse.move(box.x + box.width / 3, box.y + 30);
+    const tipShown = await page.evaluate(() => !document.getElementById('tip').hidden);
+    if (!tipShown) fail('flame: hovering shows no tooltip');
+    await page.mouse.move(0, 0);
+  }
+  if (state.timeline) {
+    await page.evaluate(() => { document.getElementById('timeline-chart').scrollIntoView({ block: 'center', behavior: 'instant' }); });
+    const box = await page.locator('#timeline-chart .u-over').boundingBox();
+    const before = await page.evaluate(() => { const s = window.memlens.charts.timeline.scales.x; return [s.min, s.max]; });
+    await page.mouse.move(box.x + box.width * 0.3, box.y + box.height / 2);
+    await page.mouse.down();
+    await page.mouse.move(box.x + box.width * 0.6, box.y + box.height / 2, { steps: 5 });
+    await page.mouse.up();
+    const after = await page.evaluate(() => { const s = window.memlens.charts.timeline.scales.x; return [s.min, s.max]; });
+    if (!(after[1] - after[0] < (before[1] - before[0]) * 0.9)) fail(`timeline: drag did not zoom (${before} -> ${after})`);
+    const panel = await page.evaluate(() => document.getElementById('timeline-panel').textContent.length);
+    if (panel < 10) fail('timeline: hover panel is empty');
+    await page.click('#timeline-reset');
+    const reset = await page.evaluate(() => { const s = window.memlens.charts.timeline.scales.x; return [s.min, s.max]; });
+    if (Math.abs(reset[1] - reset[0] - (before[1] - before[0])) > 1e-9 * Math.abs(before[1] - before[0]) + 1e-9) fail(`timeline: reset did not restore (${reset})`);
+    await page.mouse.move(0, 0);
+    // Leave the cursor on the peak so the screenshot shows the hover panel.
+    await page.evaluate(() => window.memlens.timeline.showPeak());
+  }
+  await page.fill('#flame-search', '').catch(() => {});
+  await page.evaluate(() => window.scrollTo({ top: 0, behavior: 'instant' }));
+  await page.waitForTimeout(200);
+  await page.screenshot({ path: outPng, fullPage: true });
+  summary = { report, bytes: statSync(report).size, load_ms: loadMs, ...state };
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
+
+console.log(JSON.stringify(summary));
+if (failures.length) {
+  for (const f of failures) console.error(`FAIL: ${f}`);
+  process.exit(1);
+}
+console.log(`ok: ${report} (screenshot ${outPng})`);

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The browser part of tests/run_all.sh (issue 7's acceptance): `memlens report`
+# on real snapshots (gpt2_eval_leak, varlen, oom, and the 1 GB benchmark
+# snapshot made from long.pickle.zst), each opened in headless Chromium by
+# tests/browser/run.sh, which fails on any console error or network request,
+# checks every section drew (timeline points, flame graph with the expected
+# site, segment rows) and saves a screenshot. Screenshots and reports go to
+# $MEMLENS_BROWSER_OUT if set. MEMLENS_SKIP_BIG=1 skips the 1 GB report.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+if [ -n "${MEMLENS_BROWSER_OUT:-}" ]; then
+  out=$MEMLENS_BROWSER_OUT; mkdir -p "$out"
+else
+  out=$(mktemp -d); trap 'rm -rf "$out"' EXIT
+fi
+fx=${MEMLENS_FIXTURES:-$root/../shared/fixtures}
+(cd "$root" && cargo build -q --release -p memlens-cli)
+ml="$root/target/release/memlens"
+
+# name : expected site in the flame graph (lines of fixtures/gen/workloads.py)
+for case in gpt2_eval_leak:workloads.py:55 varlen:workloads.py:99 oom:workloads.py:112; do
+  name=${case%%:*}; site=${case#*:}
+  "$ml" report "$fx/$name.pickle.zst" -o "$out/$name.html" >/dev/null
+  "$here/run.sh" "$out/$name.html" "$site" "$out/$name.png"
+done
+
+if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
+  big="$root/bench/data/large-1gb.pickle"
+  [ -f "$big" ] || python3 "$root/bench/make_large.py" "$fx/long.pickle.zst" "$big" 1160
+  start=$(date +%s.%N)
+  "$ml" report "$big" -o "$out/large-1gb.html" >/dev/null
+  echo "report of $(basename "$big") ($(( $(stat -c %s "$big") / 1000000 )) MB): $(echo "$(date +%s.%N) - $start" | bc) s, $(stat -c %s "$out/large-1gb.html") bytes"
+  "$here/run.sh" "$out/large-1gb.html" "workloads.py:148" "$out/large-1gb.png"
+fi
