@@ -580,7 +580,7 @@ fn failing_step_only(
     out.push(ModelEvent {
         event: TraceEvent {
             action: Action::Alloc,
-            addr: REMAP | (1 << 61),
+            addr: REMAP | (1 << 58),
             ..oom
         },
         base: oom.size as f64,
