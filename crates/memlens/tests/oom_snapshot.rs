@@ -380,9 +380,28 @@ fn predicted_fixes_hold_in_the_simulator() {
             .collect();
         assert!(order.windows(2).all(|w| w[0] <= w[1]), "{order:?}");
     }
+    // The empty_cache() what-if does replay one more call than the run made.
+    let r = analyze(&snap, &with_message());
+    let calls = |spec: &WhatIfSpec| {
+        simulate_what_if(&snap, &r, spec)
+            .expect("simulates")
+            .empty_cache_calls
+    };
+    let ec = r
+        .fixes
+        .iter()
+        .chain(&r.not_helpful)
+        .find(|f| f.kind == FixKind::EmptyCache)
+        .and_then(|f| f.what_if.clone())
+        .expect("an empty_cache what-if");
+    let base = WhatIfSpec {
+        empty_cache_at_step_start: false,
+        ..ec.clone()
+    };
+    assert_eq!(calls(&ec), calls(&base) + 1);
+
     // Raising the cap: the fraction is one the simulator checked, and with
     // the device known the fix fits it too.
-    let r = analyze(&snap, &with_message());
     let raise = r
         .fixes
         .iter()

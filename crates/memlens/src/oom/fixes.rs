@@ -596,18 +596,23 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
     }
     fixes.extend(best_split.map(|(f, _)| f));
 
-    // Raise the cap.
-    if let Some(f) = raise_cap(w, ctx, &base_spec) {
-        fixes.push(f);
+    // Raising the cap and shrinking the batch are sized against a model that
+    // fails as the run did; one that fits already cannot size them.
+    if !base.fits {
+        if let Some(f) = raise_cap(w, ctx, &base_spec) {
+            fixes.push(f);
+        }
     }
-    // A smaller batch.
-    let batch = if w.model.scaling_allocations > 0 {
+    let batch = if w.model.scaling_allocations > 0 && !base.fits {
         batch_fit(w, ctx, &base_spec)
     } else {
         None
     };
     match &batch {
-        Some(b) if b.max_fraction > 0.0 => fixes.push(batch_fix(ctx, &base_spec, b)),
+        Some(b) if b.max_fraction > 0.0 && b.max_fraction < 1.0 => {
+            fixes.push(batch_fix(ctx, &base_spec, b))
+        }
+        Some(b) if b.max_fraction >= 1.0 => {}
         Some(_) => not_helpful.push(OomFix {
             fits: Some(false),
             ..OomFix::advice(
@@ -905,10 +910,10 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
         }
         _ => {
             let k = (1.0 / b.power_of_two_fraction).round() as u64;
-            if k == 2 {
-                "halving it fits".to_string()
-            } else {
-                format!("dividing it by {k} fits")
+            match k {
+                0 | 1 => "a power of two below it does not fit".to_string(),
+                2 => "halving it fits".to_string(),
+                _ => format!("dividing it by {k} fits"),
             }
         }
     };

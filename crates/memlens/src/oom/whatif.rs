@@ -20,8 +20,8 @@
 use crate::analysis::categories::{Category, Phase};
 use crate::analysis::peak::BlockClassifier;
 use crate::analysis::steps::{self, Steps};
-use crate::replay::initial;
 use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
+use crate::replay::{initial, release_runs, ReleaseCause, ReplayOptions};
 use crate::sim::AllocatorConfig;
 use crate::snapshot::{Action, DeviceTrace, Snapshot, TraceEvent};
 use hashbrown::{HashMap, HashSet};
@@ -144,14 +144,23 @@ impl WhatIf {
             .checked_sub(1)?;
         let start = steps.starts.get(f).copied()?;
         let classifier = BlockClassifier::new(snap, trace, &steps);
+        // Where the program called empty_cache(), judged on the recorded run.
+        let empty_cache_at: HashSet<usize> =
+            release_runs(snap, t.device, &ReplayOptions::default())
+                .into_iter()
+                .filter(|r| r.cause == ReleaseCause::EmptyCache)
+                .map(|r| r.start)
+                .collect();
         let mut prefix = initial_allocs(snap, t);
         prefix.extend(
-            reduce_segments(t.events.get(..start)?, 0)
+            reduce_segments(t.events.get(..start)?, 0, &empty_cache_at)
                 .into_iter()
                 .map(|(_, e)| e),
         );
-        let built = from_previous_step(t, &steps, f, oom_index, &classifier)
-            .unwrap_or_else(|| failing_step_only(t, start, oom_index, oom, &classifier));
+        let built = from_previous_step(t, &steps, f, oom_index, &classifier, &empty_cache_at)
+            .unwrap_or_else(|| {
+                failing_step_only(t, start, oom_index, oom, &classifier, &empty_cache_at)
+            });
         let scaling = built
             .events
             .iter()
@@ -199,16 +208,7 @@ impl WhatIf {
             }
         }
         if spec.empty_cache_at_step_start {
-            // A segment made and freed at once: the simulator reads a run of
-            // segment frees with no allocation after it as `empty_cache()`.
-            for action in [Action::SegmentAlloc, Action::SegmentFree] {
-                out.push(TraceEvent {
-                    action,
-                    addr: MARKER,
-                    size: crate::sim::rounding::SMALL_BUFFER,
-                    ..first
-                });
-            }
+            out.extend(empty_cache_marker(first, MARKER));
         }
         let x = spec.batch_fraction * self.growth;
         for m in &self.step {
@@ -288,48 +288,49 @@ fn initial_allocs(snap: &Snapshot, t: &DeviceTrace) -> Vec<TraceEvent> {
         .collect()
 }
 
+/// Events the simulator reads as an `empty_cache()` call: a segment made
+/// and, after an event that is not a segment event, freed (a run of segment
+/// frees with nothing made in it and no `oom` after it).
+fn empty_cache_marker(like: TraceEvent, addr: u64) -> [TraceEvent; 3] {
+    let seg = |action| TraceEvent {
+        action,
+        addr,
+        size: crate::sim::rounding::SMALL_BUFFER,
+        ..like
+    };
+    [
+        seg(Action::SegmentAlloc),
+        TraceEvent {
+            action: Action::Snapshot,
+            addr: 0,
+            size: 0,
+            ..like
+        },
+        seg(Action::SegmentFree),
+    ]
+}
+
 /// Drops segment events (the model decides them), keeping each
-/// `empty_cache()` as a synthetic segment made and freed, which the simulator
-/// reads as the call. A run of segment frees is an `empty_cache()` when no
-/// segment is made in it and no `oom` follows (else it is an allocation's
-/// cache flush and retry, which the model redoes by itself). `oom` events go
-/// too. Each event comes with its index in `events` plus `offset`.
-fn reduce_segments(events: &[TraceEvent], offset: usize) -> Vec<(usize, TraceEvent)> {
+/// `empty_cache()` call (a run of segment frees starting at an index in
+/// `empty_cache_at`) as a marker the simulator reads as the call. `oom`
+/// events go too. Each event comes with its index in `events` plus `offset`.
+fn reduce_segments(
+    events: &[TraceEvent],
+    offset: usize,
+    empty_cache_at: &HashSet<usize>,
+) -> Vec<(usize, TraceEvent)> {
     let mut out = Vec::with_capacity(events.len());
-    let mut i = 0;
     let mut marker = 0u64;
-    while let Some(e) = events.get(i) {
-        if !is_segment(e.action) {
-            if e.action != Action::Oom {
-                out.push((offset + i, *e));
+    for (i, e) in events.iter().enumerate() {
+        if is_segment(e.action) {
+            if empty_cache_at.contains(&(offset + i)) {
+                marker += 1;
+                let addr = MARKER + (1 << 60) + (((offset + i) as u64) << 21) + marker;
+                out.extend(empty_cache_marker(*e, addr).map(|m| (offset + i, m)));
             }
-            i += 1;
-            continue;
+        } else if e.action != Action::Oom {
+            out.push((offset + i, *e));
         }
-        let mut j = i;
-        let mut makes = false;
-        let mut frees = false;
-        while let Some(s) = events.get(j).filter(|s| is_segment(s.action)) {
-            makes |= matches!(s.action, Action::SegmentAlloc | Action::SegmentMap);
-            frees |= matches!(s.action, Action::SegmentFree | Action::SegmentUnmap);
-            j += 1;
-        }
-        let then_oom = events.get(j).is_some_and(|n| n.action == Action::Oom);
-        if frees && !makes && !then_oom {
-            marker += 1;
-            for action in [Action::SegmentAlloc, Action::SegmentFree] {
-                out.push((
-                    offset + i,
-                    TraceEvent {
-                        action,
-                        addr: MARKER + (1 << 60) + (marker << 21),
-                        size: crate::sim::rounding::SMALL_BUFFER,
-                        ..*e
-                    },
-                ));
-            }
-        }
-        i = j;
     }
     out
 }
@@ -392,6 +393,7 @@ fn from_previous_step(
     f: usize,
     oom_index: usize,
     classifier: &BlockClassifier,
+    empty_cache_at: &HashSet<usize>,
 ) -> Option<Built> {
     let events = &t.events;
     let p = f.checked_sub(1)?;
@@ -499,7 +501,7 @@ fn from_previous_step(
     };
     let mut own: HashSet<u64> = HashSet::new();
     let mut out = Vec::with_capacity(range_p.len());
-    for (j, e) in reduce_segments(events.get(range_p.clone())?, range_p.start) {
+    for (j, e) in reduce_segments(events.get(range_p.clone())?, range_p.start, empty_cache_at) {
         let (event, base, slope) = match e.action {
             Action::Alloc => {
                 own.insert(e.addr);
@@ -561,11 +563,12 @@ fn failing_step_only(
     oom_index: usize,
     oom: TraceEvent,
     classifier: &BlockClassifier,
+    empty_cache_at: &HashSet<usize>,
 ) -> Built {
     let events = &t.events;
     let mut out = Vec::new();
     let recorded = events.get(start..oom_index).unwrap_or(&[]);
-    for (i, e) in reduce_segments(recorded, start) {
+    for (i, e) in reduce_segments(recorded, start, empty_cache_at) {
         let scales = e.action == Action::Alloc && scales_by_category(classifier, &e, i);
         out.push(ModelEvent {
             event: e,
@@ -577,7 +580,7 @@ fn failing_step_only(
     out.push(ModelEvent {
         event: TraceEvent {
             action: Action::Alloc,
-            addr: REMAP | (1 << 61),
+            addr: REMAP | (1 << 58),
             ..oom
         },
         base: oom.size as f64,
