@@ -184,3 +184,46 @@ fn check_gates_on_the_exact_peak() {
         Some(2)
     );
 }
+
+#[test]
+fn doctor_on_the_example_names_the_leak_and_writes_the_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.html");
+    let out = memlens(&["doctor", "-o", report.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("!! Leak: 498.02 MiB per step at /home/user/train/workloads.py:55"),
+        "{text}"
+    );
+    assert!(text.contains("torch.no_grad()"), "{text}");
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert!(html.contains("id=\"memlens-data\""));
+    for attr in ["src=\"http", "href=\"http", "url(http", "import(\"http"] {
+        assert!(
+            !html.contains(attr),
+            "offline: no external resource ({attr})"
+        );
+    }
+}
+
+#[test]
+fn doctor_json_has_findings_and_report() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = dir.path().join("r.html");
+    let out = memlens(&[
+        "doctor",
+        &fixture("oom.at_oom.pickle.zst"),
+        "-o",
+        report.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["findings"][0]["kind"], "oom");
+    assert_eq!(v["findings"][0]["severity"], "critical");
+    assert_eq!(v["report"], report.to_str().unwrap());
+    for key in ["kind", "severity", "title", "site", "bytes"] {
+        assert!(v["findings"][0].get(key).is_some(), "{key}");
+    }
+}

@@ -147,6 +147,10 @@ pub fn render(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
         o.push_str(&super::peak::render(&d.peak));
         let _ = writeln!(o, "\n--- leaks ---");
         o.push_str(&super::leaks::render(&d.leaks));
+        if let Some(oom) = &d.oom {
+            let _ = writeln!(o, "\n--- oom ---");
+            o.push_str(&super::oom::render_report(oom));
+        }
     } else {
         let _ = writeln!(
             o,

@@ -64,6 +64,8 @@ pub struct Diagnosis {
     pub leaks: LeakReport,
     /// Allocator settings ranked, when fragmentation or an OOM made them matter.
     pub tune: Option<TuneResult>,
+    /// Why the allocation failed and what would fix it, when the trace holds an OOM.
+    pub oom: Option<crate::oom::OomReport>,
 }
 
 /// Share of reserved memory at the peak that, when free but unusable,
@@ -126,23 +128,56 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         .flat_map(|t| t.events.iter())
         .find(|e| e.action == Action::Oom)
         .copied();
+    let oom_report = match oom {
+        Some(_) => {
+            let o = crate::oom::OomOptions {
+                device_memory: opts.device_memory,
+                ..Default::default()
+            };
+            crate::oom::analyze_snapshot(last, &o).ok().flatten()
+        }
+        None => None,
+    };
     if let Some(e) = oom {
+        let (title, fix, evidence) = match &oom_report {
+            Some(r) => {
+                let best = r
+                    .fixes
+                    .iter()
+                    .find(|f| f.fits == Some(true))
+                    .or(r.fixes.first());
+                (
+                    format!(
+                        "CUDA out of memory ({}): a {} block could not be had",
+                        r.cause,
+                        format_bytes(r.tried_to_allocate_bytes)
+                    ),
+                    best.map(|f| f.action.clone()),
+                    vec![r.explanation.clone()],
+                )
+            }
+            None => (
+                format!(
+                    "CUDA out of memory: a {} allocation failed with {} free on the device",
+                    format_bytes(e.size),
+                    format_bytes(e.addr)
+                ),
+                Some("run `memlens oom` on this snapshot for the cause and the fixes".into()),
+                Vec::new(),
+            ),
+        };
         findings.push(Finding {
             kind: "oom".into(),
             severity: Severity::Critical,
-            title: format!(
-                "CUDA out of memory: a {} allocation failed with {} free on the device",
-                format_bytes(e.size),
-                format_bytes(e.addr)
-            ),
-            site: None,
+            title,
+            site: oom_report.as_ref().map(|r| r.site.clone()),
             bytes: Some(e.size),
-            fix: Some(
-                "run `memlens oom` on this snapshot for the cause and the fixes that would work"
-                    .into(),
-            ),
-            evidence: Vec::new(),
-            stack: Vec::new(),
+            fix,
+            evidence,
+            stack: oom_report
+                .as_ref()
+                .map(|r| r.stack.clone())
+                .unwrap_or_default(),
         });
     }
 
@@ -257,5 +292,6 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         peak,
         leaks,
         tune,
+        oom: oom_report,
     }
 }
