@@ -73,7 +73,125 @@ pub static ANALYSES: &[Analysis] = &[
             doc(&analysis::check::check(&peak, max_peak, max_reserved))
         },
     },
+    Analysis {
+        name: "oom",
+        run: |s, o| {
+            let snap = one(s)?;
+            let mut opts = memlens::oom::OomOptions {
+                device_memory: device_memory(o)?,
+                ..Default::default()
+            };
+            if let Some(m) = o.string("message")? {
+                opts.message = Some(memlens::oom::message::find(&m)?);
+            }
+            match memlens::oom::analyze_snapshot(snap, &opts)? {
+                Some(r) => doc(&r),
+                // Not an error: a snapshot without an OOM has nothing to explain.
+                None => doc(&serde_json::json!({
+                    "cause": null,
+                    "fixes": [],
+                    "explanation": "the snapshot holds no OOM (no `oom` event in its trace)"
+                })),
+            }
+        },
+    },
+    Analysis {
+        name: "simulate",
+        run: |s, o| {
+            let snap = one(s)?;
+            let opts = what_if(snap, o)?;
+            doc(&memlens::replay::simulate::simulate(
+                snap,
+                first_device(snap),
+                &opts,
+            )?)
+        },
+    },
+    Analysis {
+        name: "tune",
+        run: |s, o| {
+            let snap = one(s)?;
+            let opts = what_if(snap, o)?;
+            doc(&memlens::replay::tune::tune(
+                snap,
+                first_device(snap),
+                &opts,
+            )?)
+        },
+    },
+    Analysis {
+        name: "doctor",
+        run: |s, o| {
+            let named: Vec<(String, &Snapshot)> =
+                s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
+            let opts = analysis::doctor::DoctorOptions {
+                device_memory: device_memory(o)?,
+            };
+            let d = analysis::doctor::diagnose(&named, &opts);
+            let report = match o.string("path")? {
+                Some(p) => Some(write_report(&named, &d, &p)?),
+                None => None,
+            };
+            doc(&serde_json::json!({ "findings": d.findings, "report": report, "diagnosis": d }))
+        },
+    },
+    Analysis {
+        name: "report",
+        run: |s, o| {
+            let named: Vec<(String, &Snapshot)> =
+                s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
+            let path = o
+                .string("path")?
+                .ok_or_else(|| Error::usage("report needs a path"))?;
+            let d = analysis::doctor::diagnose(&named, &Default::default());
+            doc(&serde_json::json!({ "report": write_report(&named, &d, &path)? }))
+        },
+    },
 ];
+
+/// `device_memory` given as bytes, a size (`"80GiB"`) or a GPU name (`"H100-80GB"`).
+fn device_memory(o: &Options) -> Result<Option<u64>> {
+    match o.string("device_memory") {
+        Ok(Some(text)) => memlens::units::parse_device_memory(&text).map(Some),
+        _ => o.size("device_memory"),
+    }
+}
+
+/// Options of a what-if run: `config` (default: the recorded settings) and the device.
+fn what_if(snap: &Snapshot, o: &Options) -> Result<memlens::replay::simulate::SimulateOptions> {
+    let config = match o.string("config")? {
+        Some(c) => memlens::sim::AllocatorConfig::parse(&c)?,
+        None => memlens::sim::AllocatorConfig::from_settings(&snap.settings),
+    };
+    Ok(memlens::replay::simulate::SimulateOptions {
+        config,
+        device_memory: device_memory(o)?,
+        overhead: None,
+        allowed_memory_maximum: None,
+    })
+}
+
+/// The first device with a trace.
+fn first_device(snap: &Snapshot) -> u32 {
+    snap.traces
+        .iter()
+        .find(|t| !t.events.is_empty())
+        .map_or(0, |t| t.device)
+}
+
+/// Writes the HTML report of a diagnosis to `path` and returns the path.
+fn write_report(
+    named: &[(String, &Snapshot)],
+    d: &analysis::doctor::Diagnosis,
+    path: &str,
+) -> Result<String> {
+    let html = memlens::report::render_html(&memlens::report::from_diagnosis(named, d).bounded());
+    std::fs::write(path, html).map_err(|error| Error::Io {
+        path: path.into(),
+        error,
+    })?;
+    Ok(path.to_string())
+}
 
 /// The analysis called `name`, if this build has it.
 pub fn find(name: &str) -> Option<&'static Analysis> {
