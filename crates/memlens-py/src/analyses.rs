@@ -185,11 +185,7 @@ fn write_report(
     d: &analysis::doctor::Diagnosis,
     path: &str,
 ) -> Result<String> {
-    let html = memlens::report::render_html(&memlens::report::from_diagnosis(named, d).bounded());
-    std::fs::write(path, html).map_err(|error| Error::Io {
-        path: path.into(),
-        error,
-    })?;
+    memlens::report::write_report(named, d, std::path::Path::new(path))?;
     Ok(path.to_string())
 }
 

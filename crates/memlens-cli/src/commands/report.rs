@@ -43,30 +43,13 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     Ok(output::OK)
 }
 
-/// Builds the report from a diagnosis and writes it. The page is written to a
-/// temporary file beside the target and renamed into place, so a failure never
-/// leaves a half-written report over an earlier one.
+/// Builds the report from a diagnosis and writes it (atomically, see
+/// [`memlens::report::write_report`]).
 pub fn write_report(
     snaps: &[(String, &memlens::Snapshot)],
     d: &Diagnosis,
     path: &Path,
 ) -> anyhow::Result<PathBuf> {
-    let data = memlens::report::from_diagnosis(snaps, d).bounded();
-    let html = memlens::report::render_html(&data);
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
-    std::fs::write(&tmp, html.as_bytes())
-        .map_err(|e| anyhow::anyhow!("{}: cannot write the report: {e}", path.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        anyhow::anyhow!("{}: cannot write the report: {e}", path.display())
-    })?;
+    memlens::report::write_report(snaps, d, path)?;
     Ok(path.to_path_buf())
 }

@@ -72,3 +72,33 @@ impl ReportData {
         self
     }
 }
+
+/// Renders the report of a diagnosis and writes it to `path`. The page goes to
+/// a temporary file beside the target first and is renamed into place, so a
+/// failure never leaves a half-written report over an earlier one.
+pub fn write_report(
+    snaps: &[(String, &crate::Snapshot)],
+    diagnosis: &crate::analysis::doctor::Diagnosis,
+    path: &std::path::Path,
+) -> crate::Result<()> {
+    use std::path::Path;
+    let html = render_html(&from_diagnosis(snaps, diagnosis).bounded());
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+    let io = |error| crate::Error::Io {
+        path: path.into(),
+        error,
+    };
+    std::fs::write(&tmp, html.as_bytes()).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(e)
+    })
+}
