@@ -27,6 +27,7 @@ done
 
 if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
   big="$root/bench/data/large-1gb.pickle"
+  mkdir -p "$(dirname "$big")"
   [ -f "$big" ] || python3 "$root/bench/make_large.py" "$fx/long.pickle.zst" "$big" 1160
   start=$(date +%s.%N)
   "$ml" report "$big" -o "$out/large-1gb.html" >/dev/null
