@@ -3,40 +3,16 @@
 
 mod common;
 
-use common::{fixture, stats, FIXTURES};
+use common::{fixture, load_cached, stat, stats, FIXTURES};
 use memlens::replay::{replay_device, state_at, Delta, Replay, ReplayOptions, Totals};
 use memlens::sim::AllocatorConfig;
 use memlens::snapshot::Action;
 use memlens::Snapshot;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-/// Each fixture is read once per test binary (the tests share them).
-fn load(name: &str) -> Arc<Snapshot> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Snapshot>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(s) = cache.lock().unwrap().get(name) {
-        return Arc::clone(s);
-    }
-    let snap =
-        Arc::new(Snapshot::load(&fixture(&format!("{name}.pickle.zst"))).expect("fixture loads"));
-    cache
-        .lock()
-        .unwrap()
-        .insert(name.to_string(), Arc::clone(&snap));
-    snap
-}
-
-fn stat(name: &str, key: &str) -> u64 {
-    stats(name)["memory_stats"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{name}: {key}"))
-}
 
 #[test]
 fn peaks_match_memory_stats_exactly() {
     for name in FIXTURES {
-        let snap = load(name);
+        let snap = load_cached(name);
         let r = replay_device(&snap, 0, &ReplayOptions::default());
         assert_eq!(
             r.peak_allocated_bytes,
@@ -58,7 +34,7 @@ fn peaks_match_memory_stats_exactly() {
 #[test]
 fn every_memory_stat_matches() {
     for name in FIXTURES {
-        let snap = load(name);
+        let snap = load_cached(name);
         let r = replay_device(&snap, 0, &ReplayOptions::default());
         let mine = r.stats.to_flat_map();
         let truth = stats(name);
@@ -101,7 +77,7 @@ fn snapshot_taken_at_the_oom_matches_its_stats() {
 #[test]
 fn model_segments_equal_the_traces_in_order() {
     for name in FIXTURES {
-        let snap = load(name);
+        let snap = load_cached(name);
         let r = replay_device(&snap, 0, &ReplayOptions::default());
         let recorded: Vec<u64> = snap.traces[0]
             .events
@@ -116,7 +92,7 @@ fn model_segments_equal_the_traces_in_order() {
 
 #[test]
 fn streaming_steps_give_the_peaks_and_the_state_there() {
-    let snap = load("gpt2_train");
+    let snap = load_cached("gpt2_train");
     let mut r = Replay::new(&snap, 0, &ReplayOptions::default());
     let mut peak = (0, 0);
     let mut alloc_deltas = 0u64;
@@ -165,7 +141,7 @@ fn a_cut_trace_starts_from_the_dumped_state() {
     // must rebuild the state before the cut from the dumped segments and then
     // follow the full replay event for event.
     for name in ["gpt2_train", "resnet", "oom", "varlen@expandable"] {
-        let snap = load(name);
+        let snap = load_cached(name);
         let full = full_totals(&snap);
         let n = full.len();
         for cut in [7, 100, n / 3, n / 2, n - 50] {
@@ -197,7 +173,7 @@ fn a_cut_trace_converges_when_a_block_size_is_unknowable() {
     // A block allocated before the cut whose unsplit remainder nothing in the
     // trace reveals: totals may differ by that remainder until it is freed,
     // never by more than 1 MiB per such block, and the end state is exact.
-    let snap = load("varlen");
+    let snap = load_cached("varlen");
     let full = full_totals(&snap);
     let n = full.len();
     let mut cs = (*snap).clone();
@@ -218,7 +194,7 @@ fn a_cut_trace_converges_when_a_block_size_is_unknowable() {
 fn wrong_settings_still_follow_the_trace() {
     // Replaying under settings the run did not use: the model disagrees, the
     // trace wins, reserved bytes stay exact and nothing panics.
-    let snap = load("gpt2_train");
+    let snap = load_cached("gpt2_train");
     let opts = ReplayOptions {
         config: Some(AllocatorConfig::parse("roundup_power2_divisions:8").unwrap()),
         ..Default::default()
@@ -234,7 +210,7 @@ fn wrong_settings_still_follow_the_trace() {
 
 #[test]
 fn a_snapshot_without_trace_replays_to_nothing() {
-    let mut snap = (*load("cache_leak")).clone();
+    let mut snap = (*load_cached("cache_leak")).clone();
     snap.traces.clear();
     let r = replay_device(&snap, 0, &ReplayOptions::default());
     assert_eq!(r.events, 0);

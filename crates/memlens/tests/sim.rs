@@ -5,36 +5,12 @@
 
 mod common;
 
-use common::{fixture, stats};
+use common::{load_cached, stat, stats};
 use memlens::replay::simulate::{estimate_overhead, simulate, SimulateOptions, SimulationResult};
 use memlens::replay::tune::tune;
 use memlens::sim::AllocatorConfig;
 use memlens::snapshot::Action;
 use memlens::Snapshot;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-
-/// Each fixture is read once per test binary.
-fn load(name: &str) -> Arc<Snapshot> {
-    static CACHE: OnceLock<Mutex<HashMap<String, Arc<Snapshot>>>> = OnceLock::new();
-    let cache = CACHE.get_or_init(Default::default);
-    if let Some(s) = cache.lock().unwrap().get(name) {
-        return Arc::clone(s);
-    }
-    let snap =
-        Arc::new(Snapshot::load(&fixture(&format!("{name}.pickle.zst"))).expect("fixture loads"));
-    cache
-        .lock()
-        .unwrap()
-        .insert(name.to_string(), Arc::clone(&snap));
-    snap
-}
-
-fn stat(name: &str, key: &str) -> u64 {
-    stats(name)["memory_stats"][key]
-        .as_u64()
-        .unwrap_or_else(|| panic!("{name}: {key}"))
-}
 
 /// Runs `from`'s trace under the settings `to` was recorded with.
 fn predict(from: &str, to: &str) -> SimulationResult {
@@ -43,7 +19,7 @@ fn predict(from: &str, to: &str) -> SimulationResult {
         config: AllocatorConfig::parse(&conf).unwrap(),
         ..Default::default()
     };
-    simulate(&load(from), 0, &opts).unwrap()
+    simulate(&load_cached(from), 0, &opts).unwrap()
 }
 
 fn assert_within(pred: u64, real: u64, tol: f64, what: &str) {
@@ -58,7 +34,7 @@ fn assert_within(pred: u64, real: u64, tol: f64, what: &str) {
 #[test]
 fn recorded_settings_reproduce_the_run_without_its_addresses() {
     for name in ["gpt2_train", "resnet", "gpt2_eval_leak", "long"] {
-        let snap = load(name);
+        let snap = load_cached(name);
         let opts = SimulateOptions {
             config: AllocatorConfig::from_settings(&snap.settings),
             ..Default::default()
@@ -134,7 +110,7 @@ fn varlen_under_gc_threshold_without_a_memory_fraction() {
         config: AllocatorConfig::parse("max_split_size_mb:128").unwrap(),
         ..Default::default()
     };
-    let s = simulate(&load("varlen"), 0, &only_split).unwrap();
+    let s = simulate(&load_cached("varlen"), 0, &only_split).unwrap();
     assert_eq!(s.peak_reserved_bytes, r.peak_reserved_bytes);
 }
 
@@ -183,7 +159,7 @@ const H100_TOTAL: u64 = 85_018_877_624;
 
 #[test]
 fn the_oom_run_fails_where_it_did_under_its_memory_fraction() {
-    let snap = load("oom");
+    let snap = load_cached("oom");
     let opts = SimulateOptions {
         config: AllocatorConfig::parse("per_process_memory_fraction:0.1").unwrap(),
         device_memory: Some(H100_TOTAL),
@@ -222,18 +198,21 @@ fn the_oom_run_fails_where_it_did_under_its_memory_fraction() {
 
 #[test]
 fn overhead_is_estimated_from_the_oom_event() {
-    let snap = load("oom");
+    let snap = load_cached("oom");
     // device_free 46327988224 at the OOM, 8445231104 reserved then: the rest
     // of the GPU was in use by others.
     let o = estimate_overhead(&snap, 0, H100_TOTAL).unwrap();
     assert_eq!(o, H100_TOTAL - 46_327_988_224 - 8_445_231_104);
-    assert_eq!(estimate_overhead(&load("gpt2_train"), 0, H100_TOTAL), None);
+    assert_eq!(
+        estimate_overhead(&load_cached("gpt2_train"), 0, H100_TOTAL),
+        None
+    );
     // A device too small for the run OOMs.
     let opts = SimulateOptions {
         device_memory: Some(4 << 30),
         ..Default::default()
     };
-    let r = simulate(&load("gpt2_train"), 0, &opts).unwrap();
+    let r = simulate(&load_cached("gpt2_train"), 0, &opts).unwrap();
     assert!(r.num_ooms > 0);
     assert!(r.first_oom.is_some());
     assert_eq!(r.capacity_bytes, Some(4 << 30));
@@ -245,12 +224,12 @@ fn a_memory_fraction_needs_the_device_memory() {
         config: AllocatorConfig::parse("per_process_memory_fraction:0.5").unwrap(),
         ..Default::default()
     };
-    assert!(simulate(&load("cache_leak"), 0, &opts).is_err());
+    assert!(simulate(&load_cached("cache_leak"), 0, &opts).is_err());
 }
 
 #[test]
 fn tune_ranks_expandable_segments_first_for_varlen() {
-    let t = tune(&load("varlen"), 0, &SimulateOptions::default()).unwrap();
+    let t = tune(&load_cached("varlen"), 0, &SimulateOptions::default()).unwrap();
     let best = &t.candidates[0];
     assert_eq!(best.config, "expandable_segments:True");
     assert_eq!(
@@ -291,7 +270,7 @@ fn tune_prefers_settings_that_avoid_the_oom() {
         allowed_memory_maximum: Some(H100_TOTAL / 10),
         ..Default::default()
     };
-    let t = tune(&load("oom"), 0, &opts).unwrap();
+    let t = tune(&load_cached("oom"), 0, &opts).unwrap();
     let recorded = t.candidates.iter().find(|c| c.recorded).unwrap();
     assert_eq!(recorded.num_ooms, 1);
     // Whatever wins has no more OOMs than the recorded settings.
@@ -403,7 +382,7 @@ fn empty_cache_calls_are_told_from_retries_and_replayed() {
 
 #[test]
 fn a_cut_trace_is_simulated_from_the_recorded_state() {
-    let mut snap = (*load("gpt2_train")).clone();
+    let mut snap = (*load_cached("gpt2_train")).clone();
     let n = snap.traces[0].events.len();
     snap.traces[0].events.drain(..n / 2);
     let r = simulate(

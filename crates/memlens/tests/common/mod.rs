@@ -39,3 +39,29 @@ pub const FIXTURES: &[&str] = &[
     "varlen@gc06",
     "varlen@maxsplit64",
 ];
+
+/// `NAME.pickle.zst` read once per test binary and shared by its tests.
+pub fn load_cached(name: &str) -> std::sync::Arc<memlens::Snapshot> {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex, OnceLock};
+    static CACHE: OnceLock<Mutex<HashMap<String, Arc<memlens::Snapshot>>>> = OnceLock::new();
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(s) = cache.lock().unwrap().get(name) {
+        return Arc::clone(s);
+    }
+    let snap = Arc::new(
+        memlens::Snapshot::load(&fixture(&format!("{name}.pickle.zst"))).expect("fixture loads"),
+    );
+    cache
+        .lock()
+        .unwrap()
+        .insert(name.to_string(), Arc::clone(&snap));
+    snap
+}
+
+/// A `memory_stats` figure of a fixture's stats.json.
+pub fn stat(name: &str, key: &str) -> u64 {
+    stats(name)["memory_stats"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{name}: {key}"))
+}
