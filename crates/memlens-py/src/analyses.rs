@@ -102,7 +102,7 @@ pub static ANALYSES: &[Analysis] = &[
             let opts = what_if(snap, o)?;
             doc(&memlens::replay::simulate::simulate(
                 snap,
-                first_device(snap),
+                snap.first_traced_device(),
                 &opts,
             )?)
         },
@@ -114,7 +114,7 @@ pub static ANALYSES: &[Analysis] = &[
             let opts = what_if(snap, o)?;
             doc(&memlens::replay::tune::tune(
                 snap,
-                first_device(snap),
+                snap.first_traced_device(),
                 &opts,
             )?)
         },
@@ -169,14 +169,6 @@ fn what_if(snap: &Snapshot, o: &Options) -> Result<memlens::replay::simulate::Si
         overhead: None,
         allowed_memory_maximum: None,
     })
-}
-
-/// The first device with a trace.
-fn first_device(snap: &Snapshot) -> u32 {
-    snap.traces
-        .iter()
-        .find(|t| !t.events.is_empty())
-        .map_or(0, |t| t.device)
 }
 
 /// Writes the HTML report of a diagnosis to `path` and returns the path.

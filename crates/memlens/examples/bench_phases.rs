@@ -25,11 +25,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         events / 1e6
     );
 
-    let device = snap
-        .traces
-        .iter()
-        .find(|t| !t.events.is_empty())
-        .map_or(0, |t| t.device);
+    let device = snap.first_traced_device();
     let t = Instant::now();
     let r = replay_device(&snap, device, &ReplayOptions::default());
     let replay = t.elapsed().as_secs_f64();

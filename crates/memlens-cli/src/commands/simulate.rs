@@ -110,8 +110,7 @@ struct Recorded {
 
 /// Runs `memlens simulate`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let snap = Snapshot::load(&args.snapshot)
-        .with_context(|| format!("cannot read snapshot {}", args.snapshot.display()))?;
+    let snap = super::load(&args.snapshot)?;
     let device =
         pick_device(&snap, args.device).with_context(|| format!("{}", args.snapshot.display()))?;
     let recorded_config = AllocatorConfig::from_settings(&snap.settings);

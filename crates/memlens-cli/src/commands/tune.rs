@@ -6,7 +6,6 @@ use crate::output;
 use anyhow::Context;
 use memlens::replay::tune::{tune, TuneResult};
 use memlens::units::format_bytes;
-use memlens::Snapshot;
 use serde::Serialize;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -45,8 +44,7 @@ struct Doc<'a> {
 
 /// Runs `memlens tune`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let snap = Snapshot::load(&args.snapshot)
-        .with_context(|| format!("cannot read snapshot {}", args.snapshot.display()))?;
+    let snap = super::load(&args.snapshot)?;
     let device =
         pick_device(&snap, args.device).with_context(|| format!("{}", args.snapshot.display()))?;
     let opts = device_options(

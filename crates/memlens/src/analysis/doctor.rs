@@ -189,11 +189,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
         && slack > 512 << 20;
     let tune = if fragmented || oom.is_some() {
-        let device = last
-            .traces
-            .iter()
-            .find(|t| !t.events.is_empty())
-            .map_or(0, |t| t.device);
+        let device = last.first_traced_device();
         let sim = SimulateOptions {
             config: AllocatorConfig::from_settings(&last.settings),
             device_memory: opts.device_memory,

@@ -367,6 +367,15 @@ impl Snapshot {
         d
     }
 
+    /// The first device whose trace has events (0 when none has): the one a
+    /// single-device analysis replays.
+    pub fn first_traced_device(&self) -> u32 {
+        self.traces
+            .iter()
+            .find(|t| !t.events.is_empty())
+            .map_or(0, |t| t.device)
+    }
+
     /// Formats a frame as `file:line` (the short form users know).
     pub fn frame_location(&self, id: FrameId) -> String {
         let f = self.frame(id);
