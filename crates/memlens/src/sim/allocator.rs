@@ -3,13 +3,14 @@
 //!
 //! Blocks live in a slab and link to their neighbours in the segment by index.
 //! Each `BlockPool` (small and large, for the default pool and every private
-//! pool) keeps its free mapped blocks in a `BTreeMap` ordered like
+//! pool) keeps its free mapped blocks in a [`FreeSet`] ordered like
 //! `BlockComparatorSize` — (stream, size, address) — so best fit is one
-//! `range` lookup, and its unmapped expandable address space ordered like
+//! range lookup, and its unmapped expandable address space ordered like
 //! `BlockComparatorAddress`.
 
 use super::config::AllocatorConfig;
 use super::device::Device;
+use super::free_set::FreeSet;
 use super::rounding::{
     allocation_size, is_small, round_size, MIN_BLOCK_SIZE, SMALL_BUFFER, SMALL_SIZE,
 };
@@ -87,13 +88,12 @@ impl SegmentRec {
     }
 }
 
-type SizeKey = (u64, u64, u64);
 type AddrKey = (u64, u64);
 
 #[derive(Clone, Debug, Default)]
 pub(crate) struct BlockPool {
     pub(crate) is_small: bool,
-    pub(crate) blocks: BTreeMap<SizeKey, u32>,
+    pub(crate) blocks: FreeSet,
     pub(crate) unmapped: BTreeMap<AddrKey, u32>,
     get_free_blocks_call_count: i64,
 }
@@ -411,25 +411,20 @@ impl Allocator {
 
     // ----- pool sets -----
 
-    #[inline]
-    fn size_key(&self, id: u32) -> SizeKey {
-        let b = self.b(id);
-        (b.stream, b.size, b.addr)
-    }
-
     /// `insert_into_blocks`: into the free set, stamping the GC age base.
     fn insert_free(&mut self, id: u32) {
-        let key = self.size_key(id);
         let pool = self.b(id).pool as usize;
         let count = self.pools[pool].get_free_blocks_call_count;
-        self.bm(id).gc_count_base = count;
-        self.pools[pool].blocks.insert(key, id);
+        let b = self.bm(id);
+        b.gc_count_base = count;
+        let (stream, size, addr) = (b.stream, b.size, b.addr);
+        self.pools[pool].blocks.insert(stream, size, addr, id);
     }
 
     fn remove_free(&mut self, id: u32) {
-        let key = self.size_key(id);
-        let pool = self.b(id).pool as usize;
-        self.pools[pool].blocks.remove(&key);
+        let b = self.b(id);
+        let (stream, size, addr, pool) = (b.stream, b.size, b.addr, b.pool as usize);
+        self.pools[pool].blocks.remove(stream, size, addr);
     }
 
     fn insert_unmapped(&mut self, id: u32) {
@@ -509,9 +504,8 @@ impl Allocator {
     fn largest_free_on(&self, stream: u64, pool: u16) -> u64 {
         self.pools[pool as usize]
             .blocks
-            .range((stream, 0, 0)..(stream, u64::MAX, u64::MAX))
-            .next_back()
-            .map_or(0, |(k, _)| k.1)
+            .largest_on(stream)
+            .map_or(0, |e| e.size)
     }
 
     /// `get_free_block`: best fit by (stream, size, address), with the
@@ -531,19 +525,15 @@ impl Allocator {
     fn find_free_block(&self, p: &Params) -> Option<u32> {
         let max_split = self.config.max_split();
         let pool = &self.pools[p.pool as usize];
-        let mut it = pool.blocks.range((p.stream, p.size, 0)..);
-        let (&(stream, _, _), &first) = it.next()?;
-        if stream != p.stream {
-            return None;
-        }
+        let mut it = pool.blocks.at_least(p.stream, p.size).map(|e| e.id);
+        let first = it.next()?;
         let mut chosen = first;
         if self.is_expandable_block(first) {
             if p.expandable {
                 // Best fit counts the unmapped space after a block as part of
                 // it, so a block that can grow is taken only after smaller ones.
-                for (&(s, _, _), &next) in it {
+                for next in it {
                     if !self.is_expandable_block(chosen)
-                        || s != p.stream
                         || self.expandable_size(next) >= self.expandable_size(chosen)
                     {
                         break;
@@ -552,17 +542,7 @@ impl Allocator {
                 }
             } else {
                 // Expandable segments were turned off: only plain blocks.
-                let mut found = None;
-                for (&(s, _, _), &next) in it {
-                    if s != p.stream {
-                        return None;
-                    }
-                    if !self.is_expandable_block(next) {
-                        found = Some(next);
-                        break;
-                    }
-                }
-                chosen = found?;
+                chosen = it.find(|&next| !self.is_expandable_block(next))?;
             }
         }
         let bsize = self.b(chosen).size;
@@ -755,26 +735,26 @@ impl Allocator {
             return false;
         }
         let key_size = p.size.max(max_split);
-        let key = (p.stream, key_size, 0);
         let pool = &self.pools[p.pool as usize];
-        let hit = pool.blocks.range(key..).next().map(|(k, v)| (*k, *v));
+        let hit = pool.blocks.at_least(p.stream, key_size).next();
         match hit {
             // Expandable blocks are never released here (newer builds skip
             // them; older ones had no expandable blocks in this path).
-            Some((k, id)) if k.0 == p.stream && !self.is_expandable_block(id) => {
+            Some(e) if !self.is_expandable_block(e.id) => {
+                let id = e.id;
                 self.release_block(id, dev);
                 true
             }
             _ => {
                 let mut total = 0u64;
                 let mut to_release = Vec::new();
-                for (k, &id) in pool.blocks.range(..key).rev() {
-                    if total >= key_size || k.1 < max_split || k.0 != p.stream {
+                for e in pool.blocks.below(p.stream, key_size) {
+                    if total >= key_size || e.size < max_split {
                         break;
                     }
-                    if !self.is_expandable_block(id) {
-                        total += k.1;
-                        to_release.push(id);
+                    if !self.is_expandable_block(e.id) {
+                        total += e.size;
+                        to_release.push(e.id);
                     }
                 }
                 for id in to_release {
@@ -800,7 +780,7 @@ impl Allocator {
     }
 
     fn release_blocks(&mut self, pool: u16, dev: &mut dyn Device) {
-        let ids: Vec<u32> = self.pools[pool as usize].blocks.values().copied().collect();
+        let ids = self.pools[pool as usize].blocks.ids();
         let mut to_unmap = Vec::new();
         for id in ids {
             if self.is_expandable_block(id) {
@@ -841,7 +821,7 @@ impl Allocator {
         let count = self.pools[large].get_free_blocks_call_count;
         let mut total_age: i64 = 0;
         let mut freeable: i64 = 0;
-        for &id in self.pools[large].blocks.values() {
+        for id in self.pools[large].blocks.iter().map(|e| e.id) {
             if !self.is_split(id) {
                 total_age += count - self.b(id).gc_count_base;
                 freeable += 1;
@@ -855,7 +835,7 @@ impl Allocator {
         while reclaimed < target && freed && freeable > 0 {
             let age_threshold = total_age as f64 / freeable as f64;
             freed = false;
-            let ids: Vec<u32> = self.pools[large].blocks.values().copied().collect();
+            let ids = self.pools[large].blocks.ids();
             for id in ids {
                 let age = count - self.b(id).gc_count_base;
                 // `release_block` cannot free expandable blocks; newer builds

@@ -9,6 +9,7 @@
 //! * [`rounding`]: `round_size` and the segment sizes.
 //! * [`allocator`]: pools, best fit, splitting, merging, the retry order on
 //!   failure, garbage collection, `empty_cache`, expandable segments.
+//! * `free_set`: each pool's free blocks in best-fit order.
 //! * [`device`]: what the model asks of the GPU; replay answers from the trace,
 //!   what-if runs from a [`device::SyntheticDevice`] with a capacity.
 //! * [`stats`]: `memory_stats()` semantics; [`state`]: views for display.
@@ -16,6 +17,7 @@
 pub mod allocator;
 pub mod config;
 pub mod device;
+mod free_set;
 pub mod rounding;
 pub mod state;
 pub mod stats;

@@ -110,7 +110,7 @@ impl Allocator {
     pub fn largest_free_block(&self) -> u64 {
         self.pools
             .iter()
-            .flat_map(|p| p.blocks.keys().map(|k| k.1))
+            .flat_map(|p| p.blocks.iter().map(|e| e.size))
             .max()
             .unwrap_or(0)
     }
