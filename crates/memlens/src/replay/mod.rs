@@ -225,11 +225,19 @@ impl<'s> Replay<'s> {
     /// Prepares the replay of `device`'s trace (an empty replay when the
     /// snapshot has no trace for it).
     pub fn new(snap: &'s Snapshot, device: u32, opts: &ReplayOptions) -> Replay<'s> {
-        let events: &[TraceEvent] = snap
-            .traces
-            .iter()
-            .find(|t| t.device == device)
-            .map_or(&[], |t| &t.events);
+        let initial = initial::reconstruct(snap, device, snap.device_trace(device));
+        Replay::from_initial(snap, device, opts, initial)
+    }
+
+    /// [`Replay::new`] from a state before the first event already
+    /// reconstructed (by [`initial::reconstruct`]), to undo the trace once.
+    pub fn from_initial(
+        snap: &'s Snapshot,
+        device: u32,
+        opts: &ReplayOptions,
+        initial: InitialState,
+    ) -> Replay<'s> {
+        let events = snap.device_trace(device);
         let config = opts
             .config
             .clone()
@@ -245,7 +253,6 @@ impl<'s> Replay<'s> {
             private_ranges.push((s.address, s.address + s.total_size, pool));
         }
         private_ranges.sort_unstable();
-        let initial = initial::reconstruct(snap, device, events);
         let mut r = Replay {
             snap,
             device,
@@ -453,6 +460,20 @@ impl<'s> Replay<'s> {
     /// Replays the next event; `None` at the end of the trace.
     pub fn step(&mut self) -> Option<Step> {
         let index = self.pos;
+        let (event, delta) = self.advance()?;
+        Some(Step {
+            index,
+            event,
+            delta,
+            totals: self.totals,
+        })
+    }
+
+    /// [`Replay::step`] without building the [`Step`]: loops that only read
+    /// the totals skip copying them out for every event.
+    #[inline]
+    fn advance(&mut self) -> Option<(TraceEvent, Delta)> {
+        let index = self.pos;
         let event = *self.events.get(index)?;
         self.pos += 1;
         let delta = match event.action {
@@ -476,12 +497,7 @@ impl<'s> Replay<'s> {
                 self.flush_pending(&event);
             }
         }
-        Some(Step {
-            index,
-            event,
-            delta,
-            totals: self.totals,
-        })
+        Some((event, delta))
     }
 
     /// Replays every remaining event and summarises.
@@ -490,13 +506,13 @@ impl<'s> Replay<'s> {
         let mut peak_res = (self.totals.all.reserved, None);
         let mut peak_active = self.totals.all.active;
         let mut peak_req = self.totals.all.requested;
-        while let Some(s) = self.step() {
-            let t = s.totals.all;
+        while self.advance().is_some() {
+            let (index, t) = (self.pos - 1, self.totals.all);
             if t.allocated > peak_alloc.0 {
-                peak_alloc = (t.allocated, Some(s.index));
+                peak_alloc = (t.allocated, Some(index));
             }
             if t.reserved > peak_res.0 {
-                peak_res = (t.reserved, Some(s.index));
+                peak_res = (t.reserved, Some(index));
             }
             peak_active = peak_active.max(t.active);
             peak_req = peak_req.max(t.requested);
@@ -523,7 +539,7 @@ impl<'s> Replay<'s> {
     /// Replays up to and including event `index` (or to the end).
     pub fn run_to(&mut self, index: usize) {
         while self.pos <= index {
-            if self.step().is_none() {
+            if self.advance().is_none() {
                 break;
             }
         }
@@ -1007,21 +1023,29 @@ fn is_segment_event(a: Action) -> bool {
 /// `empty_cache()` call. Whether the cache could serve the allocation is
 /// answered by the replay, in the state just before the frees.
 pub fn release_runs(snap: &Snapshot, device: u32, opts: &ReplayOptions) -> Vec<ReleaseRun> {
-    let events: &[TraceEvent] = snap
-        .traces
+    let initial = initial::reconstruct(snap, device, snap.device_trace(device));
+    release_runs_from(snap, device, opts, initial)
+}
+
+/// [`release_runs`] from a state before the first event already reconstructed.
+pub fn release_runs_from(
+    snap: &Snapshot,
+    device: u32,
+    opts: &ReplayOptions,
+    initial: InitialState,
+) -> Vec<ReleaseRun> {
+    let events = snap.device_trace(device);
+    let Some(last_free) = events
         .iter()
-        .find(|t| t.device == device)
-        .map_or(&[], |t| &t.events);
-    if !events
-        .iter()
-        .any(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
-    {
+        .rposition(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
+    else {
         return Vec::new();
-    }
+    };
     let mut out = Vec::new();
-    let mut r = Replay::new(snap, device, opts);
+    let mut r = Replay::from_initial(snap, device, opts, initial);
     let mut i = 0;
-    while i < events.len() {
+    // Past the last segment free there is nothing left to classify.
+    while i <= last_free {
         let e = &events[i];
         let starts = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
             && (i == 0 || !is_segment_event(events[i - 1].action));
@@ -1041,7 +1065,7 @@ pub fn release_runs(snap: &Snapshot, device: u32, opts: &ReplayOptions) -> Vec<R
                 cause,
             });
         }
-        r.step();
+        r.advance();
         i += 1;
     }
     out

@@ -12,7 +12,7 @@ use crate::sim::{
     Allocator, AllocatorConfig, DeviceLimits, DeviceOp, Handle, MemoryStats, SyntheticDevice,
     DEFAULT_POOL,
 };
-use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
+use crate::snapshot::{Action, Snapshot, StackId};
 use hashbrown::HashMap;
 use serde::Serialize;
 
@@ -94,13 +94,6 @@ pub struct SimulationResult {
     pub warnings: Vec<String>,
 }
 
-fn trace_of(snap: &Snapshot, device: u32) -> &[TraceEvent] {
-    snap.traces
-        .iter()
-        .find(|t| t.device == device)
-        .map_or(&[], |t| &t.events)
-}
-
 /// What a what-if run needs from the recorded trace, computed once for any
 /// number of settings: the state before the first event, where the program
 /// called `empty_cache()`, and the overhead an `oom` event implies.
@@ -115,13 +108,14 @@ pub struct Prepared {
 impl Prepared {
     /// Studies `device`'s trace (one replay when it has segment frees).
     pub fn new(snap: &Snapshot, device: u32) -> Prepared {
-        let events = trace_of(snap, device);
+        let events = snap.device_trace(device);
         let initial = initial::reconstruct(snap, device, events);
-        let empty_cache_at = super::release_runs(snap, device, &ReplayOptions::default())
-            .into_iter()
-            .filter(|r| r.cause == ReleaseCause::EmptyCache)
-            .map(|r| r.start)
-            .collect();
+        let empty_cache_at =
+            super::release_runs_from(snap, device, &ReplayOptions::default(), initial.clone())
+                .into_iter()
+                .filter(|r| r.cause == ReleaseCause::EmptyCache)
+                .map(|r| r.start)
+                .collect();
         let mut reserved: u64 = initial.segments.iter().map(|s| s.size).sum();
         let mut reserved_at_oom = None;
         for e in events {
@@ -180,7 +174,7 @@ pub fn simulate_prepared(
     opts: &SimulateOptions,
 ) -> crate::Result<SimulationResult> {
     let device = prep.device;
-    let events = trace_of(snap, device);
+    let events = snap.device_trace(device);
     if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
         return Err(crate::Error::usage(
             "per_process_memory_fraction needs the device's memory (--device-memory)",

@@ -376,6 +376,14 @@ impl Snapshot {
             .map_or(0, |t| t.device)
     }
 
+    /// The trace of `device` (empty when the snapshot has none for it).
+    pub fn device_trace(&self, device: u32) -> &[TraceEvent] {
+        self.traces
+            .iter()
+            .find(|t| t.device == device)
+            .map_or(&[], |t| &t.events)
+    }
+
     /// Formats a frame as `file:line` (the short form users know).
     pub fn frame_location(&self, id: FrameId) -> String {
         let f = self.frame(id);
