@@ -22,7 +22,22 @@ pub struct Args {
     /// `expandable_segments:True` (default: the settings recorded in the snapshot).
     #[arg(long)]
     pub config: Option<String>,
-    /// Total memory of the GPU, e.g. `80GB` or `79.18GiB` (default: unlimited).
+    /// The device the what-if run targets.
+    #[command(flatten)]
+    pub target: DeviceArgs,
+    /// Apply the allocator rules of this PyTorch version (e.g. 2.3).
+    #[arg(long, value_name = "V")]
+    pub torch_version: Option<String>,
+    /// Print the JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The device a what-if run targets: flags shared by `simulate` and `tune`.
+#[derive(clap::Args, Debug)]
+pub struct DeviceArgs {
+    /// Total memory of the GPU, e.g. `80GB` or `79.18GiB` (default: unlimited,
+    /// so only reserved memory counts).
     #[arg(long, value_name = "SIZE")]
     pub device_memory: Option<String>,
     /// Memory used outside PyTorch's allocator (CUDA context, other processes);
@@ -33,26 +48,20 @@ pub struct Args {
     /// --device-memory).
     #[arg(long, value_name = "F")]
     pub memory_fraction: Option<f64>,
-    /// Apply the allocator rules of this PyTorch version (e.g. 2.3).
-    #[arg(long, value_name = "V")]
-    pub torch_version: Option<String>,
-    /// Device ordinal to simulate (default: the first with a trace).
+    /// Device ordinal (default: the first with a trace).
     #[arg(long)]
     pub device: Option<u32>,
-    /// Print the JSON document instead of text.
-    #[arg(long)]
-    pub json: bool,
 }
 
-/// What-if options shared with `tune`: device memory, overhead, fraction.
-pub(crate) fn device_options(
-    device_memory: Option<&str>,
-    overhead: Option<&str>,
-    memory_fraction: Option<f64>,
-) -> anyhow::Result<SimulateOptions> {
-    let device_memory = device_memory.map(parse_device_memory).transpose()?;
-    let overhead = overhead.map(parse_size).transpose()?;
-    let allowed_memory_maximum = match (memory_fraction, device_memory) {
+/// What-if options from the device flags: device memory, overhead, fraction.
+pub(crate) fn device_options(args: &DeviceArgs) -> anyhow::Result<SimulateOptions> {
+    let device_memory = args
+        .device_memory
+        .as_deref()
+        .map(parse_device_memory)
+        .transpose()?;
+    let overhead = args.overhead.as_deref().map(parse_size).transpose()?;
+    let allowed_memory_maximum = match (args.memory_fraction, device_memory) {
         (None, _) => None,
         (Some(f), _) if !(f > 0.0 && f <= 1.0) => {
             anyhow::bail!("invalid --memory-fraction {f}: set it in (0, 1]")
@@ -111,8 +120,8 @@ struct Recorded {
 /// Runs `memlens simulate`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snap = super::load(&args.snapshot)?;
-    let device =
-        pick_device(&snap, args.device).with_context(|| format!("{}", args.snapshot.display()))?;
+    let device = pick_device(&snap, args.target.device)
+        .with_context(|| format!("{}", args.snapshot.display()))?;
     let recorded_config = AllocatorConfig::from_settings(&snap.settings);
     let mut config = match &args.config {
         Some(text) => AllocatorConfig::parse(text).context("--config")?,
@@ -121,11 +130,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(v) = &args.torch_version {
         config.version = TorchVersion::parse(v)?;
     }
-    let mut opts = device_options(
-        args.device_memory.as_deref(),
-        args.overhead.as_deref(),
-        args.memory_fraction,
-    )?;
+    let mut opts = device_options(&args.target)?;
     opts.config = config;
     let result = simulate(&snap, device, &opts)?;
     let recorded = replay_device(&snap, device, &ReplayOptions::default());

@@ -1,7 +1,7 @@
 //! `memlens tune`: simulates the usual `PYTORCH_CUDA_ALLOC_CONF` settings on a
 //! trace and ranks them.
 
-use crate::commands::simulate::{device_options, pick_device};
+use crate::commands::simulate::{device_options, pick_device, DeviceArgs};
 use crate::output;
 use anyhow::Context;
 use memlens::replay::tune::{tune, TuneResult};
@@ -15,21 +15,9 @@ use std::path::PathBuf;
 pub struct Args {
     /// The snapshot (.pickle, .pickle.gz, .pickle.zst or JSON).
     pub snapshot: PathBuf,
-    /// Total memory of the GPU, e.g. `80GB` (default: unlimited, so only
-    /// reserved memory ranks the settings).
-    #[arg(long, value_name = "SIZE")]
-    pub device_memory: Option<String>,
-    /// Memory used outside PyTorch's allocator; default: estimated from the
-    /// trace's OOM event, else 0.
-    #[arg(long, value_name = "SIZE")]
-    pub overhead: Option<String>,
-    /// A `torch.cuda.set_per_process_memory_fraction` the run used (needs
-    /// --device-memory).
-    #[arg(long, value_name = "F")]
-    pub memory_fraction: Option<f64>,
-    /// Device ordinal (default: the first with a trace).
-    #[arg(long)]
-    pub device: Option<u32>,
+    /// The device the what-if run targets.
+    #[command(flatten)]
+    pub target: DeviceArgs,
     /// Print the JSON document instead of text.
     #[arg(long)]
     pub json: bool,
@@ -45,13 +33,9 @@ struct Doc<'a> {
 /// Runs `memlens tune`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snap = super::load(&args.snapshot)?;
-    let device =
-        pick_device(&snap, args.device).with_context(|| format!("{}", args.snapshot.display()))?;
-    let opts = device_options(
-        args.device_memory.as_deref(),
-        args.overhead.as_deref(),
-        args.memory_fraction,
-    )?;
+    let device = pick_device(&snap, args.target.device)
+        .with_context(|| format!("{}", args.snapshot.display()))?;
+    let opts = device_options(&args.target)?;
     let result = tune(&snap, device, &opts)?;
     let doc = Doc {
         snapshot: args.snapshot.display().to_string(),
