@@ -91,3 +91,33 @@ fn live_at_peak_names_user_sites() {
     assert!(top.stack.len() > 3);
     assert!(r.other_sites > 0 || r.live_at_peak.len() <= 5);
 }
+
+/// Every training fixture (H100: 32 MiB workspaces) makes two cuBLAS
+/// workspaces that live to the end: one at the first forward matmul, one on
+/// the autograd thread. They are `other`, not a kept activation and a
+/// gradient; on `gpt2_train` (gradients set to None before the forward pass
+/// that peaks) no gradient is left at the peak.
+#[test]
+fn cublas_workspaces_are_not_activations_or_gradients() {
+    for name in ["gpt2_train", "resnet", "long"] {
+        let r = peak(&load(&format!("{name}.pickle.zst")), 50);
+        let ws: Vec<_> = r
+            .live_at_peak
+            .iter()
+            .filter(|s| s.site.starts_with("<cuBLAS workspace"))
+            .collect();
+        assert_eq!(ws.len(), 2, "{name}: {:?}", r.live_at_peak);
+        for s in ws {
+            // The block may keep an unsplit remainder of up to 1 MiB.
+            assert!(
+                (32 << 20..=33 << 20).contains(&s.bytes),
+                "{name}: {}",
+                s.bytes
+            );
+            assert_eq!(s.category.as_str(), "other", "{name}");
+        }
+        assert!(cat(&r, "other") >= (64 << 20) as f64, "{name}");
+    }
+    let r = peak(&load("gpt2_train.pickle.zst"), 10);
+    assert_eq!(cat(&r, "gradient"), 0.0, "{:?}", r.categories);
+}

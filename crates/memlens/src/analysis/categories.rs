@@ -65,7 +65,7 @@ impl Category {
             Category::Activation => "made in a forward pass and freed in backward, or still alive after its step",
             Category::Temporary => "freed in the same phase that made it",
             Category::Input => "made by user code outside any model call and alive to the next step or later",
-            Category::Other => "none of the above",
+            Category::Other => "none of the above, or a cuBLAS workspace (a block of a cuBLAS workspace size made at the first matrix multiply of a stream and thread, never freed)",
         }
     }
 }
@@ -197,6 +197,56 @@ pub fn event_phases(snap: &Snapshot, trace: usize, phases: &Phases) -> Vec<Phase
             }
         })
         .collect()
+}
+
+/// Sizes PyTorch gives the workspace it attaches to each cuBLAS handle and
+/// stream (`getChosenWorkspaceSize`, CUDABlas): 32 MiB on Hopper and newer;
+/// `4096 KiB × 2 + 16 KiB × 8` on older GPUs (4 MiB in some builds).
+pub const CUBLAS_WORKSPACE_SIZES: [u64; 3] = [32 << 20, 4096 * 1024 * 2 + 16 * 1024 * 8, 4 << 20];
+
+/// The `alloc` events of a trace that are cuBLAS workspaces, sorted.
+///
+/// The workspace is allocated on the first matrix multiply of each thread's
+/// handle and stream and never freed: once from the main thread (with the
+/// Python stack of that first forward matmul) and once from the autograd
+/// engine's device thread (no Python stack) in training. Judged on lifetime,
+/// one would be a kept activation and the other a gradient. So: a block of a
+/// workspace size never freed in the trace, the first such block on its
+/// stream with a Python stack or the first without, born in a forward pass,
+/// in backward or with no stack, and of a size that no block made while
+/// building the model has (a gradient of a parameter of that size would).
+pub fn cublas_workspaces(
+    snap: &Snapshot,
+    trace: usize,
+    ev_phase: &[Phase],
+    free_of: &[u32],
+) -> Vec<u32> {
+    let events = &snap.traces[trace].events;
+    let phase = |i: usize| ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
+    let param_sized = |size: u64| {
+        events.iter().enumerate().any(|(i, e)| {
+            e.action == Action::Alloc && e.size == size && phase(i) == Phase::ModelBuild
+        })
+    };
+    // (stream, has a Python stack) pairs that already have their workspace.
+    let mut seen: Vec<(u16, bool)> = Vec::new();
+    let mut out = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.action != Action::Alloc
+            || !CUBLAS_WORKSPACE_SIZES.contains(&e.size)
+            || free_of.get(i).is_none_or(|&f| f != u32::MAX)
+            || !matches!(phase(i), Phase::Forward | Phase::Backward | Phase::Unknown)
+        {
+            continue;
+        }
+        let slot = (e.stream, e.stack != EMPTY_STACK);
+        if seen.contains(&slot) || param_sized(e.size) {
+            continue;
+        }
+        seen.push(slot);
+        out.push(i as u32);
+    }
+    out
 }
 
 /// Classifies one block from the phase of its birth and of its death (`None`

@@ -7,7 +7,9 @@
 //! category ([`super::categories`]); the trace is also cut into steps
 //! ([`super::steps`]) with each step's peak and what it left behind.
 
-use super::categories::{classify, event_phases, free_index_of_allocs, Category, Phase, Phases};
+use super::categories::{
+    classify, cublas_workspaces, event_phases, free_index_of_allocs, Category, Phase, Phases,
+};
 use super::sites::{stack_lines, Site, SiteIndex};
 use super::steps::{self, StepMethod};
 use crate::replay::{LiveBlock, Replay, ReplayOptions};
@@ -168,6 +170,8 @@ pub struct BlockClassifier {
     ev_phase: Vec<Phase>,
     free_of: Vec<u32>,
     step_starts: Vec<usize>,
+    /// `alloc` events that made cuBLAS workspaces, sorted.
+    workspaces: Vec<u32>,
 }
 
 impl BlockClassifier {
@@ -177,12 +181,19 @@ impl BlockClassifier {
         let phases = Phases::new(snap);
         let ev_phase = event_phases(snap, trace, &phases);
         let free_of = free_index_of_allocs(snap, trace);
+        let workspaces = cublas_workspaces(snap, trace, &ev_phase, &free_of);
         BlockClassifier {
             phases,
             ev_phase,
             free_of,
             step_starts: steps.starts.clone(),
+            workspaces,
         }
+    }
+
+    /// Whether the `alloc` event `alloc_index` made a cuBLAS workspace.
+    pub fn is_cublas_workspace(&self, alloc_index: Option<u32>) -> bool {
+        alloc_index.is_some_and(|i| self.workspaces.binary_search(&i).is_ok())
     }
 
     /// Forgets frees at or after event `end`: blocks are classified as they
@@ -201,6 +212,10 @@ impl BlockClassifier {
     /// `alloc_index` (`None`: a block from before the trace, known by `stack`).
     pub fn classify(&self, alloc_index: Option<u32>, stack: StackId) -> (Category, Phase) {
         let phase_at = |i: usize| self.ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
+        if self.is_cublas_workspace(alloc_index) {
+            let birth = alloc_index.map_or(Phase::Unknown, |i| phase_at(i as usize));
+            return (Category::Other, birth);
+        }
         let step_end = |i: usize| -> usize {
             let k = self.step_starts.partition_point(|&s| s <= i);
             self.step_starts.get(k).copied().unwrap_or(usize::MAX)
@@ -254,13 +269,23 @@ pub fn group_live(
     top: usize,
 ) -> LiveGroups {
     let index = SiteIndex::new(snap);
-    let mut groups: HashMap<(Option<u32>, Category), LiveSite> = HashMap::new();
+    let mut groups: HashMap<(Option<u32>, Category, bool), LiveSite> = HashMap::new();
     let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
     for b in live.iter().filter(|b| !b.pending_free) {
         let (cat, birth) = classifier.classify(b.alloc_index, b.stack);
-        let e = groups.entry((index.site(b.stack), cat)).or_insert_with(|| {
+        let workspace = classifier.is_cublas_workspace(b.alloc_index);
+        let key = (index.site(b.stack), cat, workspace);
+        let e = groups.entry(key).or_insert_with(|| {
             let mut site = Site::of(snap, &index, b.stack);
-            if birth == Phase::Backward && site.site == "<no stack>" {
+            let no_stack = site.site == "<no stack>";
+            if workspace {
+                // Named apart from the site's own tensors, which keep theirs.
+                site.site = if no_stack {
+                    "<cuBLAS workspace: autograd thread, no Python stack>".into()
+                } else {
+                    format!("<cuBLAS workspace: first matmul at {}>", site.site)
+                };
+            } else if no_stack && birth == Phase::Backward {
                 site.site = "<backward pass: autograd thread, no Python stack>".into();
             }
             LiveSite {
