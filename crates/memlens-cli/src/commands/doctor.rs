@@ -125,7 +125,7 @@ pub fn render(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
             Severity::Info => "  ",
         };
         let _ = writeln!(o, "\n{mark} {}", f.title);
-        if let Some(fix) = &f.fix {
+        if let Some(fix) = &f.suggestion {
             let _ = writeln!(o, "   fix: {fix}");
         }
         if verbose {

@@ -9,13 +9,16 @@ use crate::replay::tune::{tune, TuneResult};
 use crate::sim::AllocatorConfig;
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// How much a finding matters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+/// How much a finding matters (ordered: `Info` < `Warning` < `Critical`).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum Severity {
     /// Worth knowing.
+    #[default]
     Info,
     /// Costs memory; worth fixing.
     Warning,
@@ -23,8 +26,10 @@ pub enum Severity {
     Critical,
 }
 
-/// One finding of the diagnosis.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// One finding of the diagnosis, as the terminal, the JSON and the HTML
+/// report show it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Finding {
     /// `leak`, `oom`, `fragmentation`, `peak` or `snapshot`.
     pub kind: String,
@@ -36,8 +41,8 @@ pub struct Finding {
     pub site: Option<String>,
     /// The bytes at stake.
     pub bytes: Option<u64>,
-    /// What to change.
-    pub fix: Option<String>,
+    /// What to change (named as in `leaks`).
+    pub suggestion: Option<String>,
     /// The numbers behind it.
     pub evidence: Vec<String>,
     /// The stack of the site, innermost first.
@@ -104,7 +109,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             ),
             site: Some(l.site.clone()),
             bytes: Some(l.bytes_per_step),
-            fix: Some(l.suggestion.clone()),
+            suggestion: Some(l.suggestion.clone()),
             evidence: vec![format!(
                 "live bytes at {}: {}",
                 l.evidence_labels
@@ -172,7 +177,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             title,
             site: oom_report.as_ref().map(|r| r.site.clone()),
             bytes: Some(e.size),
-            fix,
+            suggestion: fix,
             evidence,
             stack: oom_report
                 .as_ref()
@@ -222,7 +227,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             ),
             site: None,
             bytes: Some(slack),
-            fix: Some(fix),
+            suggestion: Some(fix),
             evidence: vec![format!(
                 "now: {} free in segments, {} of it non-releasable (inactive split), largest free block {}",
                 format_bytes(summary.external_fragmentation_bytes),
@@ -258,7 +263,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             },
             site: top.map(|t| t.site.clone()),
             bytes: Some(peak.peak_allocated_bytes),
-            fix: None,
+            suggestion: None,
             evidence: vec![cats
                 .iter()
                 .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
@@ -276,7 +281,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             title: w.clone(),
             site: None,
             bytes: None,
-            fix: None,
+            suggestion: None,
             evidence: Vec::new(),
             stack: Vec::new(),
         });

@@ -9,7 +9,7 @@
 //! ```
 //!
 //! * [`source`]: the [`GpuSource`] trait the sampler reads, and [`FakeSource`].
-//! * [`nvml`] (feature `nvml`): the real source over the NVIDIA driver.
+//! * `nvml` (feature `nvml`): the real source over the NVIDIA driver.
 //! * [`procfs`]: who a PID is (command line, user) and whether it is really
 //!   the GPU process NVML names, or a PID of another namespace.
 //! * [`publication`]: the small JSON files `memlens.record` writes with the

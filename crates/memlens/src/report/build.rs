@@ -10,11 +10,11 @@
 use super::convert::{segment_map, settings_pairs, stack_labels};
 use super::flame::FlameBuilder;
 use super::model::{
-    BlockSite, BlockState, Category, Finding, LeakSite, Leaks, Meta, ReportData, SegmentBlock,
-    SegmentMap, SegmentRow, Severity, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
+    BlockSite, BlockState, Category, LeakSite, Leaks, Meta, ReportData, SegmentBlock, SegmentMap,
+    SegmentRow, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
-use crate::analysis::doctor::{self, Diagnosis};
+use crate::analysis::doctor::Diagnosis;
 use crate::analysis::leaks::Confidence;
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::replay::{state_at, Delta, Replay, ReplayOptions, ReplayState};
@@ -26,12 +26,12 @@ use hashbrown::HashMap;
 pub const TIMELINE_TOP_SITES: usize = 8;
 
 /// Builds the report of a run: `snaps` oldest first, as given to
-/// [`doctor::diagnose`], and their diagnosis. The last snapshot is the one
+/// [`crate::analysis::doctor::diagnose`], and their diagnosis. The last snapshot is the one
 /// whose timeline, peak and segments are shown.
 pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportData {
     let mut data = ReportData {
         meta: meta(snaps, d),
-        findings: d.findings.iter().map(finding).collect(),
+        findings: d.findings.clone(),
         leaks: leaks(d),
         tune: tune(d),
         ..ReportData::default()
@@ -162,23 +162,6 @@ fn group_digits(n: u64) -> String {
         out.push(c);
     }
     out
-}
-
-fn finding(f: &doctor::Finding) -> Finding {
-    Finding {
-        kind: f.kind.clone(),
-        severity: match f.severity {
-            doctor::Severity::Critical => Severity::Critical,
-            doctor::Severity::Warning => Severity::Warning,
-            doctor::Severity::Info => Severity::Info,
-        },
-        title: f.title.clone(),
-        site: f.site.clone(),
-        bytes: f.bytes,
-        suggestion: f.fix.clone(),
-        evidence: f.evidence.clone(),
-        stack: f.stack.clone(),
-    }
 }
 
 /// The leak candidates `doctor` would report (medium confidence or more):

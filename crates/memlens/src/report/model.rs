@@ -11,6 +11,7 @@
 //! * a *frame label* is `file:line in function`; a *stack* is a list of frame
 //!   labels, innermost first, as `memlens peak --json` prints it.
 
+pub use crate::analysis::doctor::{Finding, Severity};
 use serde::{Deserialize, Serialize};
 
 /// Everything the HTML report shows. Serialized as JSON into the page.
@@ -106,43 +107,6 @@ pub struct Stat {
     pub bytes: Option<u64>,
     /// The figure as text, when it is not a size (or to override the format).
     pub text: Option<String>,
-}
-
-/// How serious a finding is.
-#[derive(
-    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Severity {
-    /// Something is broken or will break: an OOM, a leak.
-    Critical,
-    /// Worth fixing: fragmentation, a setting that wastes memory.
-    Warning,
-    /// For information: where the peak comes from.
-    #[default]
-    Info,
-}
-
-/// One finding of `memlens doctor`, as the terminal shows it.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct Finding {
-    /// Machine-readable kind: `leak`, `peak`, `fragmentation`, `oom`, ...
-    pub kind: String,
-    /// How serious it is.
-    pub severity: Severity,
-    /// One line for people.
-    pub title: String,
-    /// The allocation site, `file:line`, when the finding has one.
-    pub site: Option<String>,
-    /// The bytes at stake, when the finding has a size.
-    pub bytes: Option<u64>,
-    /// What to do about it.
-    pub suggestion: Option<String>,
-    /// The facts behind the finding, one line each.
-    pub evidence: Vec<String>,
-    /// The stack of the site (frame labels, innermost first), when known.
-    pub stack: Vec<String>,
 }
 
 /// What the timeline's x axis counts.

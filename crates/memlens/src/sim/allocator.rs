@@ -3,7 +3,7 @@
 //!
 //! Blocks live in a slab and link to their neighbours in the segment by index.
 //! Each `BlockPool` (small and large, for the default pool and every private
-//! pool) keeps its free mapped blocks in a [`FreeSet`] ordered like
+//! pool) keeps its free mapped blocks in a `FreeSet` ordered like
 //! `BlockComparatorSize` — (stream, size, address) — so best fit is one
 //! range lookup, and its unmapped expandable address space ordered like
 //! `BlockComparatorAddress`.

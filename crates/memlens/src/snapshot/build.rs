@@ -1,5 +1,5 @@
 //! Turns bytes into a [`Snapshot`]: detects the container, runs the pickle
-//! reader (or the JSON parser) into the [`Heap`], then assembles the typed model
+//! reader (or the JSON parser) into the `Heap`, then assembles the typed model
 //! from the top-level dict.
 
 use super::heap::Heap;

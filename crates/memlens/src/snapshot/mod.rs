@@ -23,7 +23,7 @@ use std::path::Path;
 /// Index of an interned frame in [`Snapshot::frames`].
 pub type FrameId = u32;
 
-/// Index of an interned stack in [`Snapshot::stacks`]. Stack 0 is always the
+/// Index of an interned stack in [`Snapshot::stack_ranges`] (frames through [`Snapshot::stack`]). Stack 0 is always the
 /// empty stack (no frames recorded).
 pub type StackId = u32;
 
