@@ -267,7 +267,8 @@ def _plain(value: Any) -> Any:
 def load(source: SnapshotLike) -> Snapshot:
     """Reads a snapshot: a file (.pickle, .pickle.gz, .pickle.zst, JSON), or the
     dict ``torch.cuda.memory._snapshot()`` returns. Raises
-    :class:`memlens.MemlensError` with a one-line message on bad input."""
+    :class:`memlens.MemlensError` with a one-line message on bad input. Reading
+    a file can be interrupted with Ctrl-C (``KeyboardInterrupt``)."""
     if isinstance(source, Snapshot):
         return source
     if isinstance(source, (dict, list)):

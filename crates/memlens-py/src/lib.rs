@@ -6,7 +6,9 @@
 //! an analysis to Python is one line in [`analyses::ANALYSES`].
 //!
 //! The GIL is released while a snapshot is parsed and while an analysis runs,
-//! so other Python threads (a training loop, a data loader) keep going.
+//! so other Python threads (a training loop, a data loader) keep going. A file
+//! is parsed on a worker thread while the calling thread watches for Ctrl-C,
+//! so a long read of a large snapshot can be interrupted.
 
 mod analyses;
 mod options;
@@ -16,7 +18,9 @@ use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::Duration;
 
 pyo3::create_exception!(
     memlens,
@@ -24,6 +28,43 @@ pyo3::create_exception!(
     PyException,
     "A snapshot that cannot be read, or a bad argument; the message is one line naming the file."
 );
+
+/// Runs `work` on a worker thread while this thread, without the GIL, waits
+/// for it and checks for Python signals every 50 ms. On Ctrl-C it sets
+/// `cancel` (which `work` must honour to stop early) and raises
+/// `KeyboardInterrupt` at once.
+fn interruptible<T: Send + 'static>(
+    py: Python<'_>,
+    cancel: &AtomicBool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> PyResult<T> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        // The receiver is gone only after an interrupt: nothing to deliver.
+        let _ = tx.send(work());
+    });
+    let mut rx = rx;
+    loop {
+        // The receiver moves into the GIL-free closure and back (it may be
+        // sent to another thread, not shared with one).
+        let (got, back) = py.detach(move || (rx.recv_timeout(Duration::from_millis(50)), rx));
+        rx = back;
+        match got {
+            Ok(done) => return Ok(done),
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Err(interrupt) = py.check_signals() {
+                    cancel.store(true, Ordering::Relaxed);
+                    return Err(interrupt);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                return Err(MemlensError::new_err(
+                    "internal error: the reading thread stopped without a result",
+                ))
+            }
+        }
+    }
+}
 
 /// Turns a library error into `memlens.MemlensError` with the CLI's one-line message.
 fn to_py_err(e: memlens::Error) -> PyErr {
@@ -42,7 +83,11 @@ impl PySnapshot {
     /// Reads a snapshot file (.pickle, .pickle.gz, .pickle.zst or JSON).
     #[staticmethod]
     fn load(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let snap = py.detach(|| Snapshot::load(&path)).map_err(to_py_err)?;
+        let cancel = Arc::new(AtomicBool::new(false));
+        let flag = Arc::clone(&cancel);
+        let file = path.clone();
+        let snap = interruptible(py, &cancel, move || Snapshot::load_cancellable(&file, flag))?
+            .map_err(to_py_err)?;
         Ok(PySnapshot {
             inner: Arc::new(snap),
             path: path.display().to_string(),

@@ -68,6 +68,12 @@ pub enum Error {
         /// What is wrong with it.
         what: String,
     },
+    /// Reading stopped because the caller asked (Ctrl-C in Python).
+    #[error("{path}: reading was cancelled")]
+    Cancelled {
+        /// The file.
+        path: PathBuf,
+    },
     /// A bad argument or value given by the user (a size, a config string).
     #[error("{0}")]
     Usage(String),

@@ -7,7 +7,9 @@ use crate::snapshot::Container;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
+use std::sync::Arc;
 
 /// Size of the chunks the decompression thread hands over.
 const CHUNK: usize = 1 << 20;
@@ -98,6 +100,26 @@ pub fn decoder<R: Read + Send + 'static>(container: Container, source: R) -> Box
             Ok(d) => background(d),
             Err(e) => Box::new(FailingReader(Some(e))),
         },
+    }
+}
+
+/// A reader that fails (an error the reader reports, not a panic) once
+/// `cancel` is set, so a long read can be stopped from another thread.
+pub fn cancellable(inner: Box<dyn Read + Send>, cancel: Arc<AtomicBool>) -> Box<dyn Read + Send> {
+    Box::new(Cancellable { inner, cancel })
+}
+
+struct Cancellable {
+    inner: Box<dyn Read + Send>,
+    cancel: Arc<AtomicBool>,
+}
+
+impl Read for Cancellable {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.cancel.load(Ordering::Relaxed) {
+            return Err(io::Error::other("cancelled"));
+        }
+        self.inner.read(buf)
     }
 }
 

@@ -374,3 +374,23 @@ fn missing_files_directories_and_globs() {
         .to_string();
     assert!(e.contains("glob pattern"), "{e}");
 }
+
+/// A read asked to stop gives up with `Cancelled`, naming the file; left
+/// alone, the cancellable read gives the same snapshot as a plain one.
+#[test]
+fn cancelled_load_stops_with_its_own_error() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    let path = fixture("long.pickle.zst");
+    let stop = Arc::new(AtomicBool::new(true));
+    match Snapshot::load_cancellable(&path, stop) {
+        Err(e @ Error::Cancelled { .. }) => {
+            assert!(e.to_string().contains("long.pickle.zst"), "{e}");
+            assert!(e.to_string().ends_with("reading was cancelled"), "{e}");
+        }
+        other => panic!("expected Cancelled, got {:?}", other.map(|s| s.event_count())),
+    }
+    let go = Arc::new(AtomicBool::new(false));
+    let snap = Snapshot::load_cancellable(&path, go).expect("loads");
+    assert_eq!(canon(&snap), canon(&load("long.pickle.zst")));
+}

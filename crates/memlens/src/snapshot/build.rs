@@ -11,11 +11,24 @@ use crate::error::{Error, Result};
 use crate::pickle::{self, Builder, Input, Limits, Value};
 use std::io::Read;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// Reads a snapshot file of any supported format.
 pub fn load_path(path: &Path) -> Result<Snapshot> {
     let (container, reader) = crate::input::open(path)?;
     load_reader(container, reader, path)
+}
+
+/// [`load_path`] that stops early, with [`Error::Cancelled`], once `cancel`
+/// is set (checked each time the reader asks for more bytes, about every MiB).
+pub fn load_path_cancellable(path: &Path, cancel: Arc<AtomicBool>) -> Result<Snapshot> {
+    let (container, reader) = crate::input::open(path)?;
+    let reader = crate::input::cancellable(reader, cancel.clone());
+    match load_reader(container, reader, path) {
+        Err(_) if cancel.load(Ordering::Relaxed) => Err(Error::Cancelled { path: path.into() }),
+        done => done,
+    }
 }
 
 /// Reads a snapshot from bytes in memory; `path` names it in errors.

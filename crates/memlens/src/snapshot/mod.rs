@@ -309,6 +309,15 @@ impl Snapshot {
         build::load_path(path)
     }
 
+    /// [`Snapshot::load`] that gives up with [`crate::Error::Cancelled`] soon
+    /// after `cancel` is set from another thread.
+    pub fn load_cancellable(
+        path: &Path,
+        cancel: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    ) -> crate::Result<Snapshot> {
+        build::load_path_cancellable(path, cancel)
+    }
+
     /// Reads a snapshot from bytes already in memory; `name` is used in errors.
     pub fn from_bytes(bytes: &[u8], name: &Path) -> crate::Result<Snapshot> {
         build::load_bytes(bytes, name)
