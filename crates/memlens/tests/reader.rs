@@ -388,7 +388,10 @@ fn cancelled_load_stops_with_its_own_error() {
             assert!(e.to_string().contains("long.pickle.zst"), "{e}");
             assert!(e.to_string().ends_with("reading was cancelled"), "{e}");
         }
-        other => panic!("expected Cancelled, got {:?}", other.map(|s| s.event_count())),
+        other => panic!(
+            "expected Cancelled, got {:?}",
+            other.map(|s| s.event_count())
+        ),
     }
     let go = Arc::new(AtomicBool::new(false));
     let snap = Snapshot::load_cancellable(&path, go).expect("loads");

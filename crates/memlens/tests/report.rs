@@ -650,13 +650,18 @@ fn flame_of_the_real_live_blocks_adds_up_to_allocated_bytes() {
         .any(|n| n.contains("/home/user/train/workloads.py:")));
 }
 
+/// The page's small integer codes and the JSON names round-trip for every
+/// category (the report and the analyses share one `Category`).
 #[test]
-fn analysis_categories_convert_by_name() {
-    use memlens::analysis::categories::Category as A;
-    for a in A::ALL {
-        let c = Category::from(a);
-        assert_eq!(serde_json::to_value(c).unwrap(), a.as_str());
+fn category_codes_and_names_round_trip() {
+    for (i, c) in Category::ALL.into_iter().enumerate() {
+        assert_eq!(c.code() as usize, i);
+        assert_eq!(Category::from_code(c.code()), c);
+        assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        let back: Category = serde_json::from_value(serde_json::json!(c.as_str())).unwrap();
+        assert_eq!(back, c);
     }
+    assert_eq!(Category::from_code(200), Category::Other);
 }
 
 /// The whole report of a real run, from `doctor`'s diagnosis.

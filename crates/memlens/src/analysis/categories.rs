@@ -8,27 +8,32 @@
 //! (`torch/autograd` backward, `torch/optim`, `nn.Module.__call__`).
 
 use crate::snapshot::{Action, Snapshot, StackId, EMPTY_STACK};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// A category of live memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+/// A category of live memory. The discriminant is the small integer the HTML
+/// report uses for it ([`Category::code`]).
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
+#[repr(u8)]
 pub enum Category {
     /// Model weights: made while the model was built, alive to the end.
-    Parameter,
+    Parameter = 0,
     /// Made in backward, alive until the optimizer's `zero_grad` (or later).
-    Gradient,
+    Gradient = 1,
     /// Made in an optimizer step, alive across steps (Adam moments, momentum).
-    OptimizerState,
+    OptimizerState = 2,
     /// Made in a forward pass, freed in backward (saved for the gradient), or
     /// kept alive past its step.
-    Activation,
+    Activation = 3,
     /// Freed in the phase that made it.
-    Temporary,
+    Temporary = 4,
     /// Made by user code outside any model call (a batch), alive for a step or more.
-    Input,
-    /// Anything else.
-    Other,
+    Input = 5,
+    /// Anything else, or unknown.
+    #[default]
+    Other = 6,
 }
 
 impl Category {
@@ -42,6 +47,19 @@ impl Category {
         Category::Input,
         Category::Other,
     ];
+
+    /// The small integer the report page uses for this category.
+    pub fn code(self) -> u8 {
+        self as u8
+    }
+
+    /// The category of a code; unknown codes are [`Category::Other`].
+    pub fn from_code(code: u8) -> Category {
+        Category::ALL
+            .get(code as usize)
+            .copied()
+            .unwrap_or(Category::Other)
+    }
 
     /// The JSON name.
     pub fn as_str(self) -> &'static str {

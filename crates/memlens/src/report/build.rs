@@ -47,9 +47,9 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
     for l in &d.peak.live_at_peak {
         let e = site_category
             .entry(l.site.clone())
-            .or_insert((0, Category::from(l.category)));
+            .or_insert((0, l.category));
         if l.bytes > e.0 {
-            *e = (l.bytes, Category::from(l.category));
+            *e = (l.bytes, l.category);
         }
     }
     let category_of = |site: &str| site_category.get(site).map_or(Category::Other, |e| e.1);

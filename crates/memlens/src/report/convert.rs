@@ -170,18 +170,3 @@ pub fn segment_map(
         omitted: None,
     }
 }
-
-impl From<crate::analysis::categories::Category> for Category {
-    fn from(c: crate::analysis::categories::Category) -> Category {
-        use crate::analysis::categories::Category as A;
-        match c {
-            A::Parameter => Category::Parameter,
-            A::Gradient => Category::Gradient,
-            A::OptimizerState => Category::OptimizerState,
-            A::Activation => Category::Activation,
-            A::Temporary => Category::Temporary,
-            A::Input => Category::Input,
-            A::Other => Category::Other,
-        }
-    }
-}

@@ -11,6 +11,7 @@
 //! * a *frame label* is `file:line in function`; a *stack* is a list of frame
 //!   labels, innermost first, as `memlens peak --json` prints it.
 
+pub use crate::analysis::categories::Category;
 pub use crate::analysis::doctor::{Finding, Severity};
 use serde::{Deserialize, Serialize};
 
@@ -169,54 +170,6 @@ pub struct TimelineSite {
     pub category: Category,
     /// The most the site held at one time.
     pub peak_bytes: u64,
-}
-
-/// What a block of memory is used for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[repr(u8)]
-pub enum Category {
-    /// Model weights.
-    Parameter = 0,
-    /// Gradients of the weights.
-    Gradient = 1,
-    /// Optimizer state (Adam moments, momentum buffers).
-    OptimizerState = 2,
-    /// Saved activations.
-    Activation = 3,
-    /// Short-lived temporaries.
-    Temporary = 4,
-    /// Input batches.
-    Input = 5,
-    /// Anything else, or unknown.
-    #[default]
-    Other = 6,
-}
-
-impl Category {
-    /// All categories, in code order.
-    pub const ALL: [Category; 7] = [
-        Category::Parameter,
-        Category::Gradient,
-        Category::OptimizerState,
-        Category::Activation,
-        Category::Temporary,
-        Category::Input,
-        Category::Other,
-    ];
-
-    /// The small integer the page uses for this category.
-    pub fn code(self) -> u8 {
-        self as u8
-    }
-
-    /// The category of a code; unknown codes are [`Category::Other`].
-    pub fn from_code(code: u8) -> Category {
-        Category::ALL
-            .get(code as usize)
-            .copied()
-            .unwrap_or(Category::Other)
-    }
 }
 
 /// A flame graph (icicle) of live bytes by stack, as a flat node array in
