@@ -215,55 +215,13 @@ impl Allocator {
 
     /// Resets the peaks to the current values (`reset_peak_memory_stats`).
     pub fn reset_peak_stats(&mut self) {
-        let s = &mut self.stats;
-        for a in [
-            &mut s.allocation,
-            &mut s.segment,
-            &mut s.active,
-            &mut s.inactive_split,
-            &mut s.allocated_bytes,
-            &mut s.reserved_bytes,
-            &mut s.active_bytes,
-            &mut s.inactive_split_bytes,
-            &mut s.requested_bytes,
-        ] {
-            for st in [&mut a.all, &mut a.small_pool, &mut a.large_pool] {
-                st.peak = st.current;
-            }
-        }
-        s.oversize_allocations.peak = s.oversize_allocations.current;
-        s.oversize_segments.peak = s.oversize_segments.current;
+        self.stats.reset_peaks();
     }
 
     /// Zeroes the accumulated figures and counters
     /// (`reset_accumulated_memory_stats`).
     pub fn reset_accumulated_stats(&mut self) {
-        let s = &mut self.stats;
-        for a in [
-            &mut s.allocation,
-            &mut s.segment,
-            &mut s.active,
-            &mut s.inactive_split,
-            &mut s.allocated_bytes,
-            &mut s.reserved_bytes,
-            &mut s.active_bytes,
-            &mut s.inactive_split_bytes,
-            &mut s.requested_bytes,
-        ] {
-            for st in [&mut a.all, &mut a.small_pool, &mut a.large_pool] {
-                st.allocated = 0;
-                st.freed = 0;
-            }
-        }
-        for st in [&mut s.oversize_allocations, &mut s.oversize_segments] {
-            st.allocated = 0;
-            st.freed = 0;
-        }
-        s.num_alloc_retries = 0;
-        s.num_ooms = 0;
-        s.num_sync_all_streams = 0;
-        s.num_device_alloc = 0;
-        s.num_device_free = 0;
+        self.stats.reset_accumulated();
     }
 
     /// The index of a memory pool by its `MempoolId_t`; `(0, 0)` is the

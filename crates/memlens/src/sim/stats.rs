@@ -109,6 +109,45 @@ pub struct MemoryStats {
 }
 
 impl MemoryStats {
+    /// Every `{current, peak, allocated, freed}` statistic, to act on all alike.
+    fn each_stat_mut(&mut self) -> impl Iterator<Item = &mut Stat> {
+        [
+            &mut self.allocation,
+            &mut self.segment,
+            &mut self.active,
+            &mut self.inactive_split,
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+        ]
+        .into_iter()
+        .flat_map(|a| [&mut a.all, &mut a.small_pool, &mut a.large_pool])
+        .chain([&mut self.oversize_allocations, &mut self.oversize_segments])
+    }
+
+    /// `reset_peak_memory_stats`: every peak becomes the current value.
+    pub fn reset_peaks(&mut self) {
+        for st in self.each_stat_mut() {
+            st.peak = st.current;
+        }
+    }
+
+    /// `reset_accumulated_memory_stats`: zeroes the sums of increases and
+    /// decreases and the event counters.
+    pub fn reset_accumulated(&mut self) {
+        for st in self.each_stat_mut() {
+            st.allocated = 0;
+            st.freed = 0;
+        }
+        self.num_alloc_retries = 0;
+        self.num_ooms = 0;
+        self.num_sync_all_streams = 0;
+        self.num_device_alloc = 0;
+        self.num_device_free = 0;
+    }
+
     /// The stats flattened to the dotted keys of `torch.cuda.memory_stats()`
     /// (`allocated_bytes.all.peak`, `num_ooms`, ...).
     pub fn to_flat_map(&self) -> BTreeMap<String, i64> {
@@ -170,5 +209,22 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(m.to_flat_map()["allocated_bytes.all.peak"], 15);
+    }
+
+    #[test]
+    fn resets_touch_every_stat() {
+        let mut m = MemoryStats::default();
+        m.segment.increase(false, 3);
+        m.segment.decrease(false, 1);
+        m.oversize_segments.increase(4);
+        m.oversize_segments.decrease(4);
+        m.num_ooms = 2;
+        m.reset_peaks();
+        assert_eq!((m.segment.large_pool.peak, m.segment.all.peak), (2, 2));
+        assert_eq!(m.oversize_segments.peak, 0);
+        m.reset_accumulated();
+        assert_eq!((m.segment.all.allocated, m.segment.all.freed), (0, 0));
+        assert_eq!(m.oversize_segments.freed, 0);
+        assert_eq!((m.num_ooms, m.segment.all.current), (0, 2));
     }
 }
