@@ -270,6 +270,31 @@ fn norm(t: &mut Vec<ParamTensor>, name: &str, h: u64, bias: bool, layer: Option<
     }
 }
 
+/// The head of a decoder-only class: `...ForSequenceClassification` has a
+/// classifier, a bare `...Model` none, the rest (`...ForCausalLM`,
+/// `GPT2LMHeadModel`, `GPT2DoubleHeadsModel`) a language-model head.
+fn decoder_head(c: &Cfg, class: &str) -> Result<Head> {
+    Ok(if class.ends_with("ForSequenceClassification") {
+        Head::Classifier {
+            labels: c.num_labels()?,
+        }
+    } else if class.ends_with("Model") && !class.contains("Head") {
+        Head::None
+    } else {
+        Head::Lm
+    })
+}
+
+/// The head's own weights after a decoder stack: `lm_head` unless it is tied
+/// to the embedding, `score` for a classifier.
+fn push_decoder_head(t: &mut Vec<ParamTensor>, head: Head, tied: bool, vocab: u64, hidden: u64) {
+    match head {
+        Head::Lm if !tied => linear(t, "lm_head", vocab, hidden, false, None),
+        Head::Classifier { labels } => linear(t, "score", labels, hidden, false, None),
+        _ => {}
+    }
+}
+
 fn gpt2(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
     let h = c.dim("n_embd")?;
     let layers = c.dim_max("n_layer", MAX_LAYERS)?;
@@ -280,15 +305,7 @@ fn gpt2(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
     let d = c.head_dim(h, heads, "n_embd", "n_head")?;
     let act = c.string("activation_function", "gelu_new");
     let tied = c.flag("tie_word_embeddings", true);
-    let head = if class.ends_with("ForSequenceClassification") {
-        Head::Classifier {
-            labels: c.num_labels()?,
-        }
-    } else if class == "GPT2Model" {
-        Head::None
-    } else {
-        Head::Lm
-    };
+    let head = decoder_head(c, class)?;
     let mut t = Vec::new();
     // `wte` is the LM head's matrix too when tied: autocast copies it then.
     t.push(ParamTensor::new(
@@ -315,11 +332,7 @@ fn gpt2(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
         linear(&mut t, &format!("{p}.mlp.c_proj"), h, f, true, ly);
     }
     norm(&mut t, "transformer.ln_f", h, true, None);
-    match head {
-        Head::Lm if !tied => linear(&mut t, "lm_head", v, h, false, None),
-        Head::Classifier { labels } => linear(&mut t, "score", labels, h, false, None),
-        _ => {}
-    }
+    push_decoder_head(&mut t, head, tied, v, h);
     let arch = Architecture {
         stack: Stack::DecoderOnly,
         layers,
@@ -375,15 +388,7 @@ fn llama(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Pa
     let qkv_bias = model_type == "qwen2" || c.flag("attention_bias", false);
     let o_bias = model_type != "qwen2" && c.flag("attention_bias", false);
     let mlp_bias = c.flag("mlp_bias", false);
-    let head = if class.ends_with("ForSequenceClassification") {
-        Head::Classifier {
-            labels: c.num_labels()?,
-        }
-    } else if class.ends_with("Model") {
-        Head::None
-    } else {
-        Head::Lm
-    };
+    let head = decoder_head(c, class)?;
     let (q, kvd) = (heads * d, kv * d);
     let mut t = Vec::new();
     t.push(ParamTensor::new(
@@ -430,11 +435,7 @@ fn llama(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Pa
         linear(&mut t, &format!("{p}.mlp.down_proj"), h, f, mlp_bias, ly);
     }
     norm(&mut t, "model.norm", h, false, None);
-    match head {
-        Head::Lm if !tied => linear(&mut t, "lm_head", v, h, false, None),
-        Head::Classifier { labels } => linear(&mut t, "score", labels, h, false, None),
-        _ => {}
-    }
+    push_decoder_head(&mut t, head, tied, v, h);
     let arch = Architecture {
         stack: Stack::DecoderOnly,
         layers,
