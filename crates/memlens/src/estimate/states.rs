@@ -165,26 +165,44 @@ pub(super) fn optimizer(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -> Part 
             bytes: sat_prod(&[c.n, 4]),
         });
     }
+    optimizer_part(
+        c,
+        (
+            "optimizer_state",
+            &format!("optimizer state ({})", opt.name()),
+            "optimizer_state",
+        ),
+        terms,
+        "0 (plain SGD keeps no state)",
+        &extra,
+    )
+}
+
+/// A part made of optimizer terms, sharded from ZeRO stage 1 on: the sum of
+/// the terms, their formulas joined, or `if_none` when there are none.
+/// `what` is the part's (key, name, category).
+fn optimizer_part(
+    c: &StateCtx,
+    what: (&'static str, &str, &'static str),
+    terms: Vec<Term>,
+    if_none: &str,
+    extra: &[(&str, u64)],
+) -> Part {
     let formula = if terms.is_empty() {
-        "0 (plain SGD keeps no state)".to_string()
+        if_none.to_string()
     } else {
-        c.shard_formula(
-            &terms
-                .iter()
-                .map(|t| t.formula.as_str())
-                .collect::<Vec<_>>()
-                .join(" + "),
-            1,
-        )
+        let joined: Vec<&str> = terms.iter().map(|t| t.formula.as_str()).collect();
+        c.shard_formula(&joined.join(" + "), 1)
     };
     let terms = c.shard_terms(terms, 1);
+    let (key, name, category) = what;
     part(
-        "optimizer_state",
-        &format!("optimizer state ({})", opt.name()),
-        "optimizer_state",
+        key,
+        name,
+        category,
         sat_sum(terms.iter().map(|t| t.bytes)),
         formula,
-        c.inputs(&extra),
+        c.inputs(extra),
         terms,
     )
 }
@@ -221,27 +239,16 @@ pub(super) fn step_temporaries(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -
             bytes: sat_prod(&[c.n, 4]),
         });
     }
-    let formula = if terms.is_empty() {
-        "0 (updates in place)".to_string()
-    } else {
-        c.shard_formula(
-            &terms
-                .iter()
-                .map(|t| t.formula.as_str())
-                .collect::<Vec<_>>()
-                .join(" + "),
-            1,
-        )
-    };
-    let terms = c.shard_terms(terms, 1);
-    part(
-        "optimizer_step_temporaries",
-        "optimizer step temporaries",
-        "temporary",
-        sat_sum(terms.iter().map(|t| t.bytes)),
-        formula,
-        c.inputs(&extra),
+    optimizer_part(
+        c,
+        (
+            "optimizer_step_temporaries",
+            "optimizer step temporaries",
+            "temporary",
+        ),
         terms,
+        "0 (updates in place)",
+        &extra,
     )
 }
 
