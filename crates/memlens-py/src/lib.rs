@@ -30,18 +30,19 @@ pyo3::create_exception!(
 );
 
 /// Runs `work` on a worker thread while this thread, without the GIL, waits
-/// for it and checks for Python signals every 50 ms. On Ctrl-C it sets
-/// `cancel` (which `work` must honour to stop early) and raises
+/// for it and checks for Python signals every 50 ms. On Ctrl-C it sets the
+/// flag handed to `work` (which must honour it to stop early) and raises
 /// `KeyboardInterrupt` at once.
 fn interruptible<T: Send + 'static>(
     py: Python<'_>,
-    cancel: &AtomicBool,
-    work: impl FnOnce() -> T + Send + 'static,
+    work: impl FnOnce(Arc<AtomicBool>) -> T + Send + 'static,
 ) -> PyResult<T> {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&cancel);
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         // The receiver is gone only after an interrupt: nothing to deliver.
-        let _ = tx.send(work());
+        let _ = tx.send(work(flag));
     });
     let mut rx = rx;
     loop {
@@ -83,10 +84,8 @@ impl PySnapshot {
     /// Reads a snapshot file (.pickle, .pickle.gz, .pickle.zst or JSON).
     #[staticmethod]
     fn load(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let cancel = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&cancel);
         let file = path.clone();
-        let snap = interruptible(py, &cancel, move || Snapshot::load_cancellable(&file, flag))?
+        let snap = interruptible(py, move |cancel| Snapshot::load_cancellable(&file, cancel))?
             .map_err(to_py_err)?;
         Ok(PySnapshot {
             inner: Arc::new(snap),

@@ -241,11 +241,18 @@ pub fn cublas_workspaces(
 ) -> Vec<u32> {
     let events = &snap.traces[trace].events;
     let phase = |i: usize| ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
-    let param_sized = |size: u64| {
-        events.iter().enumerate().any(|(i, e)| {
-            e.action == Action::Alloc && e.size == size && phase(i) == Phase::ModelBuild
-        })
-    };
+    // Workspace sizes some block made while building the model also has: one
+    // pass, not one per candidate.
+    let mut param_sized: Vec<u64> = Vec::new();
+    for (i, e) in events.iter().enumerate() {
+        if e.action == Action::Alloc
+            && CUBLAS_WORKSPACE_SIZES.contains(&e.size)
+            && phase(i) == Phase::ModelBuild
+            && !param_sized.contains(&e.size)
+        {
+            param_sized.push(e.size);
+        }
+    }
     // (stream, has a Python stack) pairs that already have their workspace.
     let mut seen: Vec<(u16, bool)> = Vec::new();
     let mut out = Vec::new();
@@ -258,7 +265,7 @@ pub fn cublas_workspaces(
             continue;
         }
         let slot = (e.stream, e.stack != EMPTY_STACK);
-        if seen.contains(&slot) || param_sized(e.size) {
+        if seen.contains(&slot) || param_sized.contains(&e.size) {
             continue;
         }
         seen.push(slot);

@@ -699,8 +699,7 @@ impl Allocator {
             // Expandable blocks are never released here (newer builds skip
             // them; older ones had no expandable blocks in this path).
             Some(e) if !self.is_expandable_block(e.id) => {
-                let id = e.id;
-                self.release_block(id, dev);
+                self.release_block(e.id, dev);
                 true
             }
             _ => {

@@ -23,8 +23,9 @@ use std::path::Path;
 /// Index of an interned frame in [`Snapshot::frames`].
 pub type FrameId = u32;
 
-/// Index of an interned stack in [`Snapshot::stack_ranges`] (frames through [`Snapshot::stack`]). Stack 0 is always the
-/// empty stack (no frames recorded).
+/// Index of an interned stack in [`Snapshot::stack_ranges`] (its frames
+/// through [`Snapshot::stack`]). Stack 0 is always the empty stack (no frames
+/// recorded).
 pub type StackId = u32;
 
 /// The stack id used when no frames were recorded.
