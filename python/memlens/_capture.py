@@ -60,6 +60,9 @@ ENTRIES_PER_STEP = 10_000
 MIN_ENTRIES = 10_000
 MAX_ENTRIES = 1_000_000
 MAX_OOM_SNAPSHOTS = 3
+# Name of the record_function scope memlens.step() opens and closes at the end of
+# each step; the analysis reads it from `external_annotations` as the step marker.
+STEP_MARKER = "memlens.step"
 
 
 class MemlensWarning(UserWarning):
@@ -269,6 +272,7 @@ class Recorder:
             return
         self.steps += 1
         try:
+            self._mark_step()
             self._after_step()
         except Exception as e:  # noqa: BLE001 - never break the user's training
             _warn_once("step-failed", f"memlens: step() failed and is skipped: {e!r}")
@@ -307,6 +311,17 @@ class Recorder:
             if d not in devices and int(cuda.memory_reserved(d)) > 0:
                 devices.add(d)
         return sorted(devices)
+
+    def _mark_step(self) -> None:
+        """Leaves a ``memlens.step N`` annotation in the snapshot (a record_function
+        scope, which ``_record_memory_history`` keeps in ``external_annotations``
+        with its time), so the analysis cuts steps where the user said, not at
+        inner loops it has to guess from stacks."""
+        rf = getattr(getattr(self._torch, "profiler", None), "record_function", None)
+        if rf is None:
+            return
+        with rf(f"{STEP_MARKER} {self.steps}"):
+            pass
 
     def _after_step(self) -> None:
         torch = self._torch
