@@ -220,20 +220,42 @@ for step in range(4):
 '''
 
 
+RUNNER = """\
+def run_cell(code, ns, errors):
+    try:
+        exec(code, ns)
+    except BaseException as e:
+        errors.append(e)
+"""
+
+
 def w_notebook(truth):
     """Notebook-style: model.py's source as cell 1, the training loop as cell 2, compiled under
-    /tmp/ipykernel_<pid>/<n>.py file names as Jupyter does; 4 steps, default recording."""
+    /tmp/ipykernel_<pid>/<n>.py file names as Jupyter does; 4 steps, default recording. The cells
+    run on a thread from a runner compiled as IPython's interactiveshell.py in site-packages, so
+    no frame of train.py is on their stacks (as in a kernel, where only library frames are)."""
+    import sysconfig
+    import threading
+
     d = f"/tmp/ipykernel_{os.getpid()}"
     cell1, cell2 = f"{d}/1817032837.py", f"{d}/2484311212.py"
+    shell = os.path.join(sysconfig.get_paths()["purelib"], "IPython", "core", "interactiveshell.py")
+    kernel = {}
+    exec(compile(RUNNER, shell, "exec"), kernel)
     ns = {"__name__": "__main__"}
     with open(os.path.join(HERE, "model.py")) as f:
         src1 = f.read()
-    exec(compile(src1, cell1, "exec"), ns)
-    exec(compile(CELL2, cell2, "exec"), ns)
+    errors = []
+    for src, name in ((src1, cell1), (CELL2, cell2)):
+        t = threading.Thread(target=kernel["run_cell"], args=(compile(src, name, "exec"), ns, errors))
+        t.start()
+        t.join()
+        if errors:
+            raise errors[0]
     lm = int(model_line("lm_head").rsplit(":", 1)[1])
     fwd = 1 + CELL2.splitlines().index("    logits = model(x)")
     truth.update(steps=4, backward=True, clean=True, recording=dict(call="_record_memory_history() in a cell", stacks="all"))
-    truth["cells"] = {"model": cell1, "train": cell2}
+    truth["cells"] = {"model": cell1, "train": cell2, "runner": shell}
     truth["lines"] = {"forward_call": f"{cell2}:{fwd}", "lm_head": f"{cell1}:{lm}",
                       "adam_state": f"{cell1}:{int(model_line('adam_state').rsplit(':', 1)[1])}"}
     truth["expected"] = "cells are user code: sites name /tmp/ipykernel_<pid>/<n>.py lines"
