@@ -19,6 +19,12 @@ def main():
     for f in sorted(glob.glob(os.path.join(d, "*.truth.json"))):
         t = json.load(open(f))
         m = t["memory_stats"]
+        if t.get("derived_from"):
+            top = t["allocated_by_user_line"][0]
+            print(f"| `{t['name']}` (1 file) | legacy form, converted from `{t['derived_from']}` by `gen/legacy.py` "
+                  f"| - | - | {mib(m['allocated_bytes.all.current'])} / - | {mib(m['reserved_bytes.all.current'])} / - "
+                  f"| largest holder `{os.path.basename(top['site'])}`: {mib(top['bytes'])} in {top['count']} blocks |")
+            continue
         if t.get("leak"):
             lk = t["leak"]
             truth = (f"LEAK {mib(lk['bytes_kept_per_step'])}/step: `{os.path.basename(lk['planted_line'])}` "
