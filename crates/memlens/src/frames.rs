@@ -143,9 +143,13 @@ pub fn backward_node(function: &str) -> Option<&str> {
     let start = function[..i]
         .rfind(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .map_or(0, |p| p + 1);
-    let end = i + function[i..]
-        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-        .unwrap_or(function.len() - i);
+    // `Backward` and its version digits (`BmmBackward0`); what follows
+    // (`_apply_functional`, `::apply`) is how the node was called.
+    let after = i + "Backward".len();
+    let end = after
+        + function[after..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(function.len() - after);
     let name = &function[start..end];
     // `BackwardCFunction`/`_engine_run_backward` are machinery, not nodes.
     let machinery = name.is_empty()
@@ -256,6 +260,10 @@ mod tests {
         assert_eq!(
             backward_node("CompiledFunctionBackward"),
             Some("CompiledFunctionBackward")
+        );
+        assert_eq!(
+            backward_node("LogSoftmaxBackward0_apply_functional"),
+            Some("LogSoftmaxBackward0")
         );
         assert_eq!(backward_node("_engine_run_backward"), None);
         assert_eq!(backward_node("backward"), None);

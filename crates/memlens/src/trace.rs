@@ -135,6 +135,23 @@ impl TraceFacts {
         alloc_index.is_some_and(|i| self.workspaces.binary_search(&i).is_ok())
     }
 
+    /// Whether a backward pass ran after event `index` before the next
+    /// forward pass began: the forward that made a block there was trained
+    /// on (`false` for evaluation, or a forward whose outputs were kept and
+    /// never back-propagated).
+    pub fn backward_follows(&self, index: usize) -> bool {
+        let mut left_forward = false;
+        for p in self.ev_phase.iter().skip(index + 1) {
+            match p {
+                Phase::Backward => return true,
+                Phase::Forward if left_forward => return false,
+                Phase::Forward | Phase::Unknown => {}
+                _ => left_forward = true,
+            }
+        }
+        false
+    }
+
     /// Whether any backward pass ran in the trace.
     pub fn backward_seen(&self) -> bool {
         self.backward_in_step.iter().any(|b| *b)

@@ -80,7 +80,7 @@ impl Category {
         match self {
             Category::Parameter => "made while building or moving the model (nn.Module code, not in a forward call) and alive past that step",
             Category::Gradient => "made in backward (autograd frames) and outliving it, until zero_grad or later",
-            Category::OptimizerState => "made in an optimizer step (torch/optim frames) and outliving that step",
+            Category::OptimizerState => "made in an optimizer step (torch/optim frames, or a hand-written optimizer's own `step`) and outliving that step",
             Category::Activation => "made in a forward pass and freed in backward, or still alive after its step",
             Category::Temporary => "freed in the same phase that made it",
             Category::Input => "made by user code outside any model call and alive to the next step or later",
@@ -151,6 +151,11 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
         }
         python = true;
         if file.contains("/torch/optim/") {
+            return Phase::Optimizer;
+        }
+        // A hand-written optimizer: the user's own `step` method, reached
+        // without a model call inside it.
+        if kind == FrameKind::User && (name == "step" || name == "zero_grad") && !forward {
             return Phase::Optimizer;
         }
         if (name == "_call_impl" || name == "_wrapped_call_impl")

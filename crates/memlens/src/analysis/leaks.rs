@@ -343,18 +343,20 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         steps_found = steps_found.max(st.len());
         // Live tensor bytes by site at the end of every complete step.
         let mut live: HashMap<u64, (u64, StackId, u32)> = HashMap::new();
-        let mut points: Vec<HashMap<Site, (u64, u64, StackId)>> = Vec::new();
+        let mut points: Vec<HashMap<Site, (u64, u64, StackId, u32)>> = Vec::new();
         let mut step = 0;
         let mut next_cut = st.starts.get(1).copied().unwrap_or(usize::MAX);
         let record = |live: &HashMap<u64, (u64, StackId, u32)>| {
-            let mut agg: HashMap<Site, (u64, u64, StackId)> = HashMap::new();
+            let mut agg: HashMap<Site, (u64, u64, StackId, u32)> = HashMap::new();
             for &(bytes, stack, ai) in live.values() {
                 let site = an.block_site(ti, Some(ai), stack);
-                let e = agg.entry(site).or_insert((0, 0, stack));
+                let e = agg.entry(site).or_insert((0, 0, stack, ai));
                 e.0 += bytes;
                 e.1 += 1;
                 // The smallest stack id: the same example whatever the hash order.
                 e.2 = e.2.min(stack);
+                // The newest block: the one the latest step kept.
+                e.3 = e.3.max(ai);
             }
             agg
         };
@@ -415,16 +417,15 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
                 .rev()
                 .find_map(|p| p.get(key))
                 .map_or(0, |v| v.2);
-            // Did backward run in the steps where the site grew?
-            let grew_steps: Vec<usize> = series
-                .windows(2)
-                .enumerate()
-                .filter(|(_, w)| w[1] > w[0])
-                .map(|(k, _)| k + 1)
-                .collect();
-            let backward_seen = grew_steps
+            // Did a backward pass use the forward that made the kept memory?
+            // (Training that keeps outputs: yes; evaluation without no_grad
+            // between training steps: no.)
+            let newest = points
                 .iter()
-                .any(|&k| facts.backward_in_step.get(k).copied().unwrap_or(false));
+                .rev()
+                .find_map(|p| p.get(key))
+                .map_or(0, |v| v.3);
+            let backward_seen = facts.backward_follows(newest as usize);
             let growth = series.last().unwrap_or(&0) - series[0];
             let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
             let traits = Traits {
@@ -486,7 +487,7 @@ fn finish(
                 compiled: false,
                 via: None,
             };
-            format!(
+            let mut v = format!(
                 "Leak: {} per step at {} ({} confidence)",
                 crate::units::format_bytes(l.bytes_per_step),
                 shown.display(),
@@ -495,7 +496,22 @@ fn finish(
                     Confidence::Medium => "medium",
                     Confidence::Low => "low",
                 }
-            )
+            );
+            // A kept graph keeps many sites alive at once (each activation
+            // its forward saved): say what they cost together.
+            let together: Vec<&Leak> = leaks
+                .iter()
+                .filter(|k| k.confidence >= Confidence::Medium)
+                .collect();
+            if together.len() > 1 {
+                let total: u64 = together.iter().map(|k| k.bytes_per_step).sum();
+                v.push_str(&format!(
+                    "; {} sites grow together, {} per step in all",
+                    together.len(),
+                    crate::units::format_bytes(total)
+                ));
+            }
+            v
         }
         _ => "No leak: no site's memory keeps growing".to_string(),
     };

@@ -7,7 +7,7 @@
 //! category ([`super::categories`]); the trace is also cut into steps
 //! ([`super::steps`]) with each step's peak and what it left behind.
 
-use super::categories::Category;
+use super::categories::{classify, Category};
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
 use crate::replay::{LiveBlock, Replay, ReplayOptions};
@@ -146,13 +146,48 @@ pub fn peak_analysed(an: &Analysed, top: usize) -> PeakReport {
         })
         .collect();
     reports.sort_by_key(|r| std::cmp::Reverse(r.peak_allocated_bytes));
-    let mut best = reports.into_iter().next().unwrap_or_else(|| empty(snap));
+    let mut best = reports.into_iter().next().unwrap_or_else(|| empty(an, top));
     best.devices = devices;
     best
 }
 
-fn empty(snap: &Snapshot) -> PeakReport {
+/// The report of a snapshot without a trace (legacy formats, or history not
+/// recorded): the figures at dump time, and what its blocks hold by site.
+fn empty(an: &Analysed, top: usize) -> PeakReport {
+    let snap = an.snap;
     let s = super::summary::summarize(snap);
+    let mut groups: HashMap<(Site, Category), LiveSite> = HashMap::new();
+    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
+    let blocks = snap
+        .segments
+        .iter()
+        .flat_map(|seg| &seg.blocks)
+        .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated);
+    for b in blocks {
+        let cat = classify(an.phases.of(b.stack), None, true);
+        let site = an.sites.describe(b.stack);
+        let e = groups
+            .entry((site.clone(), cat))
+            .or_insert_with(|| LiveSite {
+                site: site.site.clone(),
+                function: site.function.clone(),
+                path: site.path.clone(),
+                compiled: site.compiled,
+                stack: stack_lines(snap, b.stack),
+                bytes: 0,
+                count: 0,
+                category: cat,
+            });
+        e.bytes += b.size;
+        e.count += 1;
+        let c = cats.entry(cat).or_default();
+        c.0 += b.size;
+        c.1 += 1;
+    }
+    let mut sites: Vec<LiveSite> = groups.into_values().collect();
+    sites.sort_by(|a, b| (b.bytes, &a.site, &a.path).cmp(&(a.bytes, &b.site, &b.path)));
+    let other_sites = sites.len().saturating_sub(top);
+    sites.truncate(top);
     PeakReport {
         device: s.devices.first().copied().unwrap_or(0),
         peak_allocated_bytes: s.allocated_bytes,
@@ -161,10 +196,21 @@ fn empty(snap: &Snapshot) -> PeakReport {
         peak_time_us: None,
         peak_reserved_event_index: None,
         peak_reserved_time_us: None,
-        live_at_peak: Vec::new(),
-        other_sites: 0,
-        categories: BTreeMap::new(),
-        category_detail: Vec::new(),
+        live_at_peak: sites,
+        other_sites,
+        categories: cats
+            .iter()
+            .map(|(c, v)| (c.as_str().to_string(), v.0))
+            .collect(),
+        category_detail: cats
+            .iter()
+            .map(|(c, v)| CategoryShare {
+                category: *c,
+                bytes: v.0,
+                count: v.1,
+                rule: c.rule(),
+            })
+            .collect(),
         steps: Vec::new(),
         step_method: StepMethod::None,
         step_count: 1,
