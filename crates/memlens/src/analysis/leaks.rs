@@ -341,51 +341,43 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         method = Some(st.method);
         loop_function = st.loop_function.clone();
         steps_found = steps_found.max(st.len());
-        // Live tensor bytes by site at the end of every complete step.
-        let mut live: HashMap<u64, (u64, StackId, u32)> = HashMap::new();
-        let mut points: Vec<HashMap<Site, (u64, u64, StackId, u32)>> = Vec::new();
-        let mut step = 0;
-        let mut next_cut = st.starts.get(1).copied().unwrap_or(usize::MAX);
-        let record = |live: &HashMap<u64, (u64, StackId, u32)>| {
-            let mut agg: HashMap<Site, (u64, u64, StackId, u32)> = HashMap::new();
-            for &(bytes, stack, ai) in live.values() {
-                let site = an.block_site(ti, Some(ai), stack);
-                let e = agg.entry(site).or_insert((0, 0, stack, ai));
-                e.0 += bytes;
-                e.1 += 1;
-                // The smallest stack id: the same example whatever the hash order.
-                e.2 = e.2.min(stack);
-                // The newest block: the one the latest step kept.
-                e.3 = e.3.max(ai);
-            }
-            agg
-        };
-        for (i, e) in trace.events.iter().enumerate() {
-            while i == next_cut {
-                points.push(record(&live));
-                step += 1;
-                next_cut = st.starts.get(step + 1).copied().unwrap_or(usize::MAX);
-            }
-            match e.action {
-                Action::Alloc => {
-                    // 512-byte rounding: the allocator's block sizes, so a
-                    // site's bytes do not move with unrounded request noise.
-                    live.insert(
-                        e.addr,
-                        (e.size.div_ceil(512).max(1) * 512, e.stack, i as u32),
-                    );
-                }
-                Action::FreeCompleted => {
-                    live.remove(&e.addr);
-                }
-                _ => {}
-            }
+        // Live tensor bytes by site at the end of every complete step, from
+        // the lifetimes the analysed trace holds (each alloc's free). A step
+        // boundary is the first event of the next step; the end of the trace
+        // is one only when it closes a step (a marker or an optimizer step
+        // was the last thing), else it may hold half a step or the teardown.
+        let mut cuts: Vec<usize> = st.starts[1..].to_vec();
+        if st.last_complete {
+            cuts.push(trace.events.len());
         }
-        // The end of the trace is a point only when it closes a step (a
-        // marker or an optimizer step was the last thing); else it may hold
-        // half a step or the teardown after the loop.
-        if st.last_complete && st.len() > points.len() {
-            points.push(record(&live));
+        let mut points: Vec<HashMap<Site, (u64, u64, StackId, u32)>> =
+            vec![HashMap::new(); cuts.len()];
+        for (i, e) in trace.events.iter().enumerate() {
+            if e.action != Action::Alloc {
+                continue;
+            }
+            let freed = facts.free_of.get(i).map_or(usize::MAX, |&f| f as usize);
+            // Boundaries `c` with i < c <= freed see the block alive.
+            let first = cuts.partition_point(|&c| c <= i);
+            let last = cuts.partition_point(|&c| c <= freed);
+            if first >= last {
+                continue;
+            }
+            // 512-byte rounding: the allocator's block sizes, so a site's
+            // bytes do not move with unrounded request noise.
+            let bytes = e.size.div_ceil(512).max(1) * 512;
+            let site = an.block_site(ti, Some(i as u32), e.stack);
+            for point in &mut points[first..last] {
+                let v = point
+                    .entry(site.clone())
+                    .or_insert((0, 0, e.stack, i as u32));
+                v.0 += bytes;
+                v.1 += 1;
+                // The smallest stack id: the same example whatever the order.
+                v.2 = v.2.min(e.stack);
+                // The newest block: the one the latest step kept.
+                v.3 = v.3.max(i as u32);
+            }
         }
         // Point 0 is the end of step 1: what step 1 initialised is the baseline.
         if points.len() < 2 {
