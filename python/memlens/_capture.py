@@ -56,8 +56,8 @@ import warnings
 from typing import Any, Dict, List, Optional, Union
 
 from . import _native
-from ._diff import grown_sites, without_trace
-from ._leak import ALARM, BASELINE, LeakRule
+from ._diff import confirmed_leaks, without_trace
+from ._leak import ALARM, BASELINE, MIDPOINT, LeakRule
 from ._live import Publisher
 from ._oom import explain_oom
 
@@ -247,7 +247,7 @@ class Recorder:
         self.ooms = 0
         self._torch: Any = None
         self._publisher: Optional[Publisher] = None
-        self._baseline: Optional[Dict[str, Any]] = None
+        self._leak_points: List[Any] = []
         self._baseline_step = 0
         self._entries = 0
         # The ring buffer is sized once the first steps are measured, unless
@@ -335,7 +335,7 @@ class Recorder:
                 pass
             if self._publisher is not None:
                 self._publisher.remove()
-            self._baseline = None
+            self._leak_points = []
         return path
 
     # -- the work ---------------------------------------------------------
@@ -435,17 +435,22 @@ class Recorder:
 
     def _watch_leak(self, event: Optional[str]) -> None:
         if event == BASELINE:
-            self._baseline = without_trace(self._snapshot())
+            self._leak_points = [(self.steps, without_trace(self._snapshot()))]
             self._baseline_step = self.steps
+        elif event == MIDPOINT and self._leak_points:
+            self._leak_points.append((self.steps, without_trace(self._snapshot())))
         elif event == ALARM:
-            sites: List[Dict[str, Any]] = []
-            if self._baseline is not None:
-                after = without_trace(self._snapshot())
-                sites = grown_sites(self._baseline, after)
-            self._baseline = None
-            self.leak_sites = sites
             rule = self._leak
             assert rule is not None
+            points = self._leak_points + [(self.steps, without_trace(self._snapshot()))]
+            self._leak_points = []
+            sites = confirmed_leaks(points)
+            if not sites:
+                # The total grew, but no site kept growing: allocator noise or
+                # a tensor replaced by a larger one. Not a leak; watch again.
+                rule.dismiss()
+                return
+            self.leak_sites = sites
             self.leak_alarm = leak_alarm_line(rule, sites)
             warnings.warn(
                 leak_message(rule, sites, self.steps, self._baseline_step),
@@ -480,8 +485,25 @@ def leak_alarm_line(rule: LeakRule, sites: List[Dict[str, Any]]) -> str:
     fb = _native.format_bytes
     line = f"+{fb(rule.per_step())}/step over {min(rule.streak, rule.steps)} steps"
     if sites:
-        line += f", top site {sites[0].get('site', '?')}"
+        line += f", top site {_where(sites[0])}"
     return line
+
+
+def _where(row: Dict[str, Any]) -> str:
+    """A site as the CLI shows it: ``caller -> file:line in function``."""
+    shown = row.get("display")
+    if shown:
+        return str(shown)
+    where = str(row.get("site", "?"))
+    path = [str(p) for p in row.get("path") or []]
+    site_file = where.rsplit(":", 1)[0]
+    caller = next((p for p in reversed(path) if p.rsplit(":", 1)[0] != site_file), None)
+    if caller:
+        where = f"{caller} -> {where}"
+    fn = row.get("function")
+    if fn and not str(fn).startswith("<"):
+        where += f" in {fn}"
+    return where
 
 
 def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: int) -> str:
@@ -494,13 +516,11 @@ def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: 
         f"{fb(rule.history[-1])} after step {step})."
     )
     if sites:
-        text += f"\nStill alive and created since step {since}, by allocation site:"
+        text += f"\nGrowing since step {since}, by allocation site (as `memlens leaks` judges it):"
         for row in sites[:5]:
-            where = str(row.get("site", "?"))
-            fn = row.get("function")
-            if fn:
-                where += f" in {fn}"
-            text += f"\n  +{fb(int(row.get('bytes', 0)))}  {int(row.get('count', 0))} blocks  {where}"
+            per = int(row.get("bytes_per_step", 0))
+            rate = f" (+{fb(per)}/step)" if per else ""
+            text += f"\n  +{fb(int(row.get('bytes', 0)))}{rate}  {int(row.get('count', 0))} blocks  {_where(row)}"
     else:
         text += "\n(no allocation site could be named: record with context='all')"
     return text

@@ -11,26 +11,14 @@ from __future__ import annotations
 
 import json
 import pickle
-import re
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import _native
 
-# A frame is not user code when its file is part of PyTorch, an installed
-# package, the standard library, or memlens itself. Matches paths from any
-# machine (the snapshot may come from elsewhere), so it is by pattern.
-_NOT_USER = re.compile(
-    r"([/\\](site|dist)-packages[/\\])"
-    r"|([/\\]lib[/\\]python\d+(\.\d+)?[/\\])"
-    r"|([/\\]torch[/\\])"
-    r"|([/\\]memlens[/\\]_[a-z_]+\.py$)"
-    r"|(^<frozen )"
-)
-
-
 def is_user_file(filename: str) -> bool:
-    """True when a frame's file is the user's own code."""
-    return bool(filename) and not _NOT_USER.search(filename)
+    """True when a frame's file is the user's own code: memlens's one frame
+    rulebook (Rust, ``memlens::frames``), never a rule of its own here."""
+    return bool(filename) and _native.frame_kind(filename) == "user"
 
 
 def user_site(frames: List[Dict[str, Any]]) -> Tuple[str, str]:
@@ -106,3 +94,18 @@ def grown_sites(before: Dict[str, Any], after: Dict[str, Any]) -> List[Dict[str,
         except Exception:  # noqa: BLE001 - the fallback below still answers
             pass
     return python_diff(before, after)["grown"]
+
+
+def confirmed_leaks(points: List[Tuple[int, Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """Sites that kept growing across in-memory snapshots taken after the
+    given steps (``[(step, snapshot), ...]``, oldest first), judged by the same
+    rules as ``memlens leaks``: the ``leaks`` rows of medium or high
+    confidence, most likely first. Empty when nothing persists (noise)."""
+    if len(points) < 2 or "leaks" not in _native.analyses():
+        return []
+    snaps = [
+        _native.Snapshot.from_bytes(pickle.dumps(without_trace(s), protocol=4), f"<alarm.step{k}>")
+        for k, s in points
+    ]
+    report = json.loads(snaps[0].analyze("leaks", snaps[1:], "{}"))
+    return [row for row in report.get("leaks", []) if row.get("confidence") in ("medium", "high")]

@@ -11,9 +11,12 @@ The rule (documented in the README and :func:`memlens.record`):
   together grew by at least ``min_bytes`` (default 8 MiB). Healthy training
   keeps this figure flat from step to step, so steady growth is the signature
   of a leak (a list that keeps losses with their graphs, a cache on a module).
-* For the sites, memlens takes an in-memory snapshot when a growth streak
-  starts and another when the alarm fires, and diffs them: what was created
-  during the streak and is still alive, grouped by the innermost user frame.
+* The total is only the trigger. memlens takes an in-memory snapshot (without
+  its trace) when a growth streak starts, halfway through it and when it
+  would fire, and asks the same rules as ``memlens leaks`` (in Rust) which
+  sites grew across those three points: growth over at least 3 steps, above
+  the allocator's rounding noise, by the user's call path. No such site: no
+  alarm (the total moved by noise), and the watch starts afresh.
 
 This module is pure logic (no torch), so it is tested directly.
 """
@@ -27,6 +30,9 @@ MIB = 1024 * 1024
 
 BASELINE = "baseline"
 """Returned by :meth:`LeakRule.update` when a snapshot should be taken now (a streak started)."""
+MIDPOINT = "midpoint"
+"""Returned by :meth:`LeakRule.update` halfway through a streak: a second snapshot, so
+that the sites are judged on three points, as ``memlens leaks`` judges them."""
 ALARM = "alarm"
 """Returned by :meth:`LeakRule.update` when the alarm fires (once)."""
 
@@ -69,7 +75,20 @@ class LeakRule:
             return ALARM
         if self.streak == 1:
             return BASELINE
+        if self.streak == self.midpoint():
+            return MIDPOINT
         return None
+
+    def midpoint(self) -> int:
+        """The streak length at which the middle snapshot is taken."""
+        return max(2, (self.steps + 1) // 2)
+
+    def dismiss(self) -> None:
+        """The sites showed no leak (the total moved by allocator noise, or a
+        tensor was replaced by a larger one): start watching afresh."""
+        self.fired = False
+        self.streak = 0
+        self.streak_start_step = None
 
     def growth(self) -> int:
         """Bytes grown over the last ``steps`` steps (or the streak, if shorter)."""

@@ -217,6 +217,22 @@ fn format_bytes(bytes: u64) -> String {
 }
 
 /// The extension module `memlens._native`.
+/// What a frame is, by the one rulebook (`memlens::frames`): `user`,
+/// `torch`, `library`, `memlens`, `compiled` or `native`.
+#[pyfunction]
+#[pyo3(signature = (filename, function = ""))]
+fn frame_kind(filename: &str, function: &str) -> &'static str {
+    use memlens::frames::FrameKind;
+    match memlens::frames::classify(filename, function) {
+        FrameKind::User => "user",
+        FrameKind::Torch => "torch",
+        FrameKind::Library => "library",
+        FrameKind::Memlens => "memlens",
+        FrameKind::Compiled => "compiled",
+        FrameKind::Native => "native",
+    }
+}
+
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -228,5 +244,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(summary_text, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(frame_kind, m)?)?;
     Ok(())
 }

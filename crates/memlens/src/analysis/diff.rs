@@ -59,6 +59,10 @@ pub struct SiteChange {
     pub site: String,
     /// The function of that line.
     pub function: String,
+    /// The user frames from the entry script down to `site`.
+    pub path: Vec<String>,
+    /// `caller -> site in function`, as the other commands show a site.
+    pub display: String,
     /// How much the site's live bytes changed (always positive; the list says which way).
     pub bytes: u64,
     /// How much the number of live blocks changed (absolute).
@@ -112,6 +116,8 @@ pub fn diff(a: &Snapshot, b: &Snapshot) -> Diff {
         let change = SiteChange {
             site: site.site.clone(),
             function: site.function.clone(),
+            path: site.path.clone(),
+            display: site.display(),
             bytes: x.bytes.abs_diff(y.bytes),
             count: x.count.abs_diff(y.count),
             bytes_a: x.bytes,
