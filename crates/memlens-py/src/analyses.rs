@@ -124,10 +124,10 @@ pub static ANALYSES: &[Analysis] = &[
         run: |s, o| {
             let named: Vec<(String, &Snapshot)> =
                 s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
-            let opts = analysis::doctor::DoctorOptions {
+            let opts = memlens::doctor::DoctorOptions {
                 device_memory: device_memory(o)?,
             };
-            let d = analysis::doctor::diagnose(&named, &opts);
+            let d = memlens::doctor::diagnose(&named, &opts);
             let report = match o.string("path")? {
                 Some(p) => Some(write_report(&named, &d, &p)?),
                 None => None,
@@ -143,7 +143,7 @@ pub static ANALYSES: &[Analysis] = &[
             let path = o
                 .string("path")?
                 .ok_or_else(|| Error::usage("report needs a path"))?;
-            let d = analysis::doctor::diagnose(&named, &Default::default());
+            let d = memlens::doctor::diagnose(&named, &Default::default());
             doc(&serde_json::json!({ "report": write_report(&named, &d, &path)? }))
         },
     },
@@ -161,7 +161,7 @@ fn device_memory(o: &Options) -> Result<Option<u64>> {
 fn what_if(snap: &Snapshot, o: &Options) -> Result<memlens::replay::simulate::SimulateOptions> {
     let config = match o.string("config")? {
         Some(c) => memlens::sim::AllocatorConfig::parse(&c)?,
-        None => memlens::sim::AllocatorConfig::from_settings(&snap.settings),
+        None => memlens::replay::config::recorded_config(&snap.settings),
     };
     Ok(memlens::replay::simulate::SimulateOptions {
         config,
@@ -174,7 +174,7 @@ fn what_if(snap: &Snapshot, o: &Options) -> Result<memlens::replay::simulate::Si
 /// Writes the HTML report of a diagnosis to `path` and returns the path.
 fn write_report(
     named: &[(String, &Snapshot)],
-    d: &analysis::doctor::Diagnosis,
+    d: &memlens::doctor::Diagnosis,
     path: &str,
 ) -> Result<String> {
     memlens::report::write_report(named, d, std::path::Path::new(path))?;

@@ -19,6 +19,7 @@
 //! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities.
 
 pub mod analysis;
+pub mod doctor;
 pub mod error;
 pub mod estimate;
 pub mod example;

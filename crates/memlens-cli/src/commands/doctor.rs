@@ -4,7 +4,7 @@
 //! report.
 
 use crate::output;
-use memlens::analysis::doctor::{diagnose, Diagnosis, DoctorOptions, Severity};
+use memlens::doctor::{diagnose, Diagnosis, DoctorOptions, Severity};
 use std::fmt::Write;
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -77,7 +77,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if args.json {
         #[derive(serde::Serialize)]
         struct Doc<'a> {
-            findings: &'a [memlens::analysis::doctor::Finding],
+            findings: &'a [memlens::doctor::Finding],
             report: Option<String>,
             diagnosis: &'a Diagnosis,
         }

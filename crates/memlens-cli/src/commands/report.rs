@@ -1,7 +1,7 @@
 //! `memlens report`: the self-contained HTML report alone.
 
 use crate::output;
-use memlens::analysis::doctor::{diagnose, Diagnosis, DoctorOptions};
+use memlens::doctor::{diagnose, Diagnosis, DoctorOptions};
 use std::path::{Path, PathBuf};
 
 /// Arguments of `memlens report`.

@@ -122,7 +122,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let snap = super::load(&args.snapshot)?;
     let device = pick_device(&snap, args.target.device)
         .with_context(|| format!("{}", args.snapshot.display()))?;
-    let recorded_config = AllocatorConfig::from_settings(&snap.settings);
+    let recorded_config = memlens::replay::config::recorded_config(&snap.settings);
     let mut config = match &args.config {
         Some(text) => AllocatorConfig::parse(text).context("--config")?,
         None => recorded_config.clone(),

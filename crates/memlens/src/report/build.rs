@@ -14,9 +14,9 @@ use super::model::{
     SegmentRow, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
-use crate::analysis::doctor::Diagnosis;
 use crate::analysis::leaks::Confidence;
 use crate::analysis::sites::{Site, SiteIndex};
+use crate::doctor::Diagnosis;
 use crate::replay::{state_at, Delta, Replay, ReplayOptions, ReplayState};
 use crate::sim::BlockStatus;
 use crate::snapshot::{Action, Snapshot, StackId};
@@ -26,7 +26,7 @@ use hashbrown::HashMap;
 pub const TIMELINE_TOP_SITES: usize = 8;
 
 /// Builds the report of a run: `snaps` oldest first, as given to
-/// [`crate::analysis::doctor::diagnose`], and their diagnosis. The last snapshot is the one
+/// [`crate::doctor::diagnose`], and their diagnosis. The last snapshot is the one
 /// whose timeline, peak and segments are shown.
 pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportData {
     let mut data = ReportData {

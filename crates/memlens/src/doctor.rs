@@ -1,12 +1,12 @@
 //! `memlens doctor`: every analysis that applies, reduced to the few findings
 //! that matter, most serious first, each with its `file:line` and its fix.
 
-use super::leaks::{self, Confidence, LeakReport};
-use super::peak::{peak, PeakReport};
-use super::summary::{summarize, Summary};
+use crate::analysis::leaks::{self, Confidence, LeakReport};
+use crate::analysis::peak::{peak, PeakReport};
+use crate::analysis::summary::{summarize, Summary};
+use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
-use crate::sim::AllocatorConfig;
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
@@ -196,7 +196,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     let tune = if fragmented || oom.is_some() {
         let device = last.first_traced_device();
         let sim = SimulateOptions {
-            config: AllocatorConfig::from_settings(&last.settings),
+            config: recorded_config(&last.settings),
             device_memory: opts.device_memory,
             overhead: None,
             allowed_memory_maximum: None,
