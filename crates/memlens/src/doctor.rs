@@ -102,10 +102,10 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 Severity::Warning
             },
             title: format!(
-                "Leak: {} per step at {} in {}",
+                "Leak: {} per step at {}{}",
                 format_bytes(l.bytes_per_step),
                 l.site,
-                l.function
+                in_function(&l.function)
             ),
             site: Some(l.site.clone()),
             bytes: Some(l.bytes_per_step),
@@ -116,11 +116,16 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                     .first()
                     .map(String::as_str)
                     .unwrap_or("each point"),
-                l.evidence
-                    .iter()
-                    .map(|b| format_bytes(*b))
-                    .collect::<Vec<_>>()
-                    .join(" -> ")
+                // The ends only: the whole series is in the JSON (`leaks`).
+                match (l.evidence.first(), l.evidence.last()) {
+                    (Some(a), Some(b)) => format!(
+                        "{} -> {} over {} points",
+                        format_bytes(*a),
+                        format_bytes(*b),
+                        l.evidence.len()
+                    ),
+                    _ => "none".to_string(),
+                }
             )],
             stack: l.stack.clone(),
         });
@@ -294,5 +299,14 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         leaks,
         tune,
         oom: oom_report,
+    }
+}
+
+/// ` in function`, or nothing for a nameless function (no trailing ` in `).
+fn in_function(function: &str) -> String {
+    if function.trim().is_empty() {
+        String::new()
+    } else {
+        format!(" in {function}")
     }
 }

@@ -136,7 +136,7 @@ fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
         Stat {
             label: "trace events".into(),
             bytes: None,
-            text: Some(group_digits(d.summary.trace_events)),
+            text: Some(crate::units::group_digits(d.summary.trace_events)),
         },
     ];
     if d.peak.steps.len() > 1 {
@@ -149,19 +149,6 @@ fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
     m.notes = d.peak.warnings.clone();
     m.notes.extend(d.summary.warnings.iter().cloned());
     m
-}
-
-/// `1234567` as `1,234,567`.
-fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The leak candidates `doctor` would report (medium confidence or more):
