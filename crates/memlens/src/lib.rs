@@ -26,6 +26,7 @@ pub mod doctor;
 pub mod error;
 pub mod estimate;
 pub mod example;
+pub mod frames;
 pub mod input;
 pub mod live;
 pub mod oom;
@@ -35,6 +36,7 @@ pub mod replay;
 pub mod report;
 pub mod sim;
 pub mod snapshot;
+pub mod trace;
 pub mod units;
 
 pub use error::{Error, Result};
