@@ -10,6 +10,11 @@
 # RSS from /usr/bin/time; then memlens's phases (read, replay, simulate, tune)
 # from the bench_phases example. memlens runs with one parsing thread (and one
 # decompression thread for compressed inputs).
+#
+# Timings use the release profile, which carries no debug info (what users
+# install). For perf/flamegraph work build the `profiling` profile instead:
+#   cargo build --profile profiling -p memlens-cli   # release code + line tables,
+#   perf record target/profiling/memlens summary bench/data/large-1gb.pickle
 set -euo pipefail
 cd "$(dirname "$0")/.."
 FIX=${MEMLENS_FIXTURES:-../shared/fixtures}

@@ -35,9 +35,20 @@ if [ "${MEMLENS_WHEEL:-}" = portable ]; then
     "$BUILD_VENV/bin/pip" install -q --disable-pip-version-check ziglang
     compat=(--zig --compatibility manylinux2014)
 fi
+# The command line ships inside the package as a binary (the extension module
+# links the library only). It is copied in for the build and removed after, so
+# the source tree keeps nothing untracked (maturin leaves out git-ignored files,
+# so it cannot be ignored instead).
+echo "== building the memlens binary (release)"
+cargo build --release --locked -p memlens-cli
+BIN_DIR=$ROOT/python/memlens/_bin
+trap 'rm -rf "$BIN_DIR"' EXIT
+mkdir -p "$BIN_DIR"
+cp "${CARGO_TARGET_DIR:-$ROOT/target}/release/memlens" "$BIN_DIR/memlens"
 echo "== building the wheel (release)"
 # maturin finds zig as `python3 -m ziglang` on the PATH: the build venv's.
 PATH="$BUILD_VENV/bin:$PATH" "$BUILD_VENV/bin/maturin" build --release --out "$WHEELS" "${compat[@]}"
+rm -rf "$BIN_DIR"
 WHEEL=$(ls "$WHEELS"/memlens-*.whl)
 echo "== built $WHEEL"
 case "$WHEEL" in
@@ -54,4 +65,4 @@ rm -rf "$TEST_VENV"
 echo "== pytest ($("$TEST_VENV/bin/python" --version))"
 cd "$WORK"
 export MEMLENS_FIXTURES=${MEMLENS_FIXTURES:-$ROOT/../shared/fixtures}
-exec "$TEST_VENV/bin/python" -m pytest -p no:cacheprovider -q "$ROOT/tests/python" "$@"
+"$TEST_VENV/bin/python" -m pytest -p no:cacheprovider -q "$ROOT/tests/python" "$@"

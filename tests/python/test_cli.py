@@ -1,4 +1,4 @@
-"""The `memlens` entry point installed by pip runs the Rust CLI in-process."""
+"""The `memlens` entry point installed by pip runs the memlens binary the wheel carries."""
 
 from __future__ import annotations
 

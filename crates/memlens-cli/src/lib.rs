@@ -1,6 +1,6 @@
-//! The `memlens` command line as a library, so the Python package can run the
-//! very same CLI in-process (`memlens_cli::run(argv)`). Argument parsing and
-//! printing only; every analysis lives in the `memlens` library.
+//! The `memlens` command line as a library (`memlens_cli::run(argv)`, which the
+//! tests call in-process). Argument parsing and printing only: every analysis,
+//! every JSON document and every text lives in the `memlens` library.
 
 pub mod commands;
 pub mod output;
@@ -14,7 +14,13 @@ use clap::{Parser, Subcommand};
 /// (.pickle, .pickle.gz, .pickle.zst or JSON) and explains them: peaks, leaks,
 /// fragmentation, OOMs, and what `PYTORCH_CUDA_ALLOC_CONF` would change.
 #[derive(Parser, Debug)]
-#[command(name = "memlens", version, about, long_about = None)]
+#[command(
+    name = "memlens",
+    version,
+    about,
+    long_about = None,
+    after_help = "Example:\n  memlens doctor run.pickle.zst      (no snapshot: the example built into memlens)"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -1,4 +1,5 @@
-//! Printing: JSON documents with the schema tag, and the one-line error.
+//! Printing: a result as its `memlens/1` JSON document or its text (both made
+//! by the library's `render` module), and the one-line error.
 
 use serde::Serialize;
 use std::io::Write;
@@ -8,23 +9,24 @@ pub const OK: u8 = 0;
 /// Exit code for a failed check (`check`, `leaks --fail-on-leak`).
 pub const CHECK_FAILED: u8 = 1;
 
-#[derive(Serialize)]
-struct Doc<'a, T: Serialize> {
-    schema: &'static str,
-    #[serde(flatten)]
-    body: &'a T,
-}
-
 /// Prints `body` as a JSON document tagged `"schema": "memlens/1"`.
 pub fn print_json<T: Serialize>(body: &T) -> anyhow::Result<()> {
-    let doc = Doc {
-        schema: memlens::JSON_SCHEMA,
-        body,
-    };
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, &doc)?;
-    writeln!(out)?;
-    Ok(())
+    let mut text = memlens::render::json(body, true)?;
+    text.push('\n');
+    print_text(&text)
+}
+
+/// Prints the JSON document of `body` when `json`, else the text `render` makes.
+pub fn print<T: Serialize>(
+    body: &T,
+    json: bool,
+    render: impl FnOnce(&T) -> String,
+) -> anyhow::Result<()> {
+    if json {
+        print_json(body)
+    } else {
+        print_text(&render(body))
+    }
 }
 
 /// Prints text to stdout; a closed pipe (`memlens ... | head`) is not an error.

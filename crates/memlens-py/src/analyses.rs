@@ -1,12 +1,12 @@
 //! The table of analyses Python can call. Each entry runs one library analysis
-//! and returns the JSON document the CLI prints for it with `--json`
-//! (`"schema": "memlens/1"` plus the serde form of the library's result).
+//! and returns the JSON document the CLI prints for it with `--json`: both are
+//! built by the library (`memlens::render`), so they are the same document.
 //!
 //! To bind a new analysis, add one line to [`ANALYSES`]; the Python method of
 //! the same name (`memlens.Snapshot.<name>`) starts working.
 
 use crate::options::Options;
-use memlens::{analysis, Error, Result, Snapshot};
+use memlens::{analysis, render, Error, Result, Snapshot};
 use serde::Serialize;
 
 /// A snapshot handed to an analysis, with the name it was loaded under (its
@@ -84,38 +84,29 @@ pub static ANALYSES: &[Analysis] = &[
             if let Some(m) = o.string("message")? {
                 opts.message = Some(memlens::oom::message::find(&m)?);
             }
-            match memlens::oom::analyze_snapshot(snap, &opts)? {
-                Some(r) => doc(&r),
-                // Not an error: a snapshot without an OOM has nothing to explain.
-                None => doc(&serde_json::json!({
-                    "cause": null,
-                    "fixes": [],
-                    "explanation": "the snapshot holds no OOM (no `oom` event in its trace)"
-                })),
-            }
+            // No OOM in the trace: the CLI's error (exit 2), here a MemlensError.
+            doc(&render::documents::oom_doc(snap, s[0].name, &opts)?)
         },
     },
     Analysis {
         name: "simulate",
         run: |s, o| {
-            let snap = one(s)?;
+            let (input, snap) = (first(s)?, one(s)?);
             let opts = what_if(snap, o)?;
-            doc(&memlens::replay::simulate::simulate(
-                snap,
-                snap.first_traced_device(),
-                &opts,
+            let device = render::documents::pick_device(snap, None)?;
+            doc(&render::documents::simulate_doc(
+                snap, input.name, device, &opts,
             )?)
         },
     },
     Analysis {
         name: "tune",
         run: |s, o| {
-            let snap = one(s)?;
+            let (input, snap) = (first(s)?, one(s)?);
             let opts = what_if(snap, o)?;
-            doc(&memlens::replay::tune::tune(
-                snap,
-                snap.first_traced_device(),
-                &opts,
+            let device = render::documents::pick_device(snap, None)?;
+            doc(&render::documents::tune_doc(
+                snap, input.name, device, &opts,
             )?)
         },
     },
@@ -124,15 +115,15 @@ pub static ANALYSES: &[Analysis] = &[
         run: |s, o| {
             let named: Vec<(String, &Snapshot)> =
                 s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
-            let opts = analysis::doctor::DoctorOptions {
+            let opts = memlens::doctor::DoctorOptions {
                 device_memory: device_memory(o)?,
             };
-            let d = analysis::doctor::diagnose(&named, &opts);
-            let report = match o.string("path")? {
-                Some(p) => Some(write_report(&named, &d, &p)?),
-                None => None,
-            };
-            doc(&serde_json::json!({ "findings": d.findings, "report": report, "diagnosis": d }))
+            let path = o.string("path")?.map(std::path::PathBuf::from);
+            doc(&render::documents::doctor_doc(
+                &named,
+                &opts,
+                path.as_deref(),
+            )?)
         },
     },
     Analysis {
@@ -143,8 +134,10 @@ pub static ANALYSES: &[Analysis] = &[
             let path = o
                 .string("path")?
                 .ok_or_else(|| Error::usage("report needs a path"))?;
-            let d = analysis::doctor::diagnose(&named, &Default::default());
-            doc(&serde_json::json!({ "report": write_report(&named, &d, &path)? }))
+            doc(&render::documents::report_doc(
+                &named,
+                std::path::Path::new(&path),
+            )?)
         },
     },
 ];
@@ -161,7 +154,7 @@ fn device_memory(o: &Options) -> Result<Option<u64>> {
 fn what_if(snap: &Snapshot, o: &Options) -> Result<memlens::replay::simulate::SimulateOptions> {
     let config = match o.string("config")? {
         Some(c) => memlens::sim::AllocatorConfig::parse(&c)?,
-        None => memlens::sim::AllocatorConfig::from_settings(&snap.settings),
+        None => memlens::replay::config::recorded_config(&snap.settings),
     };
     Ok(memlens::replay::simulate::SimulateOptions {
         config,
@@ -171,37 +164,21 @@ fn what_if(snap: &Snapshot, o: &Options) -> Result<memlens::replay::simulate::Si
     })
 }
 
-/// Writes the HTML report of a diagnosis to `path` and returns the path.
-fn write_report(
-    named: &[(String, &Snapshot)],
-    d: &analysis::doctor::Diagnosis,
-    path: &str,
-) -> Result<String> {
-    memlens::report::write_report(named, d, std::path::Path::new(path))?;
-    Ok(path.to_string())
-}
-
 /// The analysis called `name`, if this build has it.
 pub fn find(name: &str) -> Option<&'static Analysis> {
     ANALYSES.iter().find(|a| a.name == name)
 }
 
-/// The document layout the CLI's `print_json` writes: the schema tag, then the
-/// result's own keys.
-#[derive(Serialize)]
-struct Doc<'a, T: Serialize> {
-    schema: &'static str,
-    #[serde(flatten)]
-    body: &'a T,
+/// Serialises a result as the memlens JSON document the CLI prints.
+fn doc<T: Serialize>(body: &T) -> Result<String> {
+    render::json(body, false)
 }
 
-/// Serialises a result as a memlens JSON document.
-fn doc<T: Serialize>(body: &T) -> Result<String> {
-    serde_json::to_string(&Doc {
-        schema: memlens::JSON_SCHEMA,
-        body,
-    })
-    .map_err(|e| Error::usage(format!("cannot serialise the result: {e}")))
+/// The first snapshot given (the receiver), with its name.
+fn first<'a, 'b>(snaps: &'b [Input<'a>]) -> Result<&'b Input<'a>> {
+    snaps
+        .first()
+        .ok_or_else(|| Error::usage("this analysis takes one snapshot, got 0"))
 }
 
 /// The one snapshot an analysis of a single snapshot works on.

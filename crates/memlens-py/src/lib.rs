@@ -3,7 +3,7 @@
 //! A thin layer. Every analysis is computed by the `memlens` library and comes
 //! back to Python as the same JSON document the CLI prints with `--json`; the
 //! Python package (`python/memlens/`) wraps it in a small result object. Adding
-//! an analysis to Python is one line in [`analyses::ANALYSES`].
+//! an analysis to Python is one line in `analyses::ANALYSES`.
 //!
 //! The GIL is released while a snapshot is parsed and while an analysis runs,
 //! so other Python threads (a training loop, a data loader) keep going. A file
@@ -16,7 +16,6 @@ mod options;
 use memlens::Snapshot;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
-use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -182,13 +181,6 @@ fn analysis_names() -> Vec<&'static str> {
     analyses::ANALYSES.iter().map(|a| a.name).collect()
 }
 
-/// Runs the `memlens` command line on `argv` (program name first), in this
-/// process, and returns its exit code (0 ok, 1 check failed, 2 bad input).
-#[pyfunction]
-fn run_cli(py: Python<'_>, argv: Vec<OsString>) -> u8 {
-    py.detach(|| memlens_cli::run(argv))
-}
-
 /// The text `memlens summary PATH` prints (used when no OOM explainer is
 /// built in: the state at the OOM is the next best thing to show).
 #[pyfunction]
@@ -196,7 +188,7 @@ fn summary_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     py.detach(|| {
         let snap = Snapshot::load(&path)?;
         let summary = memlens::analysis::summary::summarize(&snap);
-        Ok(memlens_cli::commands::summary::render(
+        Ok(memlens::render::summary::text(
             &summary,
             &path.display().to_string(),
         ))
@@ -240,7 +232,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MemlensError", m.py().get_type::<MemlensError>())?;
     m.add_class::<PySnapshot>()?;
     m.add_function(wrap_pyfunction!(analysis_names, m)?)?;
-    m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(summary_text, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;

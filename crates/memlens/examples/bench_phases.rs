@@ -6,7 +6,6 @@
 
 use memlens::replay::simulate::{simulate, SimulateOptions};
 use memlens::replay::{replay_device, ReplayOptions};
-use memlens::sim::AllocatorConfig;
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -36,7 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         r.peak_reserved_bytes
     );
 
-    let config = AllocatorConfig::from_settings(&snap.settings);
+    let config = memlens::replay::config::recorded_config(&snap.settings);
     let opts = SimulateOptions {
         config,
         device_memory: None,

@@ -3,13 +3,27 @@
 //! thread while the reader parses, so both cores work.
 
 use crate::error::{Error, Result};
-use crate::snapshot::Container;
+use serde::Serialize;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
+
+/// Which container and format the snapshot came in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Container {
+    /// An uncompressed pickle.
+    Pickle,
+    /// A gzip-compressed pickle.
+    Gzip,
+    /// A zstd-compressed pickle.
+    Zstd,
+    /// A JSON document.
+    Json,
+}
 
 /// Size of the chunks the decompression thread hands over.
 const CHUNK: usize = 1 << 20;

@@ -4,7 +4,7 @@
 //! parse arguments and render. Data flows one way:
 //!
 //! ```text
-//! bytes -> input -> pickle -> snapshot -> replay (sim) -> analysis -> report
+//! bytes -> input -> pickle -> snapshot -> replay (sim) -> analysis -> oom -> doctor -> report, render
 //! ```
 //!
 //! * [`input`] detects the container (raw pickle, gzip, zstd, JSON) from the bytes.
@@ -16,9 +16,13 @@
 //!   through it.
 //! * [`analysis`] holds the analyses (summary, peak, diff, leaks, ...), each a pure
 //!   function returning a plain data struct.
+//! * [`doctor`] composes the analyses, the OOM explainer and `tune` into findings.
 //! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities.
+//! * [`render`] owns every result document (the `memlens/1` envelope) and the
+//!   text a person reads; the CLI and the Python binding only print them.
 
 pub mod analysis;
+pub mod doctor;
 pub mod error;
 pub mod estimate;
 pub mod example;
@@ -27,6 +31,7 @@ pub mod input;
 pub mod live;
 pub mod oom;
 pub mod pickle;
+pub mod render;
 pub mod replay;
 pub mod report;
 pub mod sim;

@@ -60,6 +60,19 @@ pub fn format_bytes(bytes: u64) -> String {
     }
 }
 
+/// `1234567` as `1,234,567`: the one digit grouping of every text memlens prints.
+pub fn group_digits(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
 /// Formats a signed byte difference with its sign: `+39.00 MiB`, `-2.00 MiB`.
 pub fn format_delta(delta: i64) -> String {
     let sign = if delta < 0 { "-" } else { "+" };
@@ -310,6 +323,14 @@ fn device_key(name: &str) -> (String, bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn groups_digits() {
+        assert_eq!(group_digits(67_891_200), "67,891,200");
+        assert_eq!(group_digits(999), "999");
+        assert_eq!(group_digits(1000), "1,000");
+        assert_eq!(group_digits(0), "0");
+    }
 
     #[test]
     fn parses_units() {

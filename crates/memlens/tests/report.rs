@@ -667,7 +667,7 @@ fn category_codes_and_names_round_trip() {
 /// The whole report of a real run, from `doctor`'s diagnosis.
 #[test]
 fn report_of_the_real_leaking_run_holds_every_figure_exactly() {
-    use memlens::analysis::doctor::{diagnose, DoctorOptions};
+    use memlens::doctor::{diagnose, DoctorOptions};
     let names = [
         "gpt2_eval_leak.step1.pickle.zst",
         "gpt2_eval_leak.step5.pickle.zst",
@@ -727,7 +727,7 @@ fn report_of_the_real_leaking_run_holds_every_figure_exactly() {
 
 #[test]
 fn report_of_the_real_oom_shows_the_segments_at_the_oom() {
-    use memlens::analysis::doctor::{diagnose, DoctorOptions};
+    use memlens::doctor::{diagnose, DoctorOptions};
     let snap = load("oom.pickle.zst");
     let refs = vec![("oom.pickle.zst".to_string(), &snap)];
     let d = diagnose(&refs, &DoctorOptions::default());

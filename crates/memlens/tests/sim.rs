@@ -36,7 +36,7 @@ fn recorded_settings_reproduce_the_run_without_its_addresses() {
     for name in ["gpt2_train", "resnet", "gpt2_eval_leak", "long"] {
         let snap = load_cached(name);
         let opts = SimulateOptions {
-            config: AllocatorConfig::from_settings(&snap.settings),
+            config: memlens::replay::config::recorded_config(&snap.settings),
             ..Default::default()
         };
         let r = simulate(&snap, 0, &opts).unwrap();
@@ -389,7 +389,7 @@ fn a_cut_trace_is_simulated_from_the_recorded_state() {
         &snap,
         0,
         &SimulateOptions {
-            config: AllocatorConfig::from_settings(&snap.settings),
+            config: memlens::replay::config::recorded_config(&snap.settings),
             ..Default::default()
         },
     )

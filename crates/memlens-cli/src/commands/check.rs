@@ -3,11 +3,13 @@
 use crate::output;
 use memlens::analysis::check::check;
 use memlens::analysis::peak::peak;
-use memlens::units::{format_bytes, parse_size};
+use memlens::render;
+use memlens::units::parse_size;
 use std::path::PathBuf;
 
 /// Arguments of `memlens check`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "Example:\n  memlens check run.pickle.zst --max-peak 8GiB")]
 pub struct Args {
     /// The snapshot.
     pub snapshot: PathBuf,
@@ -33,17 +35,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     }
     let snap = super::load(&args.snapshot)?;
     let r = check(&peak(&snap, 5), args.max_peak, args.max_reserved);
-    if args.json {
-        output::print_json(&r)?;
-    } else if r.ok {
-        output::print_text(&format!(
-            "ok: peak allocated {}, peak reserved {}\n",
-            format_bytes(r.peak_allocated_bytes),
-            format_bytes(r.peak_reserved_bytes)
-        ))?;
-    } else {
-        output::print_text(&format!("FAILED: {}\n", r.failures.join("; ")))?;
-    }
+    output::print(&r, args.json, render::check::text)?;
     Ok(if r.ok {
         output::OK
     } else {

@@ -4,13 +4,16 @@
 //! report.
 
 use crate::output;
-use memlens::analysis::doctor::{diagnose, Diagnosis, DoctorOptions, Severity};
-use std::fmt::Write;
+use memlens::doctor::DoctorOptions;
+use memlens::render::{self, documents::doctor_doc};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 /// Arguments of `memlens doctor`.
 #[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  memlens doctor                 (the example built into memlens)\n  memlens doctor run.pickle.zst -v"
+)]
 pub struct Args {
     /// Snapshots of one run, oldest first (none: the example built into memlens).
     pub snapshots: Vec<PathBuf>,
@@ -55,107 +58,22 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             memlens::Snapshot::example(),
         )]
     } else {
-        args.snapshots
-            .iter()
-            .map(|p| Ok((p.display().to_string(), super::load(p)?)))
-            .collect::<anyhow::Result<_>>()?
+        super::load_all(&args.snapshots)?
     };
     pb.set_message("replaying and diagnosing");
-    let refs: Vec<(String, &memlens::Snapshot)> =
-        snaps.iter().map(|(n, s)| (n.clone(), s)).collect();
     let opts = DoctorOptions {
         device_memory: args.device_memory,
     };
-    let d = diagnose(&refs, &opts);
-    let report = if args.no_report {
-        None
-    } else {
-        pb.set_message("writing the report");
-        Some(super::report::write_report(&refs, &d, &args.output)?)
-    };
+    let report = (!args.no_report).then_some(args.output.as_path());
+    let doc = doctor_doc(&super::named(&snaps), &opts, report)?;
     pb.finish_and_clear();
-    if args.json {
-        #[derive(serde::Serialize)]
-        struct Doc<'a> {
-            findings: &'a [memlens::analysis::doctor::Finding],
-            report: Option<String>,
-            diagnosis: &'a Diagnosis,
+    output::print(&doc, args.json, |d| {
+        let names: Vec<&str> = snaps.iter().map(|(n, _)| n.as_str()).collect();
+        let mut text = render::doctor::text(&d.diagnosis, &names, args.verbose);
+        if let Some(p) = &d.report {
+            text.push_str(&format!("\nReport: {p}\n"));
         }
-        output::print_json(&Doc {
-            findings: &d.findings,
-            report: report.as_ref().map(|p| p.display().to_string()),
-            diagnosis: &d,
-        })?;
-    } else {
-        let names: Vec<&str> = refs.iter().map(|(n, _)| n.as_str()).collect();
-        let mut text = render(&d, &names, args.verbose);
-        if let Some(p) = &report {
-            let _ = writeln!(text, "\nReport: {}", p.display());
-        }
-        output::print_text(&text)?;
-    }
+        text
+    })?;
     Ok(output::OK)
-}
-
-/// The verdict, then (with `verbose`) the detail.
-pub fn render(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
-    let mut o = String::new();
-    let _ = writeln!(o, "memlens doctor: {}", names.join(", "));
-    let serious: Vec<_> = d
-        .findings
-        .iter()
-        .filter(|f| f.severity > Severity::Info)
-        .collect();
-    let _ = writeln!(
-        o,
-        "\n{}",
-        match serious.len() {
-            0 => "Verdict: no leak, no OOM, no fragmentation worth fixing.".to_string(),
-            1 => "Verdict: 1 problem.".to_string(),
-            n => format!("Verdict: {n} problems."),
-        }
-    );
-    for (i, f) in d.findings.iter().enumerate() {
-        if i >= 4 && !verbose {
-            break;
-        }
-        let mark = match f.severity {
-            Severity::Critical => "!!",
-            Severity::Warning => "! ",
-            Severity::Info => "  ",
-        };
-        let _ = writeln!(o, "\n{mark} {}", f.title);
-        if let Some(fix) = &f.suggestion {
-            let _ = writeln!(o, "   fix: {fix}");
-        }
-        if verbose {
-            for e in &f.evidence {
-                let _ = writeln!(o, "   {e}");
-            }
-            for line in f.stack.iter().take(8) {
-                let _ = writeln!(o, "     at {line}");
-            }
-        }
-    }
-    if verbose {
-        let _ = writeln!(o, "\n--- summary ---");
-        o.push_str(&super::summary::render(
-            &d.summary,
-            names.last().copied().unwrap_or(""),
-        ));
-        let _ = writeln!(o, "\n--- peak ---");
-        o.push_str(&super::peak::render(&d.peak));
-        let _ = writeln!(o, "\n--- leaks ---");
-        o.push_str(&super::leaks::render(&d.leaks));
-        if let Some(oom) = &d.oom {
-            let _ = writeln!(o, "\n--- oom ---");
-            o.push_str(&super::oom::render_report(oom));
-        }
-    } else {
-        let _ = writeln!(
-            o,
-            "\n(-v for the evidence, the stacks and the full summary)"
-        );
-    }
-    o
 }

@@ -1,5 +1,5 @@
 //! One module per subcommand: its arguments and a `run` that calls the library
-//! and renders the result.
+//! and prints the document or the text the library renders.
 
 pub mod check;
 pub mod diff;
@@ -14,9 +14,22 @@ pub mod summary;
 pub mod top;
 pub mod tune;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Loads a snapshot; the library's error already names the file.
 pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
     Ok(memlens::Snapshot::load(path)?)
+}
+
+/// Loads the snapshots of one run, each under its file name.
+pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
+    paths
+        .iter()
+        .map(|p| Ok((p.display().to_string(), load(p)?)))
+        .collect()
+}
+
+/// The loaded snapshots as the library's analyses of several snapshots take them.
+pub fn named(snaps: &[(String, memlens::Snapshot)]) -> Vec<(String, &memlens::Snapshot)> {
+    snaps.iter().map(|(n, s)| (n.clone(), s)).collect()
 }

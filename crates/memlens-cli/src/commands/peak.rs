@@ -1,13 +1,13 @@
 //! `memlens peak`: the peak and what was live at it, by allocation site.
 
 use crate::output;
-use memlens::analysis::peak::{peak, PeakReport};
-use memlens::units::format_bytes;
-use std::fmt::Write;
+use memlens::analysis::peak::peak;
+use memlens::render;
 use std::path::PathBuf;
 
 /// Arguments of `memlens peak`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "Example:\n  memlens peak run.pickle.zst --top 5")]
 pub struct Args {
     /// The snapshot.
     pub snapshot: PathBuf,
@@ -22,79 +22,6 @@ pub struct Args {
 /// Runs `memlens peak`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snap = super::load(&args.snapshot)?;
-    let r = peak(&snap, args.top);
-    if args.json {
-        output::print_json(&r)?;
-    } else {
-        output::print_text(&render(&r))?;
-    }
+    output::print(&peak(&snap, args.top), args.json, render::peak::text)?;
     Ok(output::OK)
-}
-
-/// The terminal text.
-pub fn render(r: &PeakReport) -> String {
-    let mut o = String::new();
-    let _ = writeln!(
-        o,
-        "Peak allocated {} (event {}), peak reserved {} (event {}), device {}",
-        format_bytes(r.peak_allocated_bytes),
-        r.peak_event_index.map_or("-".into(), |i| i.to_string()),
-        format_bytes(r.peak_reserved_bytes),
-        r.peak_reserved_event_index
-            .map_or("-".into(), |i| i.to_string()),
-        r.device
-    );
-    if !r.category_detail.is_empty() {
-        let _ = writeln!(o, "\nAt the allocated peak, by category:");
-        let mut cats = r.category_detail.clone();
-        cats.sort_by_key(|c| std::cmp::Reverse(c.bytes));
-        for c in &cats {
-            let share = 100.0 * c.bytes as f64 / r.peak_allocated_bytes.max(1) as f64;
-            let _ = writeln!(
-                o,
-                "  {:<16} {:>11} {:>5.1}%  {:>6} blocks   ({})",
-                c.category_name(),
-                format_bytes(c.bytes),
-                share,
-                c.count,
-                c.rule
-            );
-        }
-    }
-    if !r.live_at_peak.is_empty() {
-        let _ = writeln!(o, "\nLive at the peak, by site:");
-        for s in &r.live_at_peak {
-            let _ = writeln!(
-                o,
-                "  {:>11} {:>6} blocks  {:<16} {} in {}",
-                format_bytes(s.bytes),
-                s.count,
-                s.category.as_str(),
-                s.site,
-                s.function
-            );
-        }
-        if r.other_sites > 0 {
-            let _ = writeln!(o, "  … {} more (use --top or --json)", r.other_sites);
-        }
-    }
-    if r.steps.len() > 1 {
-        let _ = writeln!(o, "\nSteps ({:?}): peak / left behind", r.step_method);
-        for s in r.steps.iter().take(12) {
-            let _ = writeln!(
-                o,
-                "  step {:>3}: {:>11} / {:>11}",
-                s.step,
-                format_bytes(s.peak_allocated_bytes),
-                format_bytes(s.retained_bytes)
-            );
-        }
-        if r.steps.len() > 12 {
-            let _ = writeln!(o, "  … {} more steps", r.steps.len() - 12);
-        }
-    }
-    for w in &r.warnings {
-        let _ = writeln!(o, "warning: {w}");
-    }
-    o
 }

@@ -1,11 +1,12 @@
 //! `memlens report`: the self-contained HTML report alone.
 
 use crate::output;
-use memlens::analysis::doctor::{diagnose, Diagnosis, DoctorOptions};
-use std::path::{Path, PathBuf};
+use memlens::render::documents::report_doc;
+use std::path::PathBuf;
 
 /// Arguments of `memlens report`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "Example:\n  memlens report run.pickle.zst -o run.html")]
 pub struct Args {
     /// Snapshots of one run, oldest first.
     #[arg(required = true)]
@@ -20,36 +21,8 @@ pub struct Args {
 
 /// Runs `memlens report`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let snaps: Vec<(String, memlens::Snapshot)> = args
-        .snapshots
-        .iter()
-        .map(|p| Ok((p.display().to_string(), super::load(p)?)))
-        .collect::<anyhow::Result<_>>()?;
-    let refs: Vec<(String, &memlens::Snapshot)> =
-        snaps.iter().map(|(n, s)| (n.clone(), s)).collect();
-    let d = diagnose(&refs, &DoctorOptions::default());
-    let path = write_report(&refs, &d, &args.output)?;
-    if args.json {
-        #[derive(serde::Serialize)]
-        struct Doc {
-            report: String,
-        }
-        output::print_json(&Doc {
-            report: path.display().to_string(),
-        })?;
-    } else {
-        output::print_text(&format!("Report: {}\n", path.display()))?;
-    }
+    let snaps = super::load_all(&args.snapshots)?;
+    let doc = report_doc(&super::named(&snaps), &args.output)?;
+    output::print(&doc, args.json, |d| format!("Report: {}\n", d.report))?;
     Ok(output::OK)
-}
-
-/// Builds the report from a diagnosis and writes it (atomically, see
-/// [`memlens::report::write_report`]).
-pub fn write_report(
-    snaps: &[(String, &memlens::Snapshot)],
-    d: &Diagnosis,
-    path: &Path,
-) -> anyhow::Result<PathBuf> {
-    memlens::report::write_report(snaps, d, path)?;
-    Ok(path.to_path_buf())
 }

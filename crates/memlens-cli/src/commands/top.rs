@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 /// Arguments of `memlens top`.
 #[derive(clap::Args, Debug)]
+#[command(after_help = "Example:\n  memlens top --interval 2")]
 pub struct Args {
     /// Seconds between samples (e.g. 1, 0.5, 2s, 500ms).
     #[arg(long, value_name = "SECS", default_value = "1", value_parser = parse_seconds)]

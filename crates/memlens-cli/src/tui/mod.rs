@@ -1,5 +1,5 @@
 //! The terminal UI of `memlens top` (ratatui over crossterm): the event loop
-//! here, the drawing in [`render`], text helpers in [`format`].
+//! here, the drawing in [`render`], text helpers in [`mod@format`].
 
 pub mod format;
 pub mod render;

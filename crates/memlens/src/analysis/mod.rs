@@ -3,7 +3,6 @@
 pub mod categories;
 pub mod check;
 pub mod diff;
-pub mod doctor;
 pub mod leaks;
 pub mod peak;
 pub mod sites;

@@ -26,6 +26,7 @@ pub mod compare;
 pub mod compute;
 pub mod hf_config;
 pub mod load;
+pub mod measured;
 pub mod model;
 pub mod safetensors;
 pub mod states;

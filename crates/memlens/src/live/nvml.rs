@@ -79,7 +79,10 @@ impl NvmlSource {
         // SAFETY: `sym` is the driver's nvmlDeviceGetMemoryInfo (v1), called
         // with a live device handle of this Nvml and a valid out-pointer to a
         // struct of the v1 layout, as nvml.h specifies.
-        nvml_try(unsafe { sym(device.handle(), &mut v1) })?;
+        // The workspace denies `unsafe_code`; this FFI call is its one exception.
+        #[allow(unsafe_code)]
+        let status = unsafe { sym(device.handle(), &mut v1) };
+        nvml_try(status)?;
         Ok((v1.total, v1.used))
     }
 }

@@ -178,7 +178,7 @@ impl WhatIf {
             prefix,
             growth: built.growth,
             streams: snap.streams.clone(),
-            recorded: AllocatorConfig::from_settings(&snap.settings),
+            recorded: crate::replay::config::recorded_config(&snap.settings),
             model: StepModel {
                 failing_step: f + 1,
                 failing_step_start: start,

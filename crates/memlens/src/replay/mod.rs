@@ -16,6 +16,7 @@
 //! [`simulate`] runs the same trace free of the recorded addresses under any
 //! settings (what-if), and [`tune`] ranks the usual settings.
 
+pub mod config;
 pub mod initial;
 pub mod simulate;
 mod trace_device;
@@ -241,7 +242,7 @@ impl<'s> Replay<'s> {
         let config = opts
             .config
             .clone()
-            .unwrap_or_else(|| AllocatorConfig::from_settings(&snap.settings));
+            .unwrap_or_else(|| crate::replay::config::recorded_config(&snap.settings));
         let mut model = Allocator::new(config, opts.limits);
         let mut private_ranges = Vec::new();
         for s in snap

@@ -84,7 +84,7 @@ pub fn candidate_configs(
 
 /// Simulates every candidate on `device`'s trace and ranks them.
 pub fn tune(snap: &Snapshot, device: u32, opts: &SimulateOptions) -> crate::Result<TuneResult> {
-    let recorded = AllocatorConfig::from_settings(&snap.settings);
+    let recorded = crate::replay::config::recorded_config(&snap.settings);
     let prep = Prepared::new(snap, device);
     let overhead = match (opts.device_memory, opts.overhead) {
         (Some(total), None) => Some(prep.overhead(total).unwrap_or(0)),

@@ -14,9 +14,9 @@ use super::model::{
     SegmentRow, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
-use crate::analysis::doctor::Diagnosis;
 use crate::analysis::leaks::Confidence;
 use crate::analysis::sites::{Site, SiteIndex};
+use crate::doctor::Diagnosis;
 use crate::replay::{state_at, Delta, Replay, ReplayOptions, ReplayState};
 use crate::sim::BlockStatus;
 use crate::snapshot::{Action, Snapshot, StackId};
@@ -26,7 +26,7 @@ use hashbrown::HashMap;
 pub const TIMELINE_TOP_SITES: usize = 8;
 
 /// Builds the report of a run: `snaps` oldest first, as given to
-/// [`crate::analysis::doctor::diagnose`], and their diagnosis. The last snapshot is the one
+/// [`crate::doctor::diagnose`], and their diagnosis. The last snapshot is the one
 /// whose timeline, peak and segments are shown.
 pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportData {
     let mut data = ReportData {
@@ -136,7 +136,7 @@ fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
         Stat {
             label: "trace events".into(),
             bytes: None,
-            text: Some(group_digits(d.summary.trace_events)),
+            text: Some(crate::units::group_digits(d.summary.trace_events)),
         },
     ];
     if d.peak.steps.len() > 1 {
@@ -149,19 +149,6 @@ fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
     m.notes = d.peak.warnings.clone();
     m.notes.extend(d.summary.warnings.iter().cloned());
     m
-}
-
-/// `1234567` as `1,234,567`.
-fn group_digits(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
 }
 
 /// The leak candidates `doctor` would report (medium confidence or more):

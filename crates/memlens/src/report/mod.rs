@@ -78,7 +78,7 @@ impl ReportData {
 /// failure never leaves a half-written report over an earlier one.
 pub fn write_report(
     snaps: &[(String, &crate::Snapshot)],
-    diagnosis: &crate::analysis::doctor::Diagnosis,
+    diagnosis: &crate::doctor::Diagnosis,
     path: &std::path::Path,
 ) -> crate::Result<()> {
     use std::path::Path;

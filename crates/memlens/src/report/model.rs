@@ -12,7 +12,7 @@
 //!   labels, innermost first, as `memlens peak --json` prints it.
 
 pub use crate::analysis::categories::Category;
-pub use crate::analysis::doctor::{Finding, Severity};
+pub use crate::doctor::{Finding, Severity};
 use serde::{Deserialize, Serialize};
 
 /// Everything the HTML report shows. Serialized as JSON into the page.

@@ -1,12 +1,11 @@
 //! The allocator settings that change placement, parsed from
-//! `PYTORCH_CUDA_ALLOC_CONF` syntax or taken from a snapshot's recorded
-//! `allocator_settings`.
+//! `PYTORCH_CUDA_ALLOC_CONF` syntax. The model knows no snapshot type: the
+//! settings a snapshot recorded are converted in `replay::config`.
 //!
 //! The parser follows `c10/core/AllocatorConfig.cpp` and
 //! `c10/cuda/CUDAAllocatorConfig.cpp`: tokens split at `,`, `:`, `[` and `]`,
 //! whitespace ignored, booleans spelled `True`/`False`, unknown keys rejected.
 
-use crate::snapshot::AllocatorSettings;
 use serde::Serialize;
 use std::fmt;
 
@@ -253,38 +252,6 @@ impl AllocatorConfig {
             }
         }
         Ok(())
-    }
-
-    /// The settings a snapshot was recorded with. The recorded dict lacks
-    /// `max_non_split_rounding_mb`, `large_segment_size_mb` and
-    /// `per_process_memory_fraction`; they are taken from the recorded
-    /// `PYTORCH_CUDA_ALLOC_CONF` string when it names them.
-    pub fn from_settings(s: &AllocatorSettings) -> AllocatorConfig {
-        let mut c = AllocatorConfig::default();
-        if !s.alloc_conf.is_empty() {
-            // Best effort: a conf that does not parse still leaves the
-            // explicit fields below, which are authoritative.
-            let mut parsed = AllocatorConfig::default();
-            if parsed.apply(&s.alloc_conf).is_ok() {
-                c = parsed;
-            }
-        }
-        if !s.present {
-            return c;
-        }
-        c.max_split_size = s.max_split_size;
-        c.garbage_collection_threshold = s.garbage_collection_threshold;
-        c.expandable_segments = s.expandable_segments;
-        if s.roundup_power2_divisions.len() == ROUNDUP_INTERVALS {
-            for (d, v) in c
-                .roundup_power2_divisions
-                .iter_mut()
-                .zip(&s.roundup_power2_divisions)
-            {
-                *d = *v;
-            }
-        }
-        c
     }
 
     /// The divisions for a (rounded-to-512) request size, as
@@ -600,20 +567,5 @@ mod tests {
         );
         assert!(TorchVersion::parse("two").is_err());
         assert!(!TorchVersion::parse("2.2").unwrap().divisions_need_two());
-    }
-
-    #[test]
-    fn from_recorded_settings() {
-        let s = AllocatorSettings {
-            present: true,
-            alloc_conf: "max_non_split_rounding_mb:40,max_split_size_mb:64".into(),
-            max_split_size: Some(64 << 20),
-            expandable_segments: false,
-            roundup_power2_divisions: vec![0; 16],
-            ..Default::default()
-        };
-        let c = AllocatorConfig::from_settings(&s);
-        assert_eq!(c.max_split_size, Some(64 << 20));
-        assert_eq!(c.max_non_split_rounding, 40 << 20);
     }
 }

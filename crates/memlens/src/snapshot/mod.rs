@@ -16,6 +16,8 @@ mod heap;
 mod strings;
 
 pub use strings::{StrId, Strings};
+// The container belongs to the input layer; re-exported for the model's users.
+pub use crate::input::Container;
 
 use serde::Serialize;
 use std::path::Path;
@@ -259,20 +261,6 @@ pub struct AllocatorSettings {
     pub trace_alloc_max_entries: Option<u64>,
     /// Every other key, verbatim as JSON, for display.
     pub other: serde_json::Map<String, serde_json::Value>,
-}
-
-/// Which container and format the snapshot came in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Container {
-    /// An uncompressed pickle.
-    Pickle,
-    /// A gzip-compressed pickle.
-    Gzip,
-    /// A zstd-compressed pickle.
-    Zstd,
-    /// A JSON document.
-    Json,
 }
 
 /// A PyTorch CUDA memory snapshot.

@@ -1,12 +1,12 @@
 //! `memlens doctor`: every analysis that applies, reduced to the few findings
 //! that matter, most serious first, each with its `file:line` and its fix.
 
-use super::leaks::{self, Confidence, LeakReport};
-use super::peak::{peak, PeakReport};
-use super::summary::{summarize, Summary};
+use crate::analysis::leaks::{self, Confidence, LeakReport};
+use crate::analysis::peak::{peak, PeakReport};
+use crate::analysis::summary::{summarize, Summary};
+use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
-use crate::sim::AllocatorConfig;
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
@@ -102,10 +102,10 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 Severity::Warning
             },
             title: format!(
-                "Leak: {} per step at {} in {}",
+                "Leak: {} per step at {}{}",
                 format_bytes(l.bytes_per_step),
                 l.site,
-                l.function
+                in_function(&l.function)
             ),
             site: Some(l.site.clone()),
             bytes: Some(l.bytes_per_step),
@@ -116,11 +116,16 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                     .first()
                     .map(String::as_str)
                     .unwrap_or("each point"),
-                l.evidence
-                    .iter()
-                    .map(|b| format_bytes(*b))
-                    .collect::<Vec<_>>()
-                    .join(" -> ")
+                // The ends only: the whole series is in the JSON (`leaks`).
+                match (l.evidence.first(), l.evidence.last()) {
+                    (Some(a), Some(b)) => format!(
+                        "{} -> {} over {} points",
+                        format_bytes(*a),
+                        format_bytes(*b),
+                        l.evidence.len()
+                    ),
+                    _ => "none".to_string(),
+                }
             )],
             stack: l.stack.clone(),
         });
@@ -196,7 +201,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     let tune = if fragmented || oom.is_some() {
         let device = last.first_traced_device();
         let sim = SimulateOptions {
-            config: AllocatorConfig::from_settings(&last.settings),
+            config: recorded_config(&last.settings),
             device_memory: opts.device_memory,
             overhead: None,
             allowed_memory_maximum: None,
@@ -294,5 +299,14 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         leaks,
         tune,
         oom: oom_report,
+    }
+}
+
+/// ` in function`, or nothing for a nameless function (no trailing ` in `).
+fn in_function(function: &str) -> String {
+    if function.trim().is_empty() {
+        String::new()
+    } else {
+        format!(" in {function}")
     }
 }

@@ -1,0 +1,214 @@
+//! The documents that are more than one analysis's result: what `simulate`,
+//! `tune`, `doctor`, `report` and `oom` print with `--json` and what Python's
+//! methods of the same names return. Built here once, for both.
+
+use crate::analysis::sites::{Site, SiteIndex};
+use crate::doctor::{diagnose, Diagnosis, DoctorOptions, Finding};
+use crate::oom::{OomOptions, OomReport};
+use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
+use crate::replay::tune::{tune, TuneResult};
+use crate::replay::{replay_device, ReplayOptions};
+use crate::{Error, Result, Snapshot};
+use serde::Serialize;
+use std::path::Path;
+
+/// The device a what-if run works on: the one asked for, else the first with a trace.
+pub fn pick_device(snap: &Snapshot, asked: Option<u32>) -> Result<u32> {
+    let with_trace: Vec<u32> = snap
+        .traces
+        .iter()
+        .filter(|t| !t.events.is_empty())
+        .map(|t| t.device)
+        .collect();
+    match asked {
+        Some(d) if with_trace.contains(&d) => Ok(d),
+        Some(d) => Err(Error::usage(format!(
+            "device {d} has no trace (devices with one: {with_trace:?})"
+        ))),
+        None => with_trace.first().copied().ok_or_else(|| {
+            Error::usage(
+                "the snapshot has no trace: record it with \
+                 torch.cuda.memory._record_memory_history(enabled=\"all\")",
+            )
+        }),
+    }
+}
+
+/// `memlens simulate --json`: the what-if result, where it first failed, and
+/// what the recorded run did.
+#[derive(Clone, Debug, Serialize)]
+pub struct SimulateDoc {
+    /// The snapshot's file name.
+    pub snapshot: String,
+    /// The simulation.
+    #[serde(flatten)]
+    pub result: SimulationResult,
+    /// Trace index of the first simulated OOM.
+    pub first_oom_index: Option<usize>,
+    /// Where the first simulated OOM was allocated.
+    pub first_oom_site: Option<Site>,
+    /// What the recorded run did, for comparison.
+    pub recorded: Recorded,
+}
+
+/// What the recorded run did, beside a simulation.
+#[derive(Clone, Debug, Serialize)]
+pub struct Recorded {
+    /// The recorded settings in `PYTORCH_CUDA_ALLOC_CONF` syntax (empty: defaults).
+    pub config: String,
+    /// Peak reserved bytes of the replay under the recorded settings.
+    pub peak_reserved_bytes: u64,
+    /// Peak allocated bytes of that replay.
+    pub peak_allocated_bytes: u64,
+    /// OOMs in that replay.
+    pub num_ooms: u64,
+}
+
+/// Simulates `device` of `snap` (named `name`) under `opts` and builds the document.
+pub fn simulate_doc(
+    snap: &Snapshot,
+    name: &str,
+    device: u32,
+    opts: &SimulateOptions,
+) -> Result<SimulateDoc> {
+    let result = simulate(snap, device, opts)?;
+    let recorded = replay_device(snap, device, &ReplayOptions::default());
+    let site = result.first_oom.map(|o| {
+        let index = SiteIndex::new(snap);
+        Site::of(snap, &index, o.stack)
+    });
+    Ok(SimulateDoc {
+        snapshot: name.to_string(),
+        first_oom_index: result.first_oom.map(|o| o.event_index),
+        first_oom_site: site,
+        recorded: Recorded {
+            config: crate::replay::config::recorded_config(&snap.settings).to_conf_string(),
+            peak_reserved_bytes: recorded.peak_reserved_bytes,
+            peak_allocated_bytes: recorded.peak_allocated_bytes,
+            num_ooms: recorded.stats.num_ooms,
+        },
+        result,
+    })
+}
+
+/// `memlens tune --json`: the ranked settings of one snapshot.
+#[derive(Clone, Debug, Serialize)]
+pub struct TuneDoc {
+    /// The snapshot's file name.
+    pub snapshot: String,
+    /// The ranking.
+    #[serde(flatten)]
+    pub result: TuneResult,
+}
+
+/// Ranks the usual settings on `device` of `snap` (named `name`).
+pub fn tune_doc(
+    snap: &Snapshot,
+    name: &str,
+    device: u32,
+    opts: &SimulateOptions,
+) -> Result<TuneDoc> {
+    Ok(TuneDoc {
+        snapshot: name.to_string(),
+        result: tune(snap, device, opts)?,
+    })
+}
+
+/// `memlens doctor --json`: the findings, the report written (if any) and the
+/// whole diagnosis.
+#[derive(Clone, Debug, Serialize)]
+pub struct DoctorDoc {
+    /// The findings, most serious first (also inside `diagnosis`).
+    pub findings: Vec<Finding>,
+    /// The HTML report written, if one was.
+    pub report: Option<String>,
+    /// Every analysis behind the findings.
+    pub diagnosis: Diagnosis,
+}
+
+/// Diagnoses the snapshots of one run and, when `report` names a path, writes
+/// the HTML report there.
+pub fn doctor_doc(
+    snaps: &[(String, &Snapshot)],
+    opts: &DoctorOptions,
+    report: Option<&Path>,
+) -> Result<DoctorDoc> {
+    let diagnosis = diagnose(snaps, opts);
+    let report = match report {
+        Some(path) => {
+            crate::report::write_report(snaps, &diagnosis, path)?;
+            Some(path.display().to_string())
+        }
+        None => None,
+    };
+    Ok(DoctorDoc {
+        findings: diagnosis.findings.clone(),
+        report,
+        diagnosis,
+    })
+}
+
+/// `memlens report --json`: the path written.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReportDoc {
+    /// The HTML report written.
+    pub report: String,
+}
+
+/// Diagnoses the snapshots of one run and writes the HTML report to `path`.
+pub fn report_doc(snaps: &[(String, &Snapshot)], path: &Path) -> Result<ReportDoc> {
+    let d = diagnose(snaps, &DoctorOptions::default());
+    crate::report::write_report(snaps, &d, path)?;
+    Ok(ReportDoc {
+        report: path.display().to_string(),
+    })
+}
+
+/// `memlens oom SNAP --json`: the OOM the trace holds. A snapshot without one
+/// is an error naming the file (exit 2 on the CLI, `MemlensError` in Python):
+/// there is nothing to explain, and an empty document would read as an answer.
+pub fn oom_doc(snap: &Snapshot, name: &str, opts: &OomOptions) -> Result<OomReport> {
+    crate::oom::analyze_snapshot(snap, opts)?.ok_or_else(|| {
+        Error::usage(format!(
+            "{name}: the trace holds no OOM (no `oom` event): dump the snapshot in the `except \
+             torch.OutOfMemoryError` handler with the trace recording on, or pass the error text \
+             with --message"
+        ))
+    })
+}
+
+/// `memlens estimate --json`: the estimate, then the fit on a device and the
+/// comparison with a measurement when asked.
+#[derive(Clone, Debug, Serialize)]
+pub struct EstimateDoc {
+    /// The estimate.
+    #[serde(flatten)]
+    pub estimate: crate::estimate::Estimate,
+    /// The fit on a device (`--device-memory`).
+    #[serde(flatten)]
+    pub fit: Option<crate::estimate::Fit>,
+    /// The comparison with a measurement (`--compare`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compare: Option<crate::estimate::Comparison>,
+}
+
+/// Estimates the model under `opts`, fits it on `device_memory` bytes when
+/// given and compares it with `measured` when given.
+pub fn estimate_doc(
+    spec: &crate::estimate::ModelSpec,
+    checkpoint: Option<&crate::estimate::Checkpoint>,
+    opts: &crate::estimate::Options,
+    device_memory: Option<u64>,
+    measured: Option<&crate::estimate::MeasuredMemory>,
+) -> Result<EstimateDoc> {
+    let estimate = crate::estimate::estimate(spec, checkpoint, opts)?;
+    let fit = device_memory
+        .map(|d| crate::estimate::fit(spec, opts, &estimate, d))
+        .transpose()?;
+    let compare = measured.map(|m| crate::estimate::compare(&estimate, m));
+    Ok(EstimateDoc {
+        estimate,
+        fit,
+        compare,
+    })
+}

@@ -1,0 +1,41 @@
+//! The text of `memlens leaks`: the verdict first, then the evidence.
+
+use super::layout::{byte_series, push_wrapped, site_in, MAX_WIDTH};
+use crate::analysis::leaks::{Confidence, LeakReport};
+use crate::units::format_bytes;
+use std::fmt::Write;
+
+/// The terminal text: the verdict first, then the evidence.
+pub fn text(r: &LeakReport) -> String {
+    let mut o = String::new();
+    push_wrapped(&mut o, "", "", &r.verdict);
+    let shown: Vec<_> = r
+        .leaks
+        .iter()
+        .filter(|l| l.confidence >= Confidence::Medium)
+        .take(5)
+        .collect();
+    for l in &shown {
+        let tail = format!(
+            "+{} over {} points (+{}/step, +{} blocks), {:?} confidence",
+            format_bytes(l.bytes),
+            l.steps,
+            format_bytes(l.bytes_per_step),
+            l.count,
+            l.confidence
+        );
+        let _ = writeln!(o, "\n  {}", site_in(&l.site, &l.function, MAX_WIDTH - 2));
+        let _ = writeln!(o, "    {tail}");
+        // The full series is in --json; a person reads its ends, slope and shape.
+        let _ = writeln!(o, "    live: {}", byte_series(&l.evidence));
+        push_wrapped(&mut o, "    fix: ", "         ", &l.suggestion);
+    }
+    let low = r.leaks.len() - shown.len();
+    if low > 0 {
+        let _ = writeln!(
+            o,
+            "\n  ({low} sites with irregular growth not shown; see --json)"
+        );
+    }
+    super::layout::fit(o)
+}

@@ -1,0 +1,73 @@
+//! The text of `memlens peak`: the peak and what was live at it.
+
+use super::layout::{clip_end, push_wrapped, site_in, MAX_WIDTH};
+use crate::analysis::peak::PeakReport;
+use crate::units::format_bytes;
+use std::fmt::Write;
+
+/// The terminal text.
+pub fn text(r: &PeakReport) -> String {
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "Peak allocated {} (event {}), peak reserved {} (event {}), device {}",
+        format_bytes(r.peak_allocated_bytes),
+        r.peak_event_index.map_or("-".into(), |i| i.to_string()),
+        format_bytes(r.peak_reserved_bytes),
+        r.peak_reserved_event_index
+            .map_or("-".into(), |i| i.to_string()),
+        r.device
+    );
+    if !r.category_detail.is_empty() {
+        let _ = writeln!(o, "\nAt the allocated peak, by category:");
+        let mut cats = r.category_detail.clone();
+        cats.sort_by_key(|c| std::cmp::Reverse(c.bytes));
+        for c in &cats {
+            let share = 100.0 * c.bytes as f64 / r.peak_allocated_bytes.max(1) as f64;
+            let head = format!(
+                "  {:<16} {:>11} {:>5.1}%  {:>6} blocks   ",
+                c.category_name(),
+                format_bytes(c.bytes),
+                share,
+                c.count,
+            );
+            let room = MAX_WIDTH.saturating_sub(head.chars().count() + 2);
+            let _ = writeln!(o, "{head}({})", clip_end(c.rule, room));
+        }
+    }
+    if !r.live_at_peak.is_empty() {
+        let _ = writeln!(o, "\nLive at the peak, by site:");
+        for s in &r.live_at_peak {
+            let head = format!(
+                "  {:>11} {:>6} blocks  {:<16} ",
+                format_bytes(s.bytes),
+                s.count,
+                s.category.as_str(),
+            );
+            let room = MAX_WIDTH.saturating_sub(head.chars().count());
+            let _ = writeln!(o, "{head}{}", site_in(&s.site, &s.function, room));
+        }
+        if r.other_sites > 0 {
+            let _ = writeln!(o, "  … {} more (use --top or --json)", r.other_sites);
+        }
+    }
+    if r.steps.len() > 1 {
+        let _ = writeln!(o, "\nSteps ({:?}): peak / left behind", r.step_method);
+        for s in r.steps.iter().take(12) {
+            let _ = writeln!(
+                o,
+                "  step {:>3}: {:>11} / {:>11}",
+                s.step,
+                format_bytes(s.peak_allocated_bytes),
+                format_bytes(s.retained_bytes)
+            );
+        }
+        if r.steps.len() > 12 {
+            let _ = writeln!(o, "  … {} more steps", r.steps.len() - 12);
+        }
+    }
+    for w in &r.warnings {
+        push_wrapped(&mut o, "warning: ", "  ", w);
+    }
+    super::layout::fit(o)
+}
