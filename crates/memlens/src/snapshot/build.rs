@@ -290,19 +290,31 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
             heap.odd_frames
         ));
     }
+    let allocation_trace = snap.has_allocation_trace();
     if snap.legacy {
         snap.warnings.push(
-            "legacy snapshot format (PyTorch 2.0 or older): no trace, sizes from block history"
+            "legacy snapshot format (PyTorch 2.0 or older): stacks and requested sizes from each block's history"
                 .into(),
         );
     }
-    let events = snap.event_count();
-    let with_frames: usize = snap
+    if snap.event_count() > 0 && !allocation_trace {
+        snap.warnings.push(
+            "the trace holds only `snapshot` entries: no allocation history, figures are those at dump time".into(),
+        );
+    }
+    // Stacks may sit in the blocks alone (legacy history, or a trace with
+    // only `snapshot` entries): those still say where memory was allocated.
+    let with_frames = snap
         .traces
         .iter()
-        .map(|t| t.events.iter().filter(|e| e.stack != EMPTY_STACK).count())
-        .sum();
-    if events > 0 && with_frames == 0 {
+        .flat_map(|t| &t.events)
+        .any(|e| e.stack != EMPTY_STACK)
+        || snap
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .any(|b| b.stack != EMPTY_STACK);
+    if allocation_trace && !with_frames {
         snap.warnings.push(
             "no stacks were recorded: use _record_memory_history(enabled=\"all\", context=\"all\", stacks=\"python\") to see where memory was allocated".into(),
         );

@@ -363,6 +363,16 @@ impl Snapshot {
         self.traces.iter().map(|t| t.events.len()).sum()
     }
 
+    /// True when some trace holds an event other than `snapshot`: a history of
+    /// allocations to replay. Legacy snapshots and traces that hold only
+    /// `snapshot` entries give the state at dump time alone.
+    pub fn has_allocation_trace(&self) -> bool {
+        self.traces
+            .iter()
+            .flat_map(|t| &t.events)
+            .any(|e| e.action != Action::Snapshot)
+    }
+
     /// Device ordinals that appear in segments or traces, sorted.
     pub fn devices(&self) -> Vec<u32> {
         let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
