@@ -148,7 +148,17 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn u64_or(&self, key: &str, default: u64) -> u64 {
+    /// An optional size or address: absent gives `default`; present, it must
+    /// be a non-negative integer (a negative size is never silently dropped).
+    fn u64_or(&self, key: &str, default: u64) -> std::result::Result<u64, String> {
+        match self.get(key) {
+            None | Some(Value::None) => Ok(default),
+            Some(_) => self.u64_req(key),
+        }
+    }
+
+    /// A field memlens only displays: anything but a non-negative integer gives `default`.
+    fn u64_lenient(&self, key: &str, default: u64) -> u64 {
         self.get(key).and_then(Value::as_u64).unwrap_or(default)
     }
 
@@ -229,6 +239,11 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
                 heap.get_str(root, "allocator_settings"),
                 heap.get_str(root, "external_annotations"),
             )
+        }
+        Value::List(_) if heap.list_len(root) == 0 => {
+            return Err(not_snapshot(
+                "found an empty list (a legacy snapshot is a list of segments)".into(),
+            ))
         }
         Value::List(_) => {
             snap.legacy = true;
@@ -326,6 +341,8 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
         );
     }
 
+    super::validate::check(&snap).map_err(not_snapshot)?;
+
     snap.frames = std::mem::take(&mut heap.frames);
     snap.stack_ranges = std::mem::take(&mut heap.stack_ranges);
     snap.stack_frames = std::mem::take(&mut heap.stack_frames);
@@ -366,12 +383,12 @@ fn segment(
     let legacy = f.get("requested_size").is_none() && f.get("frames").is_none();
     let raw_stream = f.i64_or("stream", 0);
     let mut seg = Segment {
-        device: f.u64_or("device", 0).min(u32::MAX as u64) as u32,
+        device: f.u64_or("device", 0)?.min(u32::MAX as u64) as u32,
         address,
         total_size,
-        allocated_size: f.u64_or("allocated_size", 0),
-        active_size: f.u64_or("active_size", 0),
-        requested_size: f.u64_or("requested_size", 0),
+        allocated_size: f.u64_or("allocated_size", 0)?,
+        active_size: f.u64_or("active_size", 0)?,
+        requested_size: f.u64_or("requested_size", 0)?,
         stream: 0,
         pool,
         pool_id,
@@ -426,19 +443,19 @@ fn block(
         .and_then(|h| h.first().copied())
         .filter(|h| matches!(h, Value::Dict(_)));
     let (requested, stack) = match (f.get("requested_size"), history) {
-        (Some(r), _) => (r.as_u64().unwrap_or(size), f.stack("frames")),
+        (Some(_), _) => (f.u64_or("requested_size", size)?, f.stack("frames")),
         (None, Some(h)) => {
             let hf = Fields {
                 heap,
                 dict: h,
                 what: what.to_string(),
             };
-            (hf.u64_or("real_size", size), hf.stack("frames"))
+            (hf.u64_or("real_size", size)?, hf.stack("frames"))
         }
         (None, None) => (size, f.stack("frames")),
     };
     Ok(Block {
-        address: f.u64_or("address", running_addr),
+        address: f.u64_or("address", running_addr)?,
         size,
         requested_size: requested,
         state,
@@ -614,7 +631,7 @@ fn annotations(heap: &Heap, v: Value) -> Vec<Annotation> {
             continue;
         };
         out.push(Annotation {
-            device: f.u64_or("device", 0).min(u32::MAX as u64) as u32,
+            device: f.u64_lenient("device", 0).min(u32::MAX as u64) as u32,
             time_us: f.i64_or("time_us", 0),
             name,
             start: f.str("stage") != Some("END"),

@@ -352,8 +352,10 @@ impl Heap {
         Some(id)
     }
 
-    /// Tries to read `items` as a trace entry; returns the event index.
-    fn as_event(&mut self, items: &[Value]) -> Option<u32> {
+    /// Tries to read `items` as a trace entry; returns the event index, or
+    /// `None` when it is not one. A trace entry with a negative or non-integer
+    /// size or address is an error: dropping it would move every figure.
+    fn as_event(&mut self, items: &[Value]) -> Result<Option<u32>, String> {
         let k = self.keys;
         let mut action = None;
         let mut ev = TraceEvent {
@@ -366,18 +368,28 @@ impl Heap {
             flags: 0,
         };
         let (mut cc, mut um) = (None, None);
+        let mut bad = None;
         for pair in items.chunks_exact(2) {
             let Value::Str(key) = pair[0] else {
-                return None;
+                return Ok(None);
             };
             let v = pair[1];
             if key == k.action {
-                let Value::Str(a) = v else { return None };
+                let Value::Str(a) = v else { return Ok(None) };
                 action = Some(a);
-            } else if key == k.addr || key == k.device_free {
-                ev.addr = v.as_u64().unwrap_or(0);
-            } else if key == k.size {
-                ev.size = v.as_u64().unwrap_or(0);
+            } else if key == k.addr || key == k.device_free || key == k.size {
+                let x = match v.as_u64() {
+                    Some(x) => x,
+                    None => {
+                        bad.get_or_insert((key, v));
+                        0
+                    }
+                };
+                if key == k.size {
+                    ev.size = x;
+                } else {
+                    ev.addr = x;
+                }
             } else if key == k.stream {
                 ev.stream = self.intern_stream(v.as_i64().unwrap_or(0));
             } else if key == k.time_us {
@@ -402,22 +414,34 @@ impl Heap {
                 }
             }
         }
-        let a = action?;
+        let Some(a) = action else { return Ok(None) };
         // Action names were interned first: their ids are the discriminants.
         match Action::ALL.get(a as usize) {
             Some(&act) => ev.action = act,
             None => {
                 self.unknown_actions += 1;
-                return None;
+                return Ok(None);
             }
         }
         let idx = self.events.len() as u32;
+        if let Some((key, v)) = bad {
+            let shown = match v {
+                Value::Int(i) => i.to_string(),
+                Value::Float(f) => f.to_string(),
+                other => format!("a {}", other.type_name()),
+            };
+            return Err(format!(
+                "trace entry {idx} ({}) has {} = {shown}, not a non-negative integer",
+                ev.action.as_str(),
+                self.strings.get(key)
+            ));
+        }
         if cc.is_some() || um.is_some() {
             ev.flags |= TraceEvent::HAS_EXTRAS;
             self.extras.push((idx, cc, um));
         }
         self.events.push(ev);
-        Some(idx)
+        Ok(Some(idx))
     }
 
     fn new_dict_body(&mut self) -> u32 {
@@ -473,14 +497,14 @@ impl Builder for Heap {
                 // A fresh dict filled in one go: recognise events (PyTorch
                 // writes `action` first) and frames.
                 if items.first() == Some(&Value::Str(self.keys.action)) {
-                    if let Some(e) = self.as_event(items) {
+                    if let Some(e) = self.as_event(items)? {
                         self.dicts[id as usize] = DictSlot::Event(e);
                         return Ok(Value::Event(e));
                     }
                 } else if let Some(f) = self.as_frame(items) {
                     self.dicts[id as usize] = DictSlot::Frame(f);
                     return Ok(Value::Frame(f));
-                } else if let Some(e) = self.as_event(items) {
+                } else if let Some(e) = self.as_event(items)? {
                     self.dicts[id as usize] = DictSlot::Event(e);
                     return Ok(Value::Event(e));
                 }

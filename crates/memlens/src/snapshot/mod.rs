@@ -14,6 +14,7 @@
 pub mod build;
 mod heap;
 mod strings;
+pub mod validate;
 
 pub use strings::{StrId, Strings};
 
