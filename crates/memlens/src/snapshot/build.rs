@@ -73,54 +73,122 @@ pub fn load_reader(
 }
 
 fn from_json(heap: &mut Heap, reader: Box<dyn Read + Send>, path: &Path) -> Result<Value> {
-    let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(reader))
-        .map_err(|e| Error::Json {
-            path: path.into(),
-            what: e.to_string(),
-        })?;
-    json_to_heap(heap, &value).map_err(|what| Error::NotASnapshot {
-        path: path.into(),
-        what,
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::new(reader));
+    let value = JsonSeed(heap).deserialize(&mut de).and_then(|v| {
+        de.end()?;
+        Ok(v)
+    });
+    value.map_err(|e| {
+        let what = e.to_string();
+        if e.is_data() {
+            // Raised by the heap (its memory budget, a malformed layout).
+            Error::NotASnapshot {
+                path: path.into(),
+                what,
+            }
+        } else {
+            Error::Json {
+                path: path.into(),
+                what,
+            }
+        }
     })
 }
 
-/// Feeds a JSON document through the same builder the pickle reader uses, so
-/// both formats give the same model. serde_json caps nesting at 128 levels,
-/// which bounds this recursion.
-fn json_to_heap(heap: &mut Heap, v: &serde_json::Value) -> std::result::Result<Value, String> {
-    use serde_json::Value as J;
-    Ok(match v {
-        J::Null => Value::None,
-        J::Bool(b) => Value::Bool(*b),
-        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => Value::Int(i),
-            (_, Some(u), _) => Value::UInt(u),
-            (_, _, Some(f)) => Value::Float(f),
-            _ => Value::BigInt,
-        },
-        J::String(s) => heap.string(s),
-        J::Array(items) => {
-            let l = heap.empty_list()?;
-            let vals = items
-                .iter()
-                .map(|x| json_to_heap(heap, x))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            heap.append(l, &vals)?
-        }
-        J::Object(map) => {
-            let d = heap.empty_dict()?;
-            let mut vals = Vec::with_capacity(map.len() * 2);
-            for (k, x) in map {
-                vals.push(heap.string(k));
-                vals.push(json_to_heap(heap, x)?);
+/// Feeds a JSON document straight into the same builder the pickle reader
+/// uses, container by container, so both formats give the same model and a
+/// JSON file is held to the same memory budget (no intermediate tree).
+/// serde_json caps nesting at 128 levels, which bounds the recursion.
+struct JsonSeed<'a>(&'a mut Heap);
+
+/// Items handed to the builder at once, as CPython's pickler batches them.
+const JSON_BATCH: usize = 1000;
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonSeed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for JsonSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::None)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> std::result::Result<Value, E> {
+        Ok(Value::Int(i))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> std::result::Result<Value, E> {
+        Ok(i64::try_from(u).map_or(Value::UInt(u), Value::Int))
+    }
+
+    fn visit_f64<E>(self, f: f64) -> std::result::Result<Value, E> {
+        Ok(Value::Float(f))
+    }
+
+    fn visit_str<E>(self, s: &str) -> std::result::Result<Value, E> {
+        Ok(self.0.string(s))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        use serde::de::Error as _;
+        let heap = self.0;
+        let mut list = heap.empty_list().map_err(A::Error::custom)?;
+        let mut batch = Vec::new();
+        while let Some(v) = seq.next_element_seed(JsonSeed(heap))? {
+            batch.push(v);
+            if batch.len() == JSON_BATCH {
+                list = heap.append(list, &batch).map_err(A::Error::custom)?;
+                batch.clear();
             }
-            if vals.is_empty() {
-                d
-            } else {
-                heap.set_items(d, &vals)?
-            }
         }
-    })
+        if !batch.is_empty() {
+            list = heap.append(list, &batch).map_err(A::Error::custom)?;
+        }
+        Ok(list)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        use serde::de::Error as _;
+        let heap = self.0;
+        let dict = heap.empty_dict().map_err(A::Error::custom)?;
+        // A dict is handed over whole (so trace entries and frames are
+        // recognised in one go), its items charged as they are read.
+        let mut items = Vec::new();
+        while let Some(k) = map.next_key::<String>()? {
+            heap.charge(32).map_err(A::Error::custom)?;
+            items.push(heap.string(&k));
+            items.push(map.next_value_seed(JsonSeed(heap))?);
+        }
+        heap.give_back(32 * items.len() as u64 / 2);
+        if items.is_empty() {
+            return Ok(dict);
+        }
+        heap.set_items(dict, &items).map_err(A::Error::custom)
+    }
 }
 
 /// Reads fields of one dict with clear errors.

@@ -91,7 +91,17 @@ pub(crate) struct Heap {
     pub unknown_actions: u64,
     /// Frames lists that held something other than frames.
     pub odd_frames: u64,
+    /// Bytes held for things that are not (yet) part of the model: generic
+    /// containers and their items, memo slots, strings. See [`WASTE_BUDGET`].
+    waste: u64,
 }
+
+/// Bytes of generic storage allowed beyond twice the model built so far. A
+/// real snapshot keeps a few MB of segment and block dicts and about 30 bytes
+/// per trace event in container slots and memo, below twice the event's own
+/// 32 bytes; a decompression bomb (millions of small items in a few KB, under
+/// any key) builds nothing useful and is stopped here, before it costs memory.
+pub(crate) const WASTE_BUDGET: u64 = 64 << 20;
 
 /// At most this many containers of each kind (a hostile file could otherwise
 /// make millions of empty ones cheaply).
@@ -143,6 +153,7 @@ impl Heap {
             scratch: Vec::new(),
             unknown_actions: 0,
             odd_frames: 0,
+            waste: 0,
         };
         heap.stream_index.insert(0, 0);
         // The empty stack is stack 0.
@@ -306,7 +317,10 @@ impl Heap {
         let result = if ok {
             let s = self.intern_stack(&scratch);
             self.lists[id as usize] = ListSlot::Stack(s);
-            // The body is no longer needed: recycle its buffer.
+            // The body is no longer needed: recycle its buffer, and give
+            // back what its items were charged.
+            let n = self.list_bodies[body_idx].items.len() as u64;
+            self.waste = self.waste.saturating_sub(16 * n);
             self.list_bodies[body_idx].items.clear();
             self.free_list_bodies.push(body_idx as u32);
             Some(s)
@@ -444,6 +458,33 @@ impl Heap {
         Ok(Some(idx))
     }
 
+    /// Bytes of the model built so far (events, frames, stacks).
+    fn useful(&self) -> u64 {
+        (self.events.len() as u64) * 32
+            + (self.frames.len() as u64) * 12
+            + (self.stack_frames.len() as u64) * 4
+            + (self.stack_ranges.len() as u64) * 8
+    }
+
+    /// Accounts `bytes` of generic storage; fails once it passes the budget.
+    fn spend(&mut self, bytes: u64) -> Result<(), String> {
+        self.waste = self.waste.saturating_add(bytes);
+        let allowed = WASTE_BUDGET.saturating_add(self.useful().saturating_mul(2));
+        if self.waste > allowed {
+            return Err(format!(
+                "the file holds far more data than a snapshot uses ({} MB of containers, strings and memo beyond the {} MB the snapshot needs): a decompression bomb, or not a memory snapshot",
+                self.waste >> 20,
+                self.useful() >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns `bytes` charged for storage that is gone.
+    pub fn give_back(&mut self, bytes: u64) {
+        self.waste = self.waste.saturating_sub(bytes);
+    }
+
     fn new_dict_body(&mut self) -> u32 {
         self.dict_bodies.push(Vec::new());
         (self.dict_bodies.len() - 1) as u32
@@ -452,10 +493,22 @@ impl Heap {
 
 impl Builder for Heap {
     fn string(&mut self, s: &str) -> Value {
-        Value::Str(self.strings.intern(s))
+        let n = self.strings.len();
+        let id = self.strings.intern(s);
+        if self.strings.len() > n {
+            // Checked at the next container operation: a string alone is
+            // bounded by the reader's item limit.
+            self.waste = self.waste.saturating_add(s.len() as u64 + 24);
+        }
+        Value::Str(id)
+    }
+
+    fn charge(&mut self, bytes: usize) -> Result<(), String> {
+        self.spend(bytes as u64)
     }
 
     fn empty_dict(&mut self) -> Result<Value, String> {
+        self.spend(8)?;
         if self.dicts.len() >= MAX_CONTAINERS {
             return Err("too many dicts in one pickle".into());
         }
@@ -464,12 +517,14 @@ impl Builder for Heap {
     }
 
     fn empty_list(&mut self) -> Result<Value, String> {
+        self.spend(8)?;
         if self.lists.len() >= MAX_CONTAINERS {
             return Err("too many lists in one pickle".into());
         }
         let body = match self.free_list_bodies.pop() {
             Some(b) => b,
             None => {
+                self.spend(std::mem::size_of::<ListBody>() as u64)?;
                 self.list_bodies.push(ListBody::default());
                 (self.list_bodies.len() - 1) as u32
             }
@@ -479,6 +534,7 @@ impl Builder for Heap {
     }
 
     fn tuple(&mut self, items: &[Value]) -> Result<Value, String> {
+        self.spend(24 + 16 * items.len() as u64)?;
         if self.tuples.len() >= MAX_CONTAINERS {
             return Err("too many tuples in one pickle".into());
         }
@@ -508,12 +564,14 @@ impl Builder for Heap {
                     self.dicts[id as usize] = DictSlot::Event(e);
                     return Ok(Value::Event(e));
                 }
+                self.spend(24 + 16 * items.len() as u64)?;
                 let b = self.new_dict_body();
                 self.dicts[id as usize] = DictSlot::Open(b);
                 self.extend_generic(b, items);
                 Ok(dict)
             }
             DictSlot::Open(b) => {
+                self.spend(16 * items.len() as u64)?;
                 self.extend_generic(b, items);
                 Ok(dict)
             }
@@ -532,6 +590,13 @@ impl Builder for Heap {
                 "a list was modified after it was complete (not a PyTorch snapshot layout)".into(),
             );
         };
+        // Runs of events cost nothing here (they are kept as a range); other
+        // items are 16 bytes each until the list becomes a stack.
+        let generic = items
+            .iter()
+            .filter(|v| !matches!(self.resolve(**v), Value::Event(_)))
+            .count();
+        self.spend(16 * generic as u64)?;
         for &item in items {
             let item = self.resolve(item);
             let body = &mut self.list_bodies[b as usize];
