@@ -422,6 +422,31 @@ fn legacy_history_keeps_stacks_and_sizes_of_every_block() {
     }
 }
 
+/// `load_many` reads files in parallel and gives each file's own result, in
+/// order: the same model as one `load` each, and a bad file's error in place.
+#[test]
+fn load_many_equals_one_load_each() {
+    let names = [
+        "cache_leak.step1.pickle.zst",
+        "cache_leak.step5.pickle.zst",
+        "cache_leak.step9.pickle.zst",
+        "no-such-file.pickle",
+        "cache_leak.pickle.zst",
+    ];
+    let paths: Vec<PathBuf> = names.iter().map(|n| fixture(n)).collect();
+    let many = Snapshot::load_many(&paths);
+    assert_eq!(many.len(), names.len());
+    for (name, got) in names.iter().zip(many) {
+        if name.starts_with("no-such") {
+            let e = got.expect_err("missing file");
+            assert!(e.to_string().contains("no such file"), "{e}");
+            continue;
+        }
+        let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(canon(&got), canon(&load(name)), "{name}");
+    }
+}
+
 // ---- bad input ----
 
 fn err_of(bytes: &[u8]) -> Error {

@@ -311,6 +311,17 @@ impl Snapshot {
         build::load_path(path)
     }
 
+    /// Reads several snapshot files in parallel (one rayon task a file), in
+    /// the order given; each file's result is its own, so one bad file does
+    /// not hide the others.
+    pub fn load_many<P: AsRef<Path> + Sync>(paths: &[P]) -> Vec<crate::Result<Snapshot>> {
+        use rayon::prelude::*;
+        paths
+            .par_iter()
+            .map(|p| build::load_path(p.as_ref()))
+            .collect()
+    }
+
     /// [`Snapshot::load`] that gives up with [`crate::Error::Cancelled`] soon
     /// after `cancel` is set from another thread.
     pub fn load_cancellable(
