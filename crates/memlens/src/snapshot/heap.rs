@@ -94,6 +94,9 @@ pub(crate) struct Heap {
     /// Bytes held for things that are not (yet) part of the model: generic
     /// containers and their items, memo slots, strings. See [`WASTE_BUDGET`].
     waste: u64,
+    /// The budget last worked out: the model only grows, so it stays a lower
+    /// bound and is recomputed only when `waste` passes it.
+    allowed: u64,
 }
 
 /// Bytes of generic storage allowed beyond twice the model built so far. A
@@ -154,6 +157,7 @@ impl Heap {
             unknown_actions: 0,
             odd_frames: 0,
             waste: 0,
+            allowed: WASTE_BUDGET,
         };
         heap.stream_index.insert(0, 0);
         // The empty stack is stack 0.
@@ -467,10 +471,14 @@ impl Heap {
     }
 
     /// Accounts `bytes` of generic storage; fails once it passes the budget.
+    #[inline]
     fn spend(&mut self, bytes: u64) -> Result<(), String> {
         self.waste = self.waste.saturating_add(bytes);
-        let allowed = WASTE_BUDGET.saturating_add(self.useful().saturating_mul(2));
-        if self.waste > allowed {
+        if self.waste <= self.allowed {
+            return Ok(());
+        }
+        self.allowed = WASTE_BUDGET.saturating_add(self.useful().saturating_mul(2));
+        if self.waste > self.allowed {
             return Err(format!(
                 "the file holds far more data than a snapshot uses ({} MB of containers, strings and memo beyond the {} MB the snapshot needs): a decompression bomb, or not a memory snapshot",
                 self.waste >> 20,
@@ -590,13 +598,10 @@ impl Builder for Heap {
                 "a list was modified after it was complete (not a PyTorch snapshot layout)".into(),
             );
         };
-        // Runs of events cost nothing here (they are kept as a range); other
-        // items are 16 bytes each until the list becomes a stack.
-        let generic = items
-            .iter()
-            .filter(|v| !matches!(self.resolve(**v), Value::Event(_)))
-            .count();
-        self.spend(16 * generic as u64)?;
+        // Runs of events cost nothing (they are kept as a range); other items
+        // are 16 bytes each until the list becomes a stack. Charged after the
+        // batch, which the reader's stack limit bounds.
+        let mut generic = 0u64;
         for &item in items {
             let item = self.resolve(item);
             let body = &mut self.list_bodies[b as usize];
@@ -613,10 +618,13 @@ impl Builder for Heap {
             if body.ev_len > 0 {
                 let (s, n) = (body.ev_start, body.ev_len);
                 body.items.extend((s..s + n).map(Value::Event));
+                generic += n as u64;
                 body.ev_len = 0;
             }
             body.items.push(item);
+            generic += 1;
         }
+        self.spend(16 * generic)?;
         Ok(list)
     }
 }

@@ -34,19 +34,21 @@ pub const MAX_TOTAL: u128 = 1 << 62;
 pub fn check(snap: &Snapshot) -> Result<(), String> {
     let mut total: u128 = 0;
     for (i, seg) in snap.segments.iter().enumerate() {
-        let what = format!("segments[{i}]");
-        size(&what, "total_size", seg.total_size)?;
-        size(&what, "allocated_size", seg.allocated_size)?;
-        size(&what, "active_size", seg.active_size)?;
-        size(&what, "requested_size", seg.requested_size)?;
-        let seg_end = end(&what, seg.address, seg.total_size)?;
+        // Names are built only for an error: this runs for every block.
+        let what = || format!("segments[{i}]");
+        size(what, "total_size", seg.total_size)?;
+        size(what, "allocated_size", seg.allocated_size)?;
+        size(what, "active_size", seg.active_size)?;
+        size(what, "requested_size", seg.requested_size)?;
+        let seg_end = end(what, seg.address, seg.total_size)?;
         for (name, v) in [
             ("allocated_size", seg.allocated_size),
             ("active_size", seg.active_size),
         ] {
             if v > seg.total_size {
                 return Err(format!(
-                    "{what} has {name} = {v}, more than its total_size {}",
+                    "{} has {name} = {v}, more than its total_size {}",
+                    what(),
                     seg.total_size
                 ));
             }
@@ -54,31 +56,37 @@ pub fn check(snap: &Snapshot) -> Result<(), String> {
         total += seg.total_size as u128;
         let mut next = seg.address;
         for (j, b) in seg.blocks.iter().enumerate() {
-            let what = format!("{what}.blocks[{j}]");
-            size(&what, "size", b.size)?;
-            let b_end = end(&what, b.address, b.size)?;
+            let what = || format!("{}.blocks[{j}]", what());
+            size(what, "size", b.size)?;
+            let b_end = end(what, b.address, b.size)?;
             if b.address < next {
                 return Err(if j == 0 {
                     format!(
-                        "{what} starts at {:#x}, before its segment at {:#x}",
-                        b.address, seg.address
+                        "{} starts at {:#x}, before its segment at {:#x}",
+                        what(),
+                        b.address,
+                        seg.address
                     )
                 } else {
                     format!(
-                        "{what} at {:#x} overlaps the block before it (which ends at {next:#x})",
+                        "{} at {:#x} overlaps the block before it (which ends at {next:#x})",
+                        what(),
                         b.address
                     )
                 });
             }
             if b_end > seg_end {
                 return Err(format!(
-                    "{what} ends at {b_end:#x}, past the end of its segment at {seg_end:#x}"
+                    "{} ends at {b_end:#x}, past the end of its segment at {seg_end:#x}",
+                    what()
                 ));
             }
             if b.state != BlockState::Inactive && b.requested_size > b.size {
                 return Err(format!(
-                    "{what} is allocated with requested_size {} larger than its size {}",
-                    b.requested_size, b.size
+                    "{} is allocated with requested_size {} larger than its size {}",
+                    what(),
+                    b.requested_size,
+                    b.size
                 ));
             }
             next = b_end;
@@ -99,12 +107,12 @@ pub fn check(snap: &Snapshot) -> Result<(), String> {
     }
     for t in &snap.traces {
         for (k, e) in t.events.iter().enumerate() {
-            let what = format!("device_traces[{}][{k}]", t.device);
-            size(&what, "size", e.size)?;
+            let what = || format!("device_traces[{}][{k}]", t.device);
+            size(what, "size", e.size)?;
             match e.action {
-                Action::Oom => size(&what, "device_free", e.addr)?,
+                Action::Oom => size(what, "device_free", e.addr)?,
                 _ => {
-                    end(&what, e.addr, e.size)?;
+                    end(what, e.addr, e.size)?;
                 }
             }
             if e.action != Action::Snapshot {
@@ -120,20 +128,22 @@ pub fn check(snap: &Snapshot) -> Result<(), String> {
     Ok(())
 }
 
-fn size(what: &str, key: &str, v: u64) -> Result<(), String> {
+fn size(what: impl Fn() -> String, key: &str, v: u64) -> Result<(), String> {
     if v > MAX_SIZE {
         return Err(format!(
-            "{what} has {key} = {v}, an impossible size (more than 256 TiB)"
+            "{} has {key} = {v}, an impossible size (more than 256 TiB)",
+            what()
         ));
     }
     Ok(())
 }
 
-fn end(what: &str, address: u64, size: u64) -> Result<u64, String> {
+fn end(what: impl Fn() -> String, address: u64, size: u64) -> Result<u64, String> {
     match address.checked_add(size) {
         Some(e) if e <= MAX_ADDRESS_END => Ok(e),
         _ => Err(format!(
-            "{what} has address {address:#x} + size {size} past any GPU address (2^63)"
+            "{} has address {address:#x} + size {size} past any GPU address (2^63)",
+            what()
         )),
     }
 }
