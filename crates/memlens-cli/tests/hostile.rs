@@ -260,3 +260,36 @@ fn frees_that_do_not_match_are_answered() {
 fn an_empty_list_is_not_a_snapshot() {
     assert_rejected("emptylist", &json!([]), "empty list");
 }
+
+/// The bombs of `crates/memlens/tests/bombs.rs` through the binary: a 10-byte
+/// file claiming a 1 GB string, and 20 million zeros under an unused key of a
+/// JSON snapshot. Every command exits 2 with one line.
+#[test]
+fn bombs_exit_2_from_every_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tiny = dir.path().join("tiny.pickle");
+    std::fs::write(
+        &tiny,
+        [0x80, 4, b'X', 0xff, 0xff, 0xff, 0x3f, b'a', b'b', b'c'],
+    )
+    .expect("write");
+    let mut text = b"{\"segments\": [], \"junk\": [0".to_vec();
+    text.extend_from_slice(&b",0".repeat(20 << 20));
+    text.extend_from_slice(b"]}");
+    let json = dir.path().join("bomb.json");
+    std::fs::write(&json, text).expect("write");
+    for (path, needle) in [(&tiny, "truncated"), (&json, "decompression bomb")] {
+        let file = path.to_string_lossy().into_owned();
+        for args in commands(&file, dir.path()) {
+            let argv: Vec<&str> = args.iter().map(String::as_str).collect();
+            let o = memlens(&argv);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(2), "{argv:?}: {err}");
+            assert_eq!(err.lines().count(), 1, "{argv:?}: {err}");
+            assert!(
+                err.contains(&file) && err.contains(needle),
+                "{argv:?}: {err}"
+            );
+        }
+    }
+}
