@@ -90,15 +90,21 @@ class FakeGPU:
         self.snapshots_taken += 1
         segments = []
         for d in range(self.n_devices):
-            blocks = [dict(b) for b in self.blocks[d]]
+            blocks = sorted((dict(b) for b in self.blocks[d]), key=lambda b: b["address"])
             total = self.reserved[d]
             used = sum(b["size"] for b in blocks)
+            # One segment holding the live blocks where they are (memlens rejects
+            # blocks outside their segment, as PyTorch never writes them), the
+            # rest of the reservation free after the last one.
+            start = blocks[0]["address"] if blocks else self.next_addr
+            end = blocks[-1]["address"] + blocks[-1]["size"] if blocks else start
             if total > used:
-                blocks.append({"address": self.next_addr, "size": total - used, "requested_size": 0,
+                blocks.append({"address": end, "size": total - used, "requested_size": 0,
                                "state": "inactive", "frames": []})
+                end += total - used
             if total:
                 segments.append({
-                    "device": d, "address": 0x7E0000000000 + d, "total_size": total, "allocated_size": used,
+                    "device": d, "address": start, "total_size": max(total, end - start), "allocated_size": used,
                     "active_size": used, "requested_size": used, "stream": 0, "segment_type": "large",
                     "segment_pool_id": (0, 0), "is_expandable": False, "frames": [], "blocks": blocks,
                 })

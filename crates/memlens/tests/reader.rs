@@ -289,6 +289,164 @@ pickle.dump([seg], open(sys.argv[1], "wb"), protocol=2)
     assert!(s.warnings.iter().any(|w| w.contains("legacy")));
 }
 
+/// Rewrites a fixture's final state in the legacy (torch ~1.13-2.0) form of
+/// the internals doc: blocks `{size, state, history}` with
+/// `history = [{addr, real_size, frames}]`, segments without `requested_size`
+/// or `frames`. `form` is `list` (the bare list of segments) or `dict` (a
+/// dict whose trace holds only a `snapshot` entry). A second, older history
+/// entry is appended to show that `history[0]` is the one read.
+fn legacy_variant(name: &str, form: &str, dir: &Path) -> PathBuf {
+    let zst = std::fs::read(fixture(&format!("{name}.pickle.zst"))).expect("fixture");
+    let raw = zstd::decode_all(&zst[..]).expect("zstd");
+    let src = dir.join(format!("{name}.pickle"));
+    std::fs::write(&src, raw).expect("write");
+    let dst = dir.join(format!("{name}.legacy-{form}.pickle"));
+    let script = r#"
+import pickle, sys
+src, dst, form = sys.argv[1], sys.argv[2], sys.argv[3]
+data = pickle.load(open(src, "rb"))
+old = [{"filename": "old.py", "line": 1, "name": "stale"}]
+segs = []
+for s in data["segments"]:
+    seg = {k: s[k] for k in ("device", "address", "total_size", "allocated_size",
+                             "active_size", "stream", "segment_type")}
+    seg["blocks"] = []
+    for b in s["blocks"]:
+        nb = {"size": b["size"], "state": b["state"]}
+        if b["state"] != "inactive":
+            nb["history"] = [{"addr": b["address"], "real_size": b["requested_size"],
+                              "frames": b.get("frames", [])},
+                             {"addr": b["address"], "real_size": 1, "frames": old}]
+        seg["blocks"].append(nb)
+    segs.append(seg)
+total_active = sum(s["active_size"] for s in segs)
+out = segs if form == "list" else {
+    "segments": segs,
+    "device_traces": [[{"action": "snapshot", "addr": 0, "size": total_active, "stream": 0}]],
+}
+pickle.dump(out, open(dst, "wb"), protocol=2)
+"#;
+    let status = Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&src)
+        .arg(&dst)
+        .arg(form)
+        .status()
+        .expect("python3 runs (the tests need it to make legacy variants)");
+    assert!(status.success());
+    dst
+}
+
+/// Each block as `address size state requested stack`, stacks spelled out;
+/// requested sizes and stacks of free blocks are stale and left out.
+fn blocks_canon(s: &Snapshot) -> Vec<String> {
+    s.segments
+        .iter()
+        .flat_map(|seg| &seg.blocks)
+        .map(|b| {
+            let live = b.state != memlens::snapshot::BlockState::Inactive;
+            let stack: Vec<String> = s
+                .stack(b.stack)
+                .iter()
+                .map(|&f| {
+                    let fr = s.frame(f);
+                    format!("{}:{}:{}", s.str(fr.filename), fr.line, s.str(fr.name))
+                })
+                .collect();
+            format!(
+                "{} {} {:?} {} {}",
+                b.address,
+                b.size,
+                b.state,
+                if live { b.requested_size } else { 0 },
+                if live { stack.join("|") } else { String::new() }
+            )
+        })
+        .collect()
+}
+
+/// Issue 14 item 5: a legacy snapshot's blocks keep their stacks
+/// (`history[0].frames`) and requested sizes (`history[0].real_size`), and
+/// their sums still match `torch.cuda.memory_stats()` of the run.
+#[test]
+fn legacy_history_keeps_stacks_and_sizes_of_every_block() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for name in ["gpt2_train", "cache_leak", "oom.at_oom", "varlen"] {
+        let modern = load(&format!("{name}.pickle.zst"));
+        let want = blocks_canon(&modern);
+        let with_stack = modern
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .filter(|b| b.state != memlens::snapshot::BlockState::Inactive)
+            .filter(|b| !modern.stack(b.stack).is_empty())
+            .count();
+        assert!(
+            with_stack > 0,
+            "{name}: the fixture has live blocks with stacks"
+        );
+        let stats_name = name.split('.').next().unwrap_or(name);
+        let st = stats(stats_name);
+        let ms = if name.ends_with("at_oom") {
+            &st["stats_at_oom"]
+        } else {
+            &st["memory_stats"]
+        };
+        for form in ["list", "dict"] {
+            let path = legacy_variant(name, form, dir.path());
+            let snap = Snapshot::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(snap.legacy, "{name} {form}");
+            assert_eq!(blocks_canon(&snap), want, "{name} {form}");
+            let s = summarize(&snap);
+            assert_eq!(s.reserved_bytes, stat(ms, "reserved_bytes.all.current"));
+            assert_eq!(s.allocated_bytes, stat(ms, "allocated_bytes.all.current"));
+            assert_eq!(s.requested_bytes, stat(ms, "requested_bytes.all.current"));
+            assert_eq!(
+                s.inactive_split_bytes,
+                stat(ms, "inactive_split_bytes.all.current")
+            );
+            assert!(s.warnings.iter().any(|w| w.contains("legacy")));
+            assert!(
+                !s.warnings
+                    .iter()
+                    .any(|w| w.contains("no stacks were recorded")),
+                "{name} {form}: the stacks are in the blocks"
+            );
+            assert!(!snap.has_allocation_trace(), "{name} {form}");
+            if form == "dict" {
+                assert_eq!(snap.event_count(), 1);
+                assert!(s.warnings.iter().any(|w| w.contains("only `snapshot`")));
+            }
+        }
+    }
+}
+
+/// `load_many` reads files in parallel and gives each file's own result, in
+/// order: the same model as one `load` each, and a bad file's error in place.
+#[test]
+fn load_many_equals_one_load_each() {
+    let names = [
+        "cache_leak.step1.pickle.zst",
+        "cache_leak.step5.pickle.zst",
+        "cache_leak.step9.pickle.zst",
+        "no-such-file.pickle",
+        "cache_leak.pickle.zst",
+    ];
+    let paths: Vec<PathBuf> = names.iter().map(|n| fixture(n)).collect();
+    let many = Snapshot::load_many(&paths);
+    assert_eq!(many.len(), names.len());
+    for (name, got) in names.iter().zip(many) {
+        if name.starts_with("no-such") {
+            let e = got.expect_err("missing file");
+            assert!(e.to_string().contains("no such file"), "{e}");
+            continue;
+        }
+        let got = got.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(canon(&got), canon(&load(name)), "{name}");
+    }
+}
+
 // ---- bad input ----
 
 fn err_of(bytes: &[u8]) -> Error {

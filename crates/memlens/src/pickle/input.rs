@@ -64,10 +64,14 @@ impl<R: Read> Input<R> {
         self.consumed += self.pos as u64;
         self.pos = 0;
         self.end = left;
-        if n > self.buf.len() {
-            self.buf.resize(n, 0);
-        }
         while self.end < n && !self.eof {
+            // Grow toward `n` only as bytes arrive: a length read from the
+            // file is never trusted before its bytes are there (a 10-byte
+            // file claiming a 1 GB string costs nothing).
+            if self.end == self.buf.len() {
+                let grown = (self.buf.len() * 2).min(n).max(self.end + 1);
+                self.buf.resize(grown, 0);
+            }
             match self.reader.read(&mut self.buf[self.end..]) {
                 Ok(0) => self.eof = true,
                 Ok(k) => self.end += k,

@@ -133,4 +133,10 @@ pub trait Builder {
     fn set_items(&mut self, dict: Value, items: &[Value]) -> Result<Value, String>;
     /// `list.extend(items)`. Returns the value that now stands for the list.
     fn append(&mut self, list: Value, items: &[Value]) -> Result<Value, String>;
+    /// The reader is about to hold `bytes` more of its own (memo slots); the
+    /// builder may refuse when the total passes its memory budget.
+    fn charge(&mut self, bytes: usize) -> Result<(), String> {
+        let _ = bytes;
+        Ok(())
+    }
 }

@@ -22,7 +22,8 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Limits {
-            max_stack: 1 << 24,
+            // CPython batches 1000 items a MARK; a million is far beyond any real nesting.
+            max_stack: 1 << 20,
             max_marks: 1 << 20,
             max_item_bytes: 1 << 30,
             max_memo_gap: 1 << 20,
@@ -265,6 +266,21 @@ fn opcode_name(op: u8) -> &'static str {
     }
 }
 
+/// Bytes a memo entry for `v` costs: a 4-byte slot, plus 16 in the side
+/// table for a scalar.
+fn memo_cost(v: Value) -> usize {
+    match v {
+        Value::Str(_)
+        | Value::Dict(_)
+        | Value::List(_)
+        | Value::Tuple(_)
+        | Value::Frame(_)
+        | Value::Stack(_)
+        | Value::Event(_) => 4,
+        _ => 20,
+    }
+}
+
 /// Decodes a little-endian two's-complement integer (`LONG1`/`LONG4`).
 fn decode_long(bytes: &[u8]) -> Value {
     let n = bytes.len();
@@ -490,6 +506,7 @@ impl Vm {
                     .last()
                     .ok_or_else(|| "MEMOIZE with an empty stack".to_string())?;
                 let i = self.memo.slots.len();
+                builder.charge(memo_cost(v))?;
                 self.memo.put(i, v, &self.limits)?;
             }
             BINPUT | LONG_BINPUT => {
@@ -502,6 +519,8 @@ impl Vm {
                     .stack
                     .last()
                     .ok_or_else(|| "PUT with an empty stack".to_string())?;
+                let grow = (i + 1).saturating_sub(self.memo.slots.len());
+                builder.charge(grow * 4 + memo_cost(v))?;
                 self.memo.put(i, v, &self.limits)?;
             }
             MARK => {

@@ -73,54 +73,122 @@ pub fn load_reader(
 }
 
 fn from_json(heap: &mut Heap, reader: Box<dyn Read + Send>, path: &Path) -> Result<Value> {
-    let value: serde_json::Value = serde_json::from_reader(std::io::BufReader::new(reader))
-        .map_err(|e| Error::Json {
-            path: path.into(),
-            what: e.to_string(),
-        })?;
-    json_to_heap(heap, &value).map_err(|what| Error::NotASnapshot {
-        path: path.into(),
-        what,
+    use serde::de::DeserializeSeed;
+    let mut de = serde_json::Deserializer::from_reader(std::io::BufReader::new(reader));
+    let value = JsonSeed(heap).deserialize(&mut de).and_then(|v| {
+        de.end()?;
+        Ok(v)
+    });
+    value.map_err(|e| {
+        let what = e.to_string();
+        if e.is_data() {
+            // Raised by the heap (its memory budget, a malformed layout).
+            Error::NotASnapshot {
+                path: path.into(),
+                what,
+            }
+        } else {
+            Error::Json {
+                path: path.into(),
+                what,
+            }
+        }
     })
 }
 
-/// Feeds a JSON document through the same builder the pickle reader uses, so
-/// both formats give the same model. serde_json caps nesting at 128 levels,
-/// which bounds this recursion.
-fn json_to_heap(heap: &mut Heap, v: &serde_json::Value) -> std::result::Result<Value, String> {
-    use serde_json::Value as J;
-    Ok(match v {
-        J::Null => Value::None,
-        J::Bool(b) => Value::Bool(*b),
-        J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
-            (Some(i), _, _) => Value::Int(i),
-            (_, Some(u), _) => Value::UInt(u),
-            (_, _, Some(f)) => Value::Float(f),
-            _ => Value::BigInt,
-        },
-        J::String(s) => heap.string(s),
-        J::Array(items) => {
-            let l = heap.empty_list()?;
-            let vals = items
-                .iter()
-                .map(|x| json_to_heap(heap, x))
-                .collect::<std::result::Result<Vec<_>, _>>()?;
-            heap.append(l, &vals)?
-        }
-        J::Object(map) => {
-            let d = heap.empty_dict()?;
-            let mut vals = Vec::with_capacity(map.len() * 2);
-            for (k, x) in map {
-                vals.push(heap.string(k));
-                vals.push(json_to_heap(heap, x)?);
+/// Feeds a JSON document straight into the same builder the pickle reader
+/// uses, container by container, so both formats give the same model and a
+/// JSON file is held to the same memory budget (no intermediate tree).
+/// serde_json caps nesting at 128 levels, which bounds the recursion.
+struct JsonSeed<'a>(&'a mut Heap);
+
+/// Items handed to the builder at once, as CPython's pickler batches them.
+const JSON_BATCH: usize = 1000;
+
+impl<'de> serde::de::DeserializeSeed<'de> for JsonSeed<'_> {
+    type Value = Value;
+
+    fn deserialize<D: serde::Deserializer<'de>>(
+        self,
+        d: D,
+    ) -> std::result::Result<Value, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for JsonSeed<'_> {
+    type Value = Value;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_unit<E>(self) -> std::result::Result<Value, E> {
+        Ok(Value::None)
+    }
+
+    fn visit_bool<E>(self, b: bool) -> std::result::Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+
+    fn visit_i64<E>(self, i: i64) -> std::result::Result<Value, E> {
+        Ok(Value::Int(i))
+    }
+
+    fn visit_u64<E>(self, u: u64) -> std::result::Result<Value, E> {
+        Ok(i64::try_from(u).map_or(Value::UInt(u), Value::Int))
+    }
+
+    fn visit_f64<E>(self, f: f64) -> std::result::Result<Value, E> {
+        Ok(Value::Float(f))
+    }
+
+    fn visit_str<E>(self, s: &str) -> std::result::Result<Value, E> {
+        Ok(self.0.string(s))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(
+        self,
+        mut seq: A,
+    ) -> std::result::Result<Value, A::Error> {
+        use serde::de::Error as _;
+        let heap = self.0;
+        let mut list = heap.empty_list().map_err(A::Error::custom)?;
+        let mut batch = Vec::new();
+        while let Some(v) = seq.next_element_seed(JsonSeed(heap))? {
+            batch.push(v);
+            if batch.len() == JSON_BATCH {
+                list = heap.append(list, &batch).map_err(A::Error::custom)?;
+                batch.clear();
             }
-            if vals.is_empty() {
-                d
-            } else {
-                heap.set_items(d, &vals)?
-            }
         }
-    })
+        if !batch.is_empty() {
+            list = heap.append(list, &batch).map_err(A::Error::custom)?;
+        }
+        Ok(list)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(
+        self,
+        mut map: A,
+    ) -> std::result::Result<Value, A::Error> {
+        use serde::de::Error as _;
+        let heap = self.0;
+        let dict = heap.empty_dict().map_err(A::Error::custom)?;
+        // A dict is handed over whole (so trace entries and frames are
+        // recognised in one go), its items charged as they are read.
+        let mut items = Vec::new();
+        while let Some(k) = map.next_key::<String>()? {
+            heap.charge(32).map_err(A::Error::custom)?;
+            items.push(heap.string(&k));
+            items.push(map.next_value_seed(JsonSeed(heap))?);
+        }
+        heap.give_back(32 * items.len() as u64 / 2);
+        if items.is_empty() {
+            return Ok(dict);
+        }
+        heap.set_items(dict, &items).map_err(A::Error::custom)
+    }
 }
 
 /// Reads fields of one dict with clear errors.
@@ -148,7 +216,17 @@ impl<'a> Fields<'a> {
         }
     }
 
-    fn u64_or(&self, key: &str, default: u64) -> u64 {
+    /// An optional size or address: absent gives `default`; present, it must
+    /// be a non-negative integer (a negative size is never silently dropped).
+    fn u64_or(&self, key: &str, default: u64) -> std::result::Result<u64, String> {
+        match self.get(key) {
+            None | Some(Value::None) => Ok(default),
+            Some(_) => self.u64_req(key),
+        }
+    }
+
+    /// A field memlens only displays: anything but a non-negative integer gives `default`.
+    fn u64_lenient(&self, key: &str, default: u64) -> u64 {
         self.get(key).and_then(Value::as_u64).unwrap_or(default)
     }
 
@@ -230,6 +308,11 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
                 heap.get_str(root, "external_annotations"),
             )
         }
+        Value::List(_) if heap.list_len(root) == 0 => {
+            return Err(not_snapshot(
+                "found an empty list (a legacy snapshot is a list of segments)".into(),
+            ))
+        }
         Value::List(_) => {
             snap.legacy = true;
             (Some(root), None, None, None)
@@ -290,19 +373,31 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
             heap.odd_frames
         ));
     }
+    let allocation_trace = snap.has_allocation_trace();
     if snap.legacy {
         snap.warnings.push(
-            "legacy snapshot format (PyTorch 2.0 or older): no trace, sizes from block history"
+            "legacy snapshot format (PyTorch 2.0 or older): stacks and requested sizes from each block's history"
                 .into(),
         );
     }
-    let events = snap.event_count();
-    let with_frames: usize = snap
+    if snap.event_count() > 0 && !allocation_trace {
+        snap.warnings.push(
+            "the trace holds only `snapshot` entries: no allocation history, figures are those at dump time".into(),
+        );
+    }
+    // Stacks may sit in the blocks alone (legacy history, or a trace with
+    // only `snapshot` entries): those still say where memory was allocated.
+    let with_frames = snap
         .traces
         .iter()
-        .map(|t| t.events.iter().filter(|e| e.stack != EMPTY_STACK).count())
-        .sum();
-    if events > 0 && with_frames == 0 {
+        .flat_map(|t| &t.events)
+        .any(|e| e.stack != EMPTY_STACK)
+        || snap
+            .segments
+            .iter()
+            .flat_map(|s| &s.blocks)
+            .any(|b| b.stack != EMPTY_STACK);
+    if allocation_trace && !with_frames {
         snap.warnings.push(
             "no stacks were recorded: use _record_memory_history(enabled=\"all\", context=\"all\", stacks=\"python\") to see where memory was allocated".into(),
         );
@@ -313,6 +408,8 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
                 .into(),
         );
     }
+
+    super::validate::check(&snap).map_err(not_snapshot)?;
 
     snap.frames = std::mem::take(&mut heap.frames);
     snap.stack_ranges = std::mem::take(&mut heap.stack_ranges);
@@ -354,12 +451,12 @@ fn segment(
     let legacy = f.get("requested_size").is_none() && f.get("frames").is_none();
     let raw_stream = f.i64_or("stream", 0);
     let mut seg = Segment {
-        device: f.u64_or("device", 0).min(u32::MAX as u64) as u32,
+        device: f.u64_or("device", 0)?.min(u32::MAX as u64) as u32,
         address,
         total_size,
-        allocated_size: f.u64_or("allocated_size", 0),
-        active_size: f.u64_or("active_size", 0),
-        requested_size: f.u64_or("requested_size", 0),
+        allocated_size: f.u64_or("allocated_size", 0)?,
+        active_size: f.u64_or("active_size", 0)?,
+        requested_size: f.u64_or("requested_size", 0)?,
         stream: 0,
         pool,
         pool_id,
@@ -414,19 +511,19 @@ fn block(
         .and_then(|h| h.first().copied())
         .filter(|h| matches!(h, Value::Dict(_)));
     let (requested, stack) = match (f.get("requested_size"), history) {
-        (Some(r), _) => (r.as_u64().unwrap_or(size), f.stack("frames")),
+        (Some(_), _) => (f.u64_or("requested_size", size)?, f.stack("frames")),
         (None, Some(h)) => {
             let hf = Fields {
                 heap,
                 dict: h,
                 what: what.to_string(),
             };
-            (hf.u64_or("real_size", size), hf.stack("frames"))
+            (hf.u64_or("real_size", size)?, hf.stack("frames"))
         }
         (None, None) => (size, f.stack("frames")),
     };
     Ok(Block {
-        address: f.u64_or("address", running_addr),
+        address: f.u64_or("address", running_addr)?,
         size,
         requested_size: requested,
         state,
@@ -602,7 +699,7 @@ fn annotations(heap: &Heap, v: Value) -> Vec<Annotation> {
             continue;
         };
         out.push(Annotation {
-            device: f.u64_or("device", 0).min(u32::MAX as u64) as u32,
+            device: f.u64_lenient("device", 0).min(u32::MAX as u64) as u32,
             time_us: f.i64_or("time_us", 0),
             name,
             start: f.str("stage") != Some("END"),

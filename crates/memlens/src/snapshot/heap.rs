@@ -91,7 +91,20 @@ pub(crate) struct Heap {
     pub unknown_actions: u64,
     /// Frames lists that held something other than frames.
     pub odd_frames: u64,
+    /// Bytes held for things that are not (yet) part of the model: generic
+    /// containers and their items, memo slots, strings. See [`WASTE_BUDGET`].
+    waste: u64,
+    /// The budget last worked out: the model only grows, so it stays a lower
+    /// bound and is recomputed only when `waste` passes it.
+    allowed: u64,
 }
+
+/// Bytes of generic storage allowed beyond twice the model built so far. A
+/// real snapshot keeps a few MB of segment and block dicts and about 30 bytes
+/// per trace event in container slots and memo, below twice the event's own
+/// 32 bytes; a decompression bomb (millions of small items in a few KB, under
+/// any key) builds nothing useful and is stopped here, before it costs memory.
+pub(crate) const WASTE_BUDGET: u64 = 64 << 20;
 
 /// At most this many containers of each kind (a hostile file could otherwise
 /// make millions of empty ones cheaply).
@@ -143,6 +156,8 @@ impl Heap {
             scratch: Vec::new(),
             unknown_actions: 0,
             odd_frames: 0,
+            waste: 0,
+            allowed: WASTE_BUDGET,
         };
         heap.stream_index.insert(0, 0);
         // The empty stack is stack 0.
@@ -306,7 +321,10 @@ impl Heap {
         let result = if ok {
             let s = self.intern_stack(&scratch);
             self.lists[id as usize] = ListSlot::Stack(s);
-            // The body is no longer needed: recycle its buffer.
+            // The body is no longer needed: recycle its buffer, and give
+            // back what its items were charged.
+            let n = self.list_bodies[body_idx].items.len() as u64;
+            self.waste = self.waste.saturating_sub(16 * n);
             self.list_bodies[body_idx].items.clear();
             self.free_list_bodies.push(body_idx as u32);
             Some(s)
@@ -352,8 +370,10 @@ impl Heap {
         Some(id)
     }
 
-    /// Tries to read `items` as a trace entry; returns the event index.
-    fn as_event(&mut self, items: &[Value]) -> Option<u32> {
+    /// Tries to read `items` as a trace entry; returns the event index, or
+    /// `None` when it is not one. A trace entry with a negative or non-integer
+    /// size or address is an error: dropping it would move every figure.
+    fn as_event(&mut self, items: &[Value]) -> Result<Option<u32>, String> {
         let k = self.keys;
         let mut action = None;
         let mut ev = TraceEvent {
@@ -366,18 +386,28 @@ impl Heap {
             flags: 0,
         };
         let (mut cc, mut um) = (None, None);
+        let mut bad = None;
         for pair in items.chunks_exact(2) {
             let Value::Str(key) = pair[0] else {
-                return None;
+                return Ok(None);
             };
             let v = pair[1];
             if key == k.action {
-                let Value::Str(a) = v else { return None };
+                let Value::Str(a) = v else { return Ok(None) };
                 action = Some(a);
-            } else if key == k.addr || key == k.device_free {
-                ev.addr = v.as_u64().unwrap_or(0);
-            } else if key == k.size {
-                ev.size = v.as_u64().unwrap_or(0);
+            } else if key == k.addr || key == k.device_free || key == k.size {
+                let x = match v.as_u64() {
+                    Some(x) => x,
+                    None => {
+                        bad.get_or_insert((key, v));
+                        0
+                    }
+                };
+                if key == k.size {
+                    ev.size = x;
+                } else {
+                    ev.addr = x;
+                }
             } else if key == k.stream {
                 ev.stream = self.intern_stream(v.as_i64().unwrap_or(0));
             } else if key == k.time_us {
@@ -402,22 +432,65 @@ impl Heap {
                 }
             }
         }
-        let a = action?;
+        let Some(a) = action else { return Ok(None) };
         // Action names were interned first: their ids are the discriminants.
         match Action::ALL.get(a as usize) {
             Some(&act) => ev.action = act,
             None => {
                 self.unknown_actions += 1;
-                return None;
+                return Ok(None);
             }
         }
         let idx = self.events.len() as u32;
+        if let Some((key, v)) = bad {
+            let shown = match v {
+                Value::Int(i) => i.to_string(),
+                Value::Float(f) => f.to_string(),
+                other => format!("a {}", other.type_name()),
+            };
+            return Err(format!(
+                "trace entry {idx} ({}) has {} = {shown}, not a non-negative integer",
+                ev.action.as_str(),
+                self.strings.get(key)
+            ));
+        }
         if cc.is_some() || um.is_some() {
             ev.flags |= TraceEvent::HAS_EXTRAS;
             self.extras.push((idx, cc, um));
         }
         self.events.push(ev);
-        Some(idx)
+        Ok(Some(idx))
+    }
+
+    /// Bytes of the model built so far (events, frames, stacks).
+    fn useful(&self) -> u64 {
+        (self.events.len() as u64) * 32
+            + (self.frames.len() as u64) * 12
+            + (self.stack_frames.len() as u64) * 4
+            + (self.stack_ranges.len() as u64) * 8
+    }
+
+    /// Accounts `bytes` of generic storage; fails once it passes the budget.
+    #[inline]
+    fn spend(&mut self, bytes: u64) -> Result<(), String> {
+        self.waste = self.waste.saturating_add(bytes);
+        if self.waste <= self.allowed {
+            return Ok(());
+        }
+        self.allowed = WASTE_BUDGET.saturating_add(self.useful().saturating_mul(2));
+        if self.waste > self.allowed {
+            return Err(format!(
+                "the file holds far more data than a snapshot uses ({} MB of containers, strings and memo beyond the {} MB the snapshot needs): a decompression bomb, or not a memory snapshot",
+                self.waste >> 20,
+                self.useful() >> 20
+            ));
+        }
+        Ok(())
+    }
+
+    /// Returns `bytes` charged for storage that is gone.
+    pub fn give_back(&mut self, bytes: u64) {
+        self.waste = self.waste.saturating_sub(bytes);
     }
 
     fn new_dict_body(&mut self) -> u32 {
@@ -428,10 +501,22 @@ impl Heap {
 
 impl Builder for Heap {
     fn string(&mut self, s: &str) -> Value {
-        Value::Str(self.strings.intern(s))
+        let n = self.strings.len();
+        let id = self.strings.intern(s);
+        if self.strings.len() > n {
+            // Checked at the next container operation: a string alone is
+            // bounded by the reader's item limit.
+            self.waste = self.waste.saturating_add(s.len() as u64 + 24);
+        }
+        Value::Str(id)
+    }
+
+    fn charge(&mut self, bytes: usize) -> Result<(), String> {
+        self.spend(bytes as u64)
     }
 
     fn empty_dict(&mut self) -> Result<Value, String> {
+        self.spend(8)?;
         if self.dicts.len() >= MAX_CONTAINERS {
             return Err("too many dicts in one pickle".into());
         }
@@ -440,12 +525,14 @@ impl Builder for Heap {
     }
 
     fn empty_list(&mut self) -> Result<Value, String> {
+        self.spend(8)?;
         if self.lists.len() >= MAX_CONTAINERS {
             return Err("too many lists in one pickle".into());
         }
         let body = match self.free_list_bodies.pop() {
             Some(b) => b,
             None => {
+                self.spend(std::mem::size_of::<ListBody>() as u64)?;
                 self.list_bodies.push(ListBody::default());
                 (self.list_bodies.len() - 1) as u32
             }
@@ -455,6 +542,7 @@ impl Builder for Heap {
     }
 
     fn tuple(&mut self, items: &[Value]) -> Result<Value, String> {
+        self.spend(24 + 16 * items.len() as u64)?;
         if self.tuples.len() >= MAX_CONTAINERS {
             return Err("too many tuples in one pickle".into());
         }
@@ -473,23 +561,25 @@ impl Builder for Heap {
                 // A fresh dict filled in one go: recognise events (PyTorch
                 // writes `action` first) and frames.
                 if items.first() == Some(&Value::Str(self.keys.action)) {
-                    if let Some(e) = self.as_event(items) {
+                    if let Some(e) = self.as_event(items)? {
                         self.dicts[id as usize] = DictSlot::Event(e);
                         return Ok(Value::Event(e));
                     }
                 } else if let Some(f) = self.as_frame(items) {
                     self.dicts[id as usize] = DictSlot::Frame(f);
                     return Ok(Value::Frame(f));
-                } else if let Some(e) = self.as_event(items) {
+                } else if let Some(e) = self.as_event(items)? {
                     self.dicts[id as usize] = DictSlot::Event(e);
                     return Ok(Value::Event(e));
                 }
+                self.spend(24 + 16 * items.len() as u64)?;
                 let b = self.new_dict_body();
                 self.dicts[id as usize] = DictSlot::Open(b);
                 self.extend_generic(b, items);
                 Ok(dict)
             }
             DictSlot::Open(b) => {
+                self.spend(16 * items.len() as u64)?;
                 self.extend_generic(b, items);
                 Ok(dict)
             }
@@ -508,6 +598,10 @@ impl Builder for Heap {
                 "a list was modified after it was complete (not a PyTorch snapshot layout)".into(),
             );
         };
+        // Runs of events cost nothing (they are kept as a range); other items
+        // are 16 bytes each until the list becomes a stack. Charged after the
+        // batch, which the reader's stack limit bounds.
+        let mut generic = 0u64;
         for &item in items {
             let item = self.resolve(item);
             let body = &mut self.list_bodies[b as usize];
@@ -524,10 +618,13 @@ impl Builder for Heap {
             if body.ev_len > 0 {
                 let (s, n) = (body.ev_start, body.ev_len);
                 body.items.extend((s..s + n).map(Value::Event));
+                generic += n as u64;
                 body.ev_len = 0;
             }
             body.items.push(item);
+            generic += 1;
         }
+        self.spend(16 * generic)?;
         Ok(list)
     }
 }

@@ -14,6 +14,7 @@
 pub mod build;
 mod heap;
 mod strings;
+pub mod validate;
 
 pub use strings::{StrId, Strings};
 // The container belongs to the input layer; re-exported for the model's users.
@@ -298,6 +299,17 @@ impl Snapshot {
         build::load_path(path)
     }
 
+    /// Reads several snapshot files in parallel (one rayon task a file), in
+    /// the order given; each file's result is its own, so one bad file does
+    /// not hide the others.
+    pub fn load_many<P: AsRef<Path> + Sync>(paths: &[P]) -> Vec<crate::Result<Snapshot>> {
+        use rayon::prelude::*;
+        paths
+            .par_iter()
+            .map(|p| build::load_path(p.as_ref()))
+            .collect()
+    }
+
     /// [`Snapshot::load`] that gives up with [`crate::Error::Cancelled`] soon
     /// after `cancel` is set from another thread.
     pub fn load_cancellable(
@@ -349,6 +361,16 @@ impl Snapshot {
     /// Total number of trace events over all devices.
     pub fn event_count(&self) -> usize {
         self.traces.iter().map(|t| t.events.len()).sum()
+    }
+
+    /// True when some trace holds an event other than `snapshot`: a history of
+    /// allocations to replay. Legacy snapshots and traces that hold only
+    /// `snapshot` entries give the state at dump time alone.
+    pub fn has_allocation_trace(&self) -> bool {
+        self.traces
+            .iter()
+            .flat_map(|t| &t.events)
+            .any(|e| e.action != Action::Snapshot)
     }
 
     /// Device ordinals that appear in segments or traces, sorted.
