@@ -16,7 +16,8 @@
 //!   through it.
 //! * [`analysis`] holds the analyses (summary, peak, diff, leaks, ...), each a pure
 //!   function returning a plain data struct.
-//! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities.
+//! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities;
+//!   [`source`] quotes the user's lines in findings.
 
 pub mod analysis;
 pub mod error;
@@ -30,6 +31,7 @@ pub mod replay;
 pub mod report;
 pub mod sim;
 pub mod snapshot;
+pub mod source;
 pub mod units;
 
 pub use error::{Error, Result};

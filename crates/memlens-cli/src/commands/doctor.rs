@@ -29,6 +29,10 @@ pub struct Args {
     /// Print the JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Where to look for the source files the frames name, when their own
+    /// paths are not readable here (repeatable; also MEMLENS_SOURCE_ROOT).
+    #[arg(long, value_name = "DIR")]
+    pub source_root: Vec<PathBuf>,
 }
 
 fn parse_device_memory(s: &str) -> Result<u64, String> {
@@ -66,7 +70,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let opts = DoctorOptions {
         device_memory: args.device_memory,
     };
-    let d = diagnose(&refs, &opts);
+    let mut d = diagnose(&refs, &opts);
+    let sources = memlens::source::SourceFinder::with_env(args.source_root);
+    sources.annotate_findings(&mut d.findings);
+    sources.annotate_leaks(&mut d.leaks);
     let report = if args.no_report {
         None
     } else {
@@ -128,6 +135,7 @@ pub fn render(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
         if let Some(fix) = &f.suggestion {
             let _ = writeln!(o, "   fix: {fix}");
         }
+        o.push_str(&f.quote.render("   "));
         if verbose {
             for e in &f.evidence {
                 let _ = writeln!(o, "   {e}");

@@ -2,6 +2,7 @@
 
 use crate::output;
 use memlens::analysis::leaks::{find, Confidence};
+use memlens::source::SourceFinder;
 use memlens::units::format_bytes;
 use std::fmt::Write;
 use std::path::PathBuf;
@@ -18,6 +19,10 @@ pub struct Args {
     /// Print the JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Where to look for the source files the frames name, when their own
+    /// paths are not readable here (repeatable; also MEMLENS_SOURCE_ROOT).
+    #[arg(long, value_name = "DIR")]
+    pub source_root: Vec<PathBuf>,
 }
 
 /// Runs `memlens leaks`.
@@ -29,7 +34,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     let refs: Vec<(String, &memlens::Snapshot)> =
         snaps.iter().map(|(n, s)| (n.clone(), s)).collect();
-    let report = find(&refs);
+    let mut report = find(&refs);
+    SourceFinder::with_env(args.source_root).annotate_leaks(&mut report);
     if args.json {
         output::print_json(&report)?;
     } else {
@@ -67,6 +73,7 @@ pub fn render(r: &memlens::analysis::leaks::LeakReport) -> String {
         let ev: Vec<String> = l.evidence.iter().map(|b| format_bytes(*b)).collect();
         let _ = writeln!(o, "    live: {}", ev.join(" -> "));
         let _ = writeln!(o, "    fix: {}", l.suggestion);
+        o.push_str(&l.quote.render("    "));
     }
     let low = r.leaks.len() - shown.len();
     if low > 0 {

@@ -47,6 +47,11 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// The stack of the site, innermost first.
     pub stack: Vec<String>,
+    /// The site's line (and for a leak the line keeping it alive) when the
+    /// source is readable (`source` and `keeper` in JSON); filled by
+    /// [`crate::source::SourceFinder::annotate_findings`].
+    #[serde(flatten)]
+    pub quote: crate::source::SourceQuote,
 }
 
 /// What `doctor` can be told about the device.
@@ -123,6 +128,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                     .join(" -> ")
             )],
             stack: l.stack.clone(),
+            quote: Default::default(),
         });
     }
 
@@ -183,6 +189,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 .as_ref()
                 .map(|r| r.stack.clone())
                 .unwrap_or_default(),
+            quote: Default::default(),
         });
     }
 
@@ -235,6 +242,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 format_bytes(summary.largest_free_block_bytes)
             )],
             stack: Vec::new(),
+            quote: Default::default(),
         });
     }
 
@@ -270,6 +278,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 .collect::<Vec<_>>()
                 .join(", ")],
             stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
+            quote: Default::default(),
         });
     }
 
@@ -284,6 +293,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             suggestion: None,
             evidence: Vec::new(),
             stack: Vec::new(),
+            quote: Default::default(),
         });
     }
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));

@@ -55,6 +55,11 @@ pub struct Leak {
     pub evidence_labels: Vec<String>,
     /// An example stack of the growing allocations, innermost first.
     pub stack: Vec<String>,
+    /// The allocating line and the line keeping the tensors alive, when the
+    /// source is readable (`source` and `keeper` in JSON); filled by
+    /// [`crate::source::SourceFinder::annotate_leaks`].
+    #[serde(flatten)]
+    pub quote: crate::source::SourceQuote,
 }
 
 /// The result of a leak search.
@@ -242,6 +247,7 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
             evidence: series,
             evidence_labels: labels.clone(),
             stack: stack_lines(last, stack),
+            quote: Default::default(),
         });
     }
     finish("across_snapshots", None, None, retained, leaks)
@@ -343,6 +349,7 @@ pub fn within_trace(snap: &Snapshot) -> LeakReport {
                     .map(|s| format!("after step {s}"))
                     .collect(),
                 stack: stack_lines(snap, stack),
+                quote: Default::default(),
             });
         }
     }
