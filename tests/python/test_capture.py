@@ -218,6 +218,62 @@ def test_ring_buffer_too_small_warns_once_with_the_value_to_pass(gpu, tmp_path):
     assert "6,000" in str(caught[0].message) and "36,000" in str(caught[0].message)
 
 
+def test_default_ring_is_fitted_to_the_model_after_two_steps(gpu, tmp_path):
+    # 1,000 allocations a step: 3,000 trace events (alloc, free_requested,
+    # free_completed), 3,001 in step 1 (its segment_alloc); steps_kept 6 with
+    # half again to spare: 9 x 3,001 = 27,009 entries.
+    with memlens.record(tmp_path / "snaps", leak_check=False, publish=False) as rec:
+        for step in range(4):
+            for _ in range(1000):
+                gpu.free(gpu.alloc(512))
+            memlens.step()
+            if step == 0:
+                assert len(gpu.history_calls) == 1  # not after one step
+    on, fitted, off = gpu.history_calls
+    assert on["max_entries"] == 60_000
+    assert fitted == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 27_009}
+    assert off["enabled"] is None
+    assert rec.max_entries == 27_009
+
+
+def test_ring_is_never_fitted_when_chosen_grown_or_too_small_to_matter(gpu, tmp_path):
+    # Chosen by the caller: kept.
+    with memlens.record(tmp_path / "a", max_entries=50_000, leak_check=False, publish=False):
+        for _ in range(3):
+            for _ in range(1000):
+                gpu.free(gpu.alloc(512))
+            memlens.step()
+    assert [c["max_entries"] for c in gpu.history_calls[:-1]] == [50_000]
+    gpu.history_calls.clear()
+    # A model whose steps fill the default: never grown past it.
+    with memlens.record(tmp_path / "b", leak_check=False, publish=False) as rec:
+        for _ in range(3):
+            for _ in range(5000):
+                gpu.free(gpu.alloc(512))
+            memlens.step()
+    assert [c["max_entries"] for c in gpu.history_calls[:-1]] == [60_000] and rec.max_entries == 60_000
+    gpu.history_calls.clear()
+    # A tiny model: not below MIN_ENTRIES.
+    with memlens.record(tmp_path / "c", leak_check=False, publish=False) as rec:
+        for _ in range(3):
+            gpu.free(gpu.alloc(512))
+            memlens.step()
+    assert [c["max_entries"] for c in gpu.history_calls[:-1]] == [60_000, 10_000]
+
+
+def test_one_snapshot_per_step_serves_the_leak_watch_and_the_dump(gpu, tmp_path):
+    # A growing step 4 starts a streak (baseline snapshot) on a dump step: one
+    # _snapshot() call serves both.
+    with memlens.record(tmp_path / "snaps", every=4, publish=False) as rec:
+        for step in range(1, 5):
+            if step == 4:
+                gpu.alloc(MIB)
+            before = gpu.snapshots_taken
+            memlens.step()
+        assert gpu.snapshots_taken - before == 1 and rec._baseline is not None
+    assert (tmp_path / "snaps" / "snapshot.step4.pickle").exists()
+
+
 # -- the leak alarm ------------------------------------------------------------
 
 

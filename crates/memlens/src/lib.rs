@@ -23,6 +23,7 @@ pub mod analysis;
 pub mod error;
 pub mod estimate;
 pub mod example;
+pub mod frames;
 pub mod input;
 pub mod live;
 pub mod oom;
@@ -32,6 +33,7 @@ pub mod report;
 pub mod sim;
 pub mod snapshot;
 pub mod source;
+pub mod trace;
 pub mod units;
 
 pub use error::{Error, Result};

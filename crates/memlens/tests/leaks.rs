@@ -5,8 +5,9 @@ mod common;
 use common::fixture;
 use memlens::analysis::diff::diff;
 use memlens::analysis::leaks::{find, Confidence};
-use memlens::analysis::steps::{detect, StepMethod};
+use memlens::analysis::steps::StepMethod;
 use memlens::snapshot::{BlockState, Snapshot};
+use memlens::trace::Analysed;
 
 fn load(name: &str) -> Snapshot {
     Snapshot::load(&fixture(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
@@ -98,8 +99,14 @@ fn healthy_runs_report_no_leak() {
             "{name}: {:?}",
             report.leaks.first()
         );
+        // checkpointed crashed in its second step: too few steps to judge.
+        let expected = if name == "checkpointed" {
+            "No verdict: 2 steps recorded"
+        } else {
+            "No leak"
+        };
         assert!(
-            report.verdict.starts_with("No leak"),
+            report.verdict.starts_with(expected),
             "{name}: {}",
             report.verdict
         );
@@ -107,18 +114,24 @@ fn healthy_runs_report_no_leak() {
 }
 
 #[test]
-fn steps_are_found_from_the_loop_frame() {
+fn steps_are_found_from_evidence() {
+    // Training with torch.optim: PyTorch's Optimizer.step annotations (the
+    // training steps, plus the teardown after the last one as a partial
+    // step); an evaluation loop after training has no optimizer steps: the
+    // loop of the workload function.
     let cases = [
-        ("gpt2_train", 6, "train_steps"),
-        ("resnet", 4, "w_resnet"),
-        ("varlen", 16, "w_varlen"),
-        ("long", 300, "w_long"),
-        ("cache_leak", 10, "w_cache_leak"),
-        ("gpt2_eval_leak", 12, "w_gpt2_eval_leak"),
+        ("gpt2_train", StepMethod::Optimizer, 6 + 1, ""),
+        ("resnet", StepMethod::Optimizer, 4 + 1, ""),
+        ("varlen", StepMethod::Optimizer, 16 + 1, ""),
+        ("long", StepMethod::Optimizer, 300 + 1, ""),
+        ("cache_leak", StepMethod::Optimizer, 10 + 1, ""),
+        ("gpt2_eval_leak", StepMethod::Loop, 12, "w_gpt2_eval_leak"),
     ];
-    for (name, n, func) in cases {
-        let st = detect(&load(&format!("{name}.pickle.zst")), 0);
-        assert_eq!(st.method, StepMethod::LoopFrame, "{name}");
+    for (name, method, n, func) in cases {
+        let snap = load(&format!("{name}.pickle.zst"));
+        let an = Analysed::new(&snap);
+        let st = &an.traces[0].steps;
+        assert_eq!(st.method, method, "{name}");
         assert_eq!(st.len(), n, "{name}");
         assert!(
             st.loop_function.as_deref().unwrap_or("").ends_with(func),

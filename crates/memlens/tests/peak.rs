@@ -66,7 +66,12 @@ fn gpt2_train_categories_are_plausible() {
         r.categories
     );
     assert!(a > 0.4 * r.peak_allocated_bytes as f64);
-    assert_eq!(r.steps.len(), 6);
+    // Six optimizer steps, then the teardown after the last one.
+    assert_eq!(r.steps.len(), 6 + 1);
+    assert_eq!(
+        r.step_method,
+        memlens::analysis::steps::StepMethod::Optimizer
+    );
 }
 
 /// ResNet-50 (25,557,032 parameters) with SGD momentum: one momentum buffer

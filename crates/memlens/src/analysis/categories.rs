@@ -7,6 +7,7 @@
 //! only to tell the phase, which PyTorch's own frames name reliably
 //! (`torch/autograd` backward, `torch/optim`, `nn.Module.__call__`).
 
+use crate::frames::{self, FrameKind};
 use crate::snapshot::{Action, Snapshot, StackId, EMPTY_STACK};
 use serde::{Deserialize, Serialize};
 
@@ -134,15 +135,21 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
     }
     let mut forward = false;
     let mut module = false;
+    let mut python = false;
     for &f in snap.stack(stack) {
         let fr = snap.frame(f);
         let file = snap.str(fr.filename);
         let name = snap.str(fr.name);
-        if (name == "backward" || name == "_engine_run_backward" || name == "grad")
-            && (file.contains("torch/autograd") || file.ends_with("torch/_tensor.py"))
-        {
+        // The same rule whatever the recording mode: the autograd engine's
+        // C++ frames (stacks="all") say backward as surely as Python's.
+        if frames::is_backward_frame(file, name) {
             return Phase::Backward;
         }
+        let kind = frames::classify(file, name);
+        if kind == FrameKind::Native {
+            continue;
+        }
+        python = true;
         if file.contains("/torch/optim/") {
             return Phase::Optimizer;
         }
@@ -155,9 +162,17 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
             || file.contains("/transformers/")
             || file.contains("/timm/")
             || file.contains("/torchvision/")
+            || file.ends_with("torch/serialization.py")
+            || file.contains("/safetensors/")
+            || file.contains("/accelerate/")
+            || (kind == FrameKind::Torch && is_move(name))
         {
             module = true;
         }
+    }
+    if !python {
+        // Only native frames (a C++ thread, stacks="all"): like no stack.
+        return Phase::Unknown;
     }
     if forward {
         Phase::Forward
@@ -166,6 +181,15 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
     } else {
         Phase::User
     }
+}
+
+/// Functions that move or load weights (`Module._apply`, `.to`, `.cuda`,
+/// `load_state_dict`): what they make outside a forward call is the model.
+fn is_move(name: &str) -> bool {
+    matches!(
+        name,
+        "_apply" | "to" | "cuda" | "load_state_dict" | "_load_from_state_dict" | "load"
+    )
 }
 
 /// For every `alloc` event of a trace, the index of its `free_requested`
@@ -195,23 +219,20 @@ pub fn free_index_of_allocs(snap: &Snapshot, trace: usize) -> Vec<u32> {
 ///
 /// CUDA backward runs on the autograd engine's device thread, which has no
 /// Python stack: its events come with empty stacks between the main thread's
-/// `loss.backward()` frames. An event with an empty stack therefore takes the
-/// Backward phase when the last event with a stack was in backward.
+/// `loss.backward()` frames (with `stacks="all"`, C++ frames only). An event
+/// with no Python frame therefore takes the Backward phase when the last event
+/// with one was in backward.
 pub fn event_phases(snap: &Snapshot, trace: usize, phases: &Phases) -> Vec<Phase> {
     let mut last = Phase::Unknown;
     snap.traces[trace]
         .events
         .iter()
-        .map(|e| {
-            if e.stack == EMPTY_STACK {
-                if last == Phase::Backward {
-                    Phase::Backward
-                } else {
-                    Phase::Unknown
-                }
-            } else {
-                last = phases.of(e.stack);
-                last
+        .map(|e| match phases.of(e.stack) {
+            Phase::Unknown if last == Phase::Backward => Phase::Backward,
+            Phase::Unknown => Phase::Unknown,
+            p => {
+                last = p;
+                p
             }
         })
         .collect()

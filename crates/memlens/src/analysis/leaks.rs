@@ -1,20 +1,26 @@
 //! `memlens leaks`: sites whose live memory keeps growing.
 //!
-//! Two kinds of evidence:
+//! Two kinds of evidence, combined when both are there:
 //! * across snapshots of one run: the live bytes of each site at each snapshot
-//!   (step numbers are read from names like `snapshot.step5.pickle`);
+//!   (step numbers are read from names like `snapshot.step5.pickle`, so rates
+//!   are per step, not per snapshot);
 //! * within one trace: the memory each site still holds at the end of each
-//!   step ([`super::steps`]), skipping the first step, whose growth is warm-up
-//!   (optimizer state, caches that fill once).
+//!   step ([`super::steps`]: markers, optimizer steps, the training loop or
+//!   backward passes, never inner loops). What the first step leaves behind is
+//!   what it initialised (optimizer state, lazily built buffers, workspaces):
+//!   the baseline, never growth.
 //!
-//! A finding is `high` when the site grows in every interval, by at least
-//! 1 MiB in all and roughly steadily; `medium` when it grows in most
-//! intervals and ends at its maximum; growth that stops is not a leak.
+//! A verdict needs growth that persists across at least 3 steps (or 3
+//! snapshots spanning 3 steps) and exceeds the allocator's rounding noise.
+//! `high` when the site grows in every interval, roughly steadily; `medium`
+//! when it grows in most intervals and ends at its maximum; growth that stops
+//! is not a leak. One step recorded: no verdict, and the report says so.
 
 use super::diff::live_by_site;
-use super::sites::{stack_lines, Site, SiteIndex};
-use super::steps::{self, StepMethod};
+use super::sites::{stack_lines, Site};
+use super::steps::StepMethod;
 use crate::snapshot::{Action, Snapshot, StackId};
+use crate::trace::Analysed;
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -37,6 +43,8 @@ pub struct Leak {
     pub site: String,
     /// The function of that line.
     pub function: String,
+    /// The user frames from the entry script down to `site`.
+    pub path: Vec<String>,
     /// Growth over the evidence, in bytes.
     pub bytes: u64,
     /// Growth per step (per snapshot interval when steps are unknown).
@@ -69,6 +77,8 @@ pub struct LeakReport {
     pub method: String,
     /// How steps were found (within a trace).
     pub step_method: Option<StepMethod>,
+    /// Steps found in the trace that was searched (the last snapshot's).
+    pub steps_found: usize,
     /// The loop the steps come from, as `file:function`.
     pub loop_function: Option<String>,
     /// Memory held at each evidence point, all sites together.
@@ -89,6 +99,14 @@ impl LeakReport {
 /// Below this total growth nothing is reported.
 const MIN_GROWTH: u64 = 1 << 20;
 
+/// Below this growth per step a site's change is rounding noise (the
+/// allocator rounds blocks to 512 bytes, and varying shapes move a site's
+/// bytes by a few blocks).
+const MIN_GROWTH_PER_STEP: u64 = 64 << 10;
+
+/// Growth must persist across at least this many steps.
+const MIN_STEPS: u64 = 3;
+
 /// Step number in a snapshot's file name (`...step5...`), if any.
 pub fn step_in_name(name: &str) -> Option<u64> {
     let lower = name.to_ascii_lowercase();
@@ -102,14 +120,19 @@ pub fn step_in_name(name: &str) -> Option<u64> {
 }
 
 /// Judges a series of live bytes; `None` when it is not growth.
-fn judge(series: &[u64]) -> Option<Confidence> {
+fn judge(series: &[u64], steps_spanned: u64) -> Option<Confidence> {
     if series.len() < 2 {
         return None;
     }
     let first = series[0];
     let last = *series.last()?;
-    if last < first + MIN_GROWTH {
+    if last < first.saturating_add(MIN_GROWTH)
+        || (last - first) / steps_spanned.max(1) < MIN_GROWTH_PER_STEP
+    {
         return None;
+    }
+    if steps_spanned < MIN_STEPS {
+        return Some(Confidence::Low);
     }
     let deltas: Vec<i128> = series
         .windows(2)
@@ -126,6 +149,29 @@ fn judge(series: &[u64]) -> Option<Confidence> {
         Some(Confidence::Medium)
     } else {
         Some(Confidence::Low)
+    }
+}
+
+/// A site whose number of live blocks does not grow holds the same tensors,
+/// replaced by larger ones (a batch that grows, a varying shape): a leak only
+/// when the growth is steady, as a buffer grown by `torch.cat` each step is.
+fn replaced_not_kept(conf: Confidence, series: &[u64], counts: &[u64]) -> Confidence {
+    let kept_more = counts.last().unwrap_or(&0) > counts.first().unwrap_or(&0);
+    if kept_more || conf == Confidence::Low {
+        return conf;
+    }
+    let deltas: Vec<u64> = series
+        .windows(2)
+        .map(|w| w[1].saturating_sub(w[0]))
+        .collect();
+    let (lo, hi) = (
+        deltas.iter().min().copied().unwrap_or(0),
+        deltas.iter().max().copied().unwrap_or(0),
+    );
+    if lo > 0 && hi <= lo.saturating_mul(2) {
+        conf
+    } else {
+        Confidence::Low
     }
 }
 
@@ -162,18 +208,9 @@ fn suggestion(site: &str, t: &Traits) -> String {
     )
 }
 
-fn is_backward_frame(snap: &Snapshot, stack: StackId) -> bool {
-    snap.stack(stack).iter().any(|&f| {
-        let fr = snap.frame(f);
-        let name = snap.str(fr.name);
-        let file = snap.str(fr.filename);
-        (name == "backward" || name == "_engine_run_backward")
-            && (file.contains("torch/autograd") || file.ends_with("torch/_tensor.py"))
-    })
-}
-
 /// Leaks across several snapshots of one run (given in any order; ordered by
-/// the step in their names, else as given).
+/// the step in their names, else as given), combined with what the last
+/// snapshot's own trace shows step by step.
 pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
     let mut order: Vec<usize> = (0..snaps.len()).collect();
     let steps: Vec<Option<u64>> = snaps.iter().map(|(n, _)| step_in_name(n)).collect();
@@ -183,8 +220,20 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
         // Named steps first, in step order; the others (a final snapshot) after.
         order.sort_by_key(|&i| (steps[i].is_none(), steps[i]));
     }
-    let lives: Vec<_> = order.iter().map(|&i| live_by_site(snaps[i].1)).collect();
-    let labels: Vec<String> = order.iter().map(|&i| snaps[i].0.clone()).collect();
+    let named: Vec<usize> = order
+        .iter()
+        .copied()
+        .filter(|&i| steps[i].is_some())
+        .collect();
+    // A final snapshot without a step in its name extends the series only
+    // when the steps are otherwise unknown (its step is not).
+    let used: Vec<usize> = if named.len() >= 2 {
+        named
+    } else {
+        order.clone()
+    };
+    let lives: Vec<_> = used.iter().map(|&i| live_by_site(snaps[i].1)).collect();
+    let labels: Vec<String> = used.iter().map(|&i| snaps[i].0.clone()).collect();
     let retained: Vec<u64> = lives
         .iter()
         .map(|l| l.values().map(|v| v.bytes).sum())
@@ -192,16 +241,14 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
     let mut sites: Vec<&Site> = lives.iter().flat_map(|l| l.keys()).collect();
     sites.sort();
     sites.dedup();
-    let last = snaps[*order.last().unwrap_or(&0)].1;
-    // Did backward run lately? Look at the last two steps of the last trace.
-    let backward_seen = last.traces.first().is_some_and(|t| {
-        let st = steps::detect(last, 0);
-        let from = st.starts[st.len().saturating_sub(2)];
-        t.events[from..]
-            .iter()
-            .any(|e| e.action == Action::Alloc && is_backward_frame(last, e.stack))
+    let last_index = *order.last().unwrap_or(&0);
+    let last = Analysed::new(snaps[last_index].1);
+    // Did backward run lately? The last two steps of the last trace.
+    let backward_seen = last.traces.iter().any(|t| {
+        let from = t.steps.len().saturating_sub(2);
+        t.backward_in_step[from..].iter().any(|b| *b)
     });
-    let step_span = match (steps[order[0]], steps[*order.last().unwrap_or(&0)]) {
+    let step_span = match (steps[used[0]], steps[*used.last().unwrap_or(&0)]) {
         (Some(a), Some(b)) if b > a => Some(b - a),
         _ => None,
     };
@@ -211,24 +258,25 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
             .iter()
             .map(|l| l.get(site).map_or(0, |v| v.bytes))
             .collect();
-        let Some(mut conf) = judge(&series) else {
+        // Unknown steps: each snapshot interval counts as one step.
+        let span = step_span.unwrap_or((series.len() - 1) as u64);
+        let Some(conf) = judge(&series, span) else {
             continue;
         };
-        if series.len() < 3 {
-            conf = conf.min(Confidence::Medium);
-        }
         let counts: Vec<u64> = lives
             .iter()
             .map(|l| l.get(site).map_or(0, |v| v.count))
             .collect();
+        let conf = replaced_not_kept(conf, &series, &counts);
         let growth = series.last().unwrap_or(&0) - series[0];
-        let per = step_span.unwrap_or((series.len() - 1) as u64).max(1);
+        let per = span.max(1);
         let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
-        let stack = lives
+        let (stack, snap_of_stack) = lives
             .iter()
+            .zip(&used)
             .rev()
-            .find_map(|l| l.get(site))
-            .map_or(0, |v| v.stack);
+            .find_map(|(l, &i)| l.get(site).map(|v| (v.stack, snaps[i].1)))
+            .unwrap_or((0, snaps[last_index].1));
         let traits = Traits {
             backward_seen,
             avg_block: growth / count.max(1),
@@ -238,45 +286,77 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
         leaks.push(Leak {
             site: site.site.clone(),
             function: site.function.clone(),
+            path: site.path.clone(),
             bytes: growth,
             bytes_per_step: growth / per,
             count,
             steps: series.len(),
             confidence: conf,
-            suggestion: suggestion(&site.site, &traits),
+            suggestion: suggestion(&site.display(), &traits),
             evidence: series,
             evidence_labels: labels.clone(),
-            stack: stack_lines(last, stack),
+            stack: stack_lines(snap_of_stack, stack),
             quote: Default::default(),
         });
     }
-    finish("across_snapshots", None, None, retained, leaks)
+    // The last snapshot's trace, step by step, is evidence too: a leak that
+    // the snapshots' spacing hides shows there (and the reverse).
+    let inner = within_analysed(&last);
+    for l in inner.leaks {
+        match leaks
+            .iter_mut()
+            .find(|k| k.site == l.site && k.path == l.path)
+        {
+            // The trace knows which steps ran backward: its advice is the
+            // better one; the snapshots' series spans more of the run.
+            Some(k) if k.confidence >= l.confidence => k.suggestion = l.suggestion,
+            Some(k) => *k = l,
+            None => leaks.push(l),
+        }
+    }
+    let mut report = finish(
+        "across_snapshots",
+        inner.step_method,
+        inner.loop_function,
+        retained,
+        leaks,
+    );
+    report.steps_found = inner.steps_found;
+    report
 }
 
 /// Leaks within the trace of one snapshot, step by step.
 pub fn within_trace(snap: &Snapshot) -> LeakReport {
+    within_analysed(&Analysed::new(snap))
+}
+
+/// [`within_trace`] of an analysed snapshot.
+pub fn within_analysed(an: &Analysed) -> LeakReport {
+    let snap = an.snap;
     let mut leaks = Vec::new();
     let mut retained = Vec::new();
     let mut method = None;
     let mut loop_function = None;
-    let index = SiteIndex::new(snap);
+    let mut steps_found = 0;
     for (ti, trace) in snap.traces.iter().enumerate() {
-        let st = steps::detect(snap, ti);
-        if st.len() < 4 {
-            continue; // too few steps to tell growth from warm-up
+        let facts = &an.traces[ti];
+        let st = &facts.steps;
+        if trace.events.is_empty() {
+            continue;
         }
         method = Some(st.method);
         loop_function = st.loop_function.clone();
-        // Live memory by site at the end of every step.
-        let mut live: HashMap<u64, (u64, StackId)> = HashMap::new();
-        let mut points: Vec<HashMap<Option<u32>, (u64, u64, StackId)>> = Vec::new();
-        let mut backward_in_step = vec![false; st.len()];
+        steps_found = steps_found.max(st.len());
+        // Live tensor bytes by site at the end of every complete step.
+        let mut live: HashMap<u64, (u64, StackId, u32)> = HashMap::new();
+        let mut points: Vec<HashMap<Site, (u64, u64, StackId)>> = Vec::new();
         let mut step = 0;
         let mut next_cut = st.starts.get(1).copied().unwrap_or(usize::MAX);
-        let record = |live: &HashMap<u64, (u64, StackId)>| {
-            let mut agg: HashMap<Option<u32>, (u64, u64, StackId)> = HashMap::new();
-            for &(bytes, stack) in live.values() {
-                let e = agg.entry(index.site(stack)).or_insert((0, 0, stack));
+        let record = |live: &HashMap<u64, (u64, StackId, u32)>| {
+            let mut agg: HashMap<Site, (u64, u64, StackId)> = HashMap::new();
+            for &(bytes, stack, ai) in live.values() {
+                let site = an.block_site(ti, Some(ai), stack);
+                let e = agg.entry(site).or_insert((0, 0, stack));
                 e.0 += bytes;
                 e.1 += 1;
                 // The smallest stack id: the same example whatever the hash order.
@@ -292,12 +372,12 @@ pub fn within_trace(snap: &Snapshot) -> LeakReport {
             }
             match e.action {
                 Action::Alloc => {
-                    // 512-byte rounding: close to the allocator's block sizes,
-                    // and the shape of growth is what matters here.
-                    live.insert(e.addr, (e.size.div_ceil(512).max(1) * 512, e.stack));
-                    if !backward_in_step[step] && is_backward_frame(snap, e.stack) {
-                        backward_in_step[step] = true;
-                    }
+                    // 512-byte rounding: the allocator's block sizes, so a
+                    // site's bytes do not move with unrounded request noise.
+                    live.insert(
+                        e.addr,
+                        (e.size.div_ceil(512).max(1) * 512, e.stack, i as u32),
+                    );
                 }
                 Action::FreeCompleted => {
                     live.remove(&e.addr);
@@ -305,47 +385,72 @@ pub fn within_trace(snap: &Snapshot) -> LeakReport {
                 _ => {}
             }
         }
-        // Points are taken where each step ends and the next begins; the end of
-        // the trace is not one, as it may hold the teardown after the loop.
-        // Skip the first step: what it leaves behind is warm-up.
-        if points.len() < 3 {
+        // The end of the trace is a point only when it closes a step (a
+        // marker or an optimizer step was the last thing); else it may hold
+        // half a step or the teardown after the loop.
+        if st.last_complete && st.len() > points.len() {
+            points.push(record(&live));
+        }
+        // Point 0 is the end of step 1: what step 1 initialised is the baseline.
+        if points.len() < 2 {
             continue;
         }
-        let pts = &points[1..];
-        retained = pts.iter().map(|p| p.values().map(|v| v.0).sum()).collect();
-        let mut keys: Vec<Option<u32>> = pts.iter().flat_map(|p| p.keys().copied()).collect();
-        keys.sort_unstable();
+        retained = points
+            .iter()
+            .map(|p| p.values().map(|v| v.0).sum())
+            .collect();
+        let mut keys: Vec<&Site> = points.iter().flat_map(|p| p.keys()).collect();
+        keys.sort();
         keys.dedup();
         for key in keys {
-            let series: Vec<u64> = pts.iter().map(|p| p.get(&key).map_or(0, |v| v.0)).collect();
-            let Some(conf) = judge(&series) else { continue };
-            let counts: Vec<u64> = pts.iter().map(|p| p.get(&key).map_or(0, |v| v.1)).collect();
-            let stack = pts
+            let series: Vec<u64> = points
+                .iter()
+                .map(|p| p.get(key).map_or(0, |v| v.0))
+                .collect();
+            let intervals = (series.len() - 1) as u64;
+            let Some(conf) = judge(&series, intervals) else {
+                continue;
+            };
+            let counts: Vec<u64> = points
+                .iter()
+                .map(|p| p.get(key).map_or(0, |v| v.1))
+                .collect();
+            let conf = replaced_not_kept(conf, &series, &counts);
+            let stack = points
                 .iter()
                 .rev()
-                .find_map(|p| p.get(&key))
+                .find_map(|p| p.get(key))
                 .map_or(0, |v| v.2);
-            let site = Site::of(snap, &index, stack);
+            // Did backward run in the steps where the site grew?
+            let grew_steps: Vec<usize> = series
+                .windows(2)
+                .enumerate()
+                .filter(|(_, w)| w[1] > w[0])
+                .map(|(k, _)| k + 1)
+                .collect();
+            let backward_seen = grew_steps
+                .iter()
+                .any(|&k| facts.backward_in_step.get(k).copied().unwrap_or(false));
             let growth = series.last().unwrap_or(&0) - series[0];
-            let intervals = (series.len() - 1) as u64;
             let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
             let traits = Traits {
-                backward_seen: backward_in_step[1..].iter().any(|b| *b),
+                backward_seen,
                 avg_block: growth / count.max(1),
                 blocks_per_step: count as f64 / intervals as f64,
-                in_forward: site.function == "forward",
+                in_forward: key.function == "forward",
             };
             leaks.push(Leak {
-                suggestion: suggestion(&site.site, &traits),
-                site: site.site,
-                function: site.function,
+                suggestion: suggestion(&key.display(), &traits),
+                site: key.site.clone(),
+                function: key.function.clone(),
+                path: key.path.clone(),
                 bytes: growth,
                 bytes_per_step: growth / intervals,
                 count,
                 steps: series.len(),
                 confidence: conf,
                 evidence: series,
-                evidence_labels: (2..=pts.len() + 1)
+                evidence_labels: (1..=points.len())
                     .map(|s| format!("after step {s}"))
                     .collect(),
                 stack: stack_lines(snap, stack),
@@ -353,7 +458,19 @@ pub fn within_trace(snap: &Snapshot) -> LeakReport {
             });
         }
     }
-    finish("within_trace", method, loop_function, retained, leaks)
+    let mut report = finish("within_trace", method, loop_function, retained, leaks);
+    report.steps_found = steps_found;
+    if steps_found <= 1 && report.leaks.is_empty() {
+        report.verdict =
+            "No verdict: one step recorded (growth needs at least 3 steps; record more steps, or mark them with memlens.step())"
+                .into();
+    } else if steps_found > 1 && steps_found < 1 + MIN_STEPS as usize && report.leaks.is_empty() {
+        report.verdict = format!(
+            "No verdict: {steps_found} steps recorded (growth needs at least {} after the first)",
+            MIN_STEPS
+        );
+    }
+    report
 }
 
 fn finish(
@@ -363,24 +480,36 @@ fn finish(
     retained_bytes: Vec<u64>,
     mut leaks: Vec<Leak>,
 ) -> LeakReport {
-    leaks.sort_by_key(|l| std::cmp::Reverse((l.confidence, l.bytes)));
+    leaks.sort_by(|a, b| {
+        (b.confidence, b.bytes, &a.site, &a.path).cmp(&(a.confidence, a.bytes, &b.site, &b.path))
+    });
     let verdict = match leaks.first() {
-        Some(l) if l.confidence >= Confidence::Medium => format!(
-            "Leak: {} per step at {} in {} ({} confidence)",
-            crate::units::format_bytes(l.bytes_per_step),
-            l.site,
-            l.function,
-            match l.confidence {
-                Confidence::High => "high",
-                Confidence::Medium => "medium",
-                Confidence::Low => "low",
-            }
-        ),
+        Some(l) if l.confidence >= Confidence::Medium => {
+            let shown = Site {
+                site: l.site.clone(),
+                function: l.function.clone(),
+                user_code: true,
+                path: l.path.clone(),
+                compiled: false,
+                via: None,
+            };
+            format!(
+                "Leak: {} per step at {} ({} confidence)",
+                crate::units::format_bytes(l.bytes_per_step),
+                shown.display(),
+                match l.confidence {
+                    Confidence::High => "high",
+                    Confidence::Medium => "medium",
+                    Confidence::Low => "low",
+                }
+            )
+        }
         _ => "No leak: no site's memory keeps growing".to_string(),
     };
     LeakReport {
         method: method.to_string(),
         step_method,
+        steps_found: 0,
         loop_function,
         retained_bytes,
         leaks,
@@ -406,17 +535,24 @@ mod tests {
     fn judges_growth() {
         let mib = 1 << 20;
         assert_eq!(
-            judge(&[mib, 2 * mib, 3 * mib, 4 * mib]),
+            judge(&[mib, 2 * mib, 3 * mib, 4 * mib], 3),
             Some(Confidence::High)
         );
-        assert_eq!(judge(&[mib, mib, mib]), None, "flat is healthy");
+        assert_eq!(judge(&[mib, mib, mib], 2), None, "flat is healthy");
         assert_eq!(
-            judge(&[mib, 3 * mib, 3 * mib, 3 * mib]),
+            judge(&[mib, 2 * mib, 3 * mib], 2),
+            Some(Confidence::Low),
+            "two steps of growth are not enough"
+        );
+        let creep: Vec<u64> = (0..=30).map(|k| mib + k * (40 << 10)).collect();
+        assert_eq!(judge(&creep, 30), None, "40 KiB a step is rounding noise");
+        assert_eq!(
+            judge(&[mib, 3 * mib, 3 * mib, 3 * mib], 3),
             Some(Confidence::Low),
             "growth that stops"
         );
         assert_eq!(
-            judge(&[5 * mib, 2 * mib, 9 * mib, mib, 7 * mib]),
+            judge(&[5 * mib, 2 * mib, 9 * mib, mib, 7 * mib], 4),
             Some(Confidence::Low)
         );
     }

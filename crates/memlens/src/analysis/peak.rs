@@ -7,13 +7,13 @@
 //! category ([`super::categories`]); the trace is also cut into steps
 //! ([`super::steps`]) with each step's peak and what it left behind.
 
-use super::categories::{
-    classify, cublas_workspaces, event_phases, free_index_of_allocs, Category, Phase, Phases,
-};
-use super::sites::{stack_lines, Site, SiteIndex};
-use super::steps::{self, StepMethod};
+use super::categories::Category;
+use super::sites::{stack_lines, Site};
+use super::steps::StepMethod;
 use crate::replay::{LiveBlock, Replay, ReplayOptions};
-use crate::snapshot::{Snapshot, StackId};
+use crate::snapshot::Snapshot;
+use crate::trace::Analysed;
+pub use crate::trace::BlockClassifier;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
 
@@ -24,6 +24,10 @@ pub struct LiveSite {
     pub site: String,
     /// The function of that line.
     pub function: String,
+    /// The user frames from the entry script down to `site`.
+    pub path: Vec<String>,
+    /// torch.compile's generated code ran inside the site.
+    pub compiled: bool,
     /// The stack of the largest block, innermost first.
     pub stack: Vec<String>,
     /// Bytes (rounded block sizes).
@@ -109,6 +113,8 @@ pub struct PeakReport {
     pub steps: Vec<StepPeak>,
     /// How steps were found.
     pub step_method: StepMethod,
+    /// Number of steps found (1: one step recorded, no growth verdicts).
+    pub step_count: usize,
     /// Every device's peaks.
     pub devices: Vec<DevicePeak>,
     /// Caveats (ring buffer, replay mismatches).
@@ -117,13 +123,19 @@ pub struct PeakReport {
 
 /// Replays every device and reports the peak of the one with the highest.
 pub fn peak(snap: &Snapshot, top: usize) -> PeakReport {
+    peak_analysed(&Analysed::new(snap), top)
+}
+
+/// [`peak`] of an analysed snapshot.
+pub fn peak_analysed(an: &Analysed, top: usize) -> PeakReport {
+    let snap = an.snap;
     let opts = ReplayOptions::default();
     let mut reports: Vec<PeakReport> = snap
         .traces
         .iter()
         .enumerate()
         .filter(|(_, t)| !t.events.is_empty())
-        .map(|(i, _)| peak_of_trace(snap, i, top, &opts))
+        .map(|(i, _)| peak_of_trace(an, i, top, &opts))
         .collect();
     let devices: Vec<DevicePeak> = reports
         .iter()
@@ -155,87 +167,11 @@ fn empty(snap: &Snapshot) -> PeakReport {
         category_detail: Vec::new(),
         steps: Vec::new(),
         step_method: StepMethod::None,
+        step_count: 1,
         devices: Vec::new(),
         warnings: vec![
             "the snapshot has no trace: these are the figures at dump time, not peaks".into(),
         ],
-    }
-}
-
-/// Tells what a block is from its birth and death in one trace: the phase of
-/// its `alloc` event, the phase of its free (or none), and whether it outlived
-/// the step that made it ([`classify`]).
-pub struct BlockClassifier {
-    phases: Phases,
-    ev_phase: Vec<Phase>,
-    free_of: Vec<u32>,
-    step_starts: Vec<usize>,
-    /// `alloc` events that made cuBLAS workspaces, sorted.
-    workspaces: Vec<u32>,
-}
-
-impl BlockClassifier {
-    /// Prepares the classification of blocks of trace `trace` of `snap`, cut
-    /// into `steps`.
-    pub fn new(snap: &Snapshot, trace: usize, steps: &steps::Steps) -> Self {
-        let phases = Phases::new(snap);
-        let ev_phase = event_phases(snap, trace, &phases);
-        let free_of = free_index_of_allocs(snap, trace);
-        let workspaces = cublas_workspaces(snap, trace, &ev_phase, &free_of);
-        BlockClassifier {
-            phases,
-            ev_phase,
-            free_of,
-            step_starts: steps.starts.clone(),
-            workspaces,
-        }
-    }
-
-    /// Whether the `alloc` event `alloc_index` made a cuBLAS workspace.
-    pub fn is_cublas_workspace(&self, alloc_index: Option<u32>) -> bool {
-        alloc_index.is_some_and(|i| self.workspaces.binary_search(&i).is_ok())
-    }
-
-    /// Forgets frees at or after event `end`: blocks are classified as they
-    /// stood then (for an OOM, the frees of the exception's unwinding do not
-    /// make the failing step's activations temporaries).
-    pub fn until(mut self, end: usize) -> Self {
-        for f in self.free_of.iter_mut() {
-            if *f != u32::MAX && *f as usize >= end {
-                *f = u32::MAX;
-            }
-        }
-        self
-    }
-
-    /// The category and birth phase of the block made by the `alloc` event
-    /// `alloc_index` (`None`: a block from before the trace, known by `stack`).
-    pub fn classify(&self, alloc_index: Option<u32>, stack: StackId) -> (Category, Phase) {
-        let phase_at = |i: usize| self.ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
-        if self.is_cublas_workspace(alloc_index) {
-            let birth = alloc_index.map_or(Phase::Unknown, |i| phase_at(i as usize));
-            return (Category::Other, birth);
-        }
-        let step_end = |i: usize| -> usize {
-            let k = self.step_starts.partition_point(|&s| s <= i);
-            self.step_starts.get(k).copied().unwrap_or(usize::MAX)
-        };
-        let (birth, death, outlived) = match alloc_index {
-            Some(ai) => {
-                let ai = ai as usize;
-                let birth = phase_at(ai);
-                match self.free_of.get(ai).copied() {
-                    Some(fi) if fi != u32::MAX => (
-                        birth,
-                        Some(phase_at(fi as usize)),
-                        fi as usize >= step_end(ai),
-                    ),
-                    _ => (birth, None, true),
-                }
-            }
-            None => (self.phases.of(stack), None, true),
-        };
-        (classify(birth, death, outlived), birth)
     }
 }
 
@@ -260,43 +196,33 @@ impl LiveGroups {
     }
 }
 
-/// Groups the blocks `live` (pending frees left out) by allocation site and
-/// category, keeping the `top` largest groups.
+/// Groups the blocks `live` (pending frees left out) of trace `classifier`
+/// by allocation site and category, keeping the `top` largest groups.
 pub fn group_live(
-    snap: &Snapshot,
+    an: &Analysed,
     classifier: &BlockClassifier,
     live: &[LiveBlock],
     top: usize,
 ) -> LiveGroups {
-    let index = SiteIndex::new(snap);
-    let mut groups: HashMap<(Option<u32>, Category, bool), LiveSite> = HashMap::new();
+    let snap = an.snap;
+    let trace = classifier.facts().trace;
+    let mut groups: HashMap<(Site, Category), LiveSite> = HashMap::new();
     let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
     for b in live.iter().filter(|b| !b.pending_free) {
-        let (cat, birth) = classifier.classify(b.alloc_index, b.stack);
-        let workspace = classifier.is_cublas_workspace(b.alloc_index);
-        let key = (index.site(b.stack), cat, workspace);
-        let e = groups.entry(key).or_insert_with(|| {
-            let mut site = Site::of(snap, &index, b.stack);
-            let no_stack = site.site == "<no stack>";
-            if workspace {
-                // Named apart from the site's own tensors, which keep theirs.
-                site.site = if no_stack {
-                    "<cuBLAS workspace: autograd thread, no Python stack>".into()
-                } else {
-                    format!("<cuBLAS workspace: first matmul at {}>", site.site)
-                };
-            } else if no_stack && birth == Phase::Backward {
-                site.site = "<backward pass: autograd thread, no Python stack>".into();
-            }
-            LiveSite {
-                site: site.site,
-                function: site.function,
+        let (cat, _) = classifier.classify(b.alloc_index, b.stack);
+        let site = an.block_site(trace, b.alloc_index, b.stack);
+        let e = groups
+            .entry((site.clone(), cat))
+            .or_insert_with(|| LiveSite {
+                site: site.site.clone(),
+                function: site.function.clone(),
+                path: site.path.clone(),
+                compiled: site.compiled,
                 stack: stack_lines(snap, b.stack),
                 bytes: 0,
                 count: 0,
                 category: cat,
-            }
-        });
+            });
         e.bytes += b.size;
         e.count += 1;
         let c = cats.entry(cat).or_default();
@@ -304,7 +230,7 @@ pub fn group_live(
         c.1 += 1;
     }
     let mut sites: Vec<LiveSite> = groups.into_values().collect();
-    sites.sort_by(|a, b| (b.bytes, &a.site).cmp(&(a.bytes, &b.site)));
+    sites.sort_by(|a, b| (b.bytes, &a.site, &a.path).cmp(&(a.bytes, &b.site, &b.path)));
     let other_sites = sites.len().saturating_sub(top);
     sites.truncate(top);
     LiveGroups {
@@ -330,15 +256,19 @@ pub fn live_at(
     if let Some(i) = event_index {
         r.run_to(i);
     }
-    let classifier = BlockClassifier::new(snap, trace, &steps::detect(snap, trace));
-    let g = group_live(snap, &classifier, &r.live_blocks(), top);
+    let an = Analysed::new(snap);
+    let Some(classifier) = an.classifier(trace) else {
+        return (Vec::new(), BTreeMap::new());
+    };
+    let g = group_live(&an, &classifier, &r.live_blocks(), top);
     let cats = g.category_bytes();
     (g.sites, cats)
 }
 
-fn peak_of_trace(snap: &Snapshot, trace: usize, top: usize, opts: &ReplayOptions) -> PeakReport {
+fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) -> PeakReport {
+    let snap = an.snap;
     let t = &snap.traces[trace];
-    let st = steps::detect(snap, trace);
+    let st = &an.traces[trace].steps;
     // Pass 1: the peaks, and each step's peak and end.
     let mut r = Replay::new(snap, t.device, opts);
     let start = r.totals().all;
@@ -397,12 +327,12 @@ fn peak_of_trace(snap: &Snapshot, trace: usize, top: usize, opts: &ReplayOptions
         }
         None => Replay::new(snap, t.device, opts).live_blocks(),
     };
-    let classifier = BlockClassifier::new(snap, trace, &st);
+    let classifier = an.classifier(trace).map(|c| group_live(an, &c, &live, top));
     let LiveGroups {
         sites,
         other_sites,
         categories: cats,
-    } = group_live(snap, &classifier, &live, top);
+    } = classifier.unwrap_or_default();
     let time = |i: Option<usize>| i.and_then(|i| t.events.get(i)).map(|e| e.time_us);
     PeakReport {
         device: t.device,
@@ -428,6 +358,7 @@ fn peak_of_trace(snap: &Snapshot, trace: usize, top: usize, opts: &ReplayOptions
             })
             .collect(),
         steps: if st.len() > 1 { step_peaks } else { Vec::new() },
+        step_count: st.len(),
         step_method: st.method,
         devices: Vec::new(),
         warnings,

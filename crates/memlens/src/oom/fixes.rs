@@ -12,7 +12,7 @@ use super::cause::Cause;
 use super::whatif::{TemplateKind, WhatIf, WhatIfSpec};
 use crate::analysis::categories::Category;
 use crate::analysis::peak::BlockClassifier;
-use crate::analysis::sites::{Site, SiteIndex};
+use crate::analysis::sites::Site;
 use crate::replay::LiveBlock;
 use crate::sim::AllocatorConfig;
 use crate::snapshot::Snapshot;
@@ -179,7 +179,7 @@ pub fn leftovers(
     let Some(start) = whatif.map(|w| w.model.failing_step_start) else {
         return Vec::new();
     };
-    let index = SiteIndex::new(snap);
+    let index = crate::analysis::sites::SiteIndex::new(snap);
     let mut by_site: std::collections::BTreeMap<(String, Category), Leftover> =
         std::collections::BTreeMap::new();
     for b in live.iter().filter(|b| !b.pending_free) {

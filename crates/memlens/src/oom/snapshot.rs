@@ -14,14 +14,14 @@ use super::fixes::{self, BatchFit, OomFix};
 use super::message::OomMessage;
 use super::whatif::{StepModel, WhatIf, WhatIfSpec};
 use crate::analysis::categories::Category;
-use crate::analysis::peak::{group_live, BlockClassifier, LiveSite};
-use crate::analysis::sites::{stack_lines, Site, SiteIndex};
-use crate::analysis::steps;
+use crate::analysis::peak::{group_live, LiveSite};
+use crate::analysis::sites::{stack_lines, Site};
 use crate::replay::{Replay, ReplayOptions};
 use crate::sim::allocator::BlockStatus;
 use crate::sim::rounding::{allocation_size, is_small};
 use crate::sim::{AllocatorConfig, SegmentView};
 use crate::snapshot::{Action, Snapshot};
+use crate::trace::Analysed;
 use crate::units::format_bytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -386,9 +386,12 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     );
 
     // What was live.
-    let steps = steps::detect(snap, trace);
-    let classifier = BlockClassifier::new(snap, trace, &steps).until(k);
-    let groups = group_live(snap, &classifier, &st.live, opts.top);
+    let an = Analysed::new(snap);
+    let Some(classifier) = an.classifier(trace) else {
+        return Ok(None);
+    };
+    let classifier = classifier.until(k);
+    let groups = group_live(&an, &classifier, &st.live, opts.top);
     let mut category_detail: Vec<CategoryBytes> = groups
         .categories
         .iter()
@@ -399,8 +402,7 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
         })
         .collect();
     category_detail.sort_by_key(|b| std::cmp::Reverse(b.bytes));
-    let index = SiteIndex::new(snap);
-    let site = Site::of(snap, &index, oom.stack);
+    let site = an.sites.describe(oom.stack);
 
     let facts = Facts {
         request,
@@ -429,7 +431,7 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     }
 
     // Predictions.
-    let whatif = WhatIf::new(snap, trace, k);
+    let whatif = WhatIf::new(&an, trace, k);
     let leftovers = fixes::leftovers(snap, &classifier, &st.live, whatif.as_ref());
     let autocast = uses_autocast(snap);
     let ctx = fixes::Context {
@@ -843,7 +845,7 @@ pub fn simulate_what_if(
         .iter()
         .position(|t| t.device == report.device)
         .ok_or_else(|| crate::Error::usage(format!("no trace for device {}", report.device)))?;
-    let w = WhatIf::new(snap, trace, report.event_index).ok_or_else(|| {
+    let w = WhatIf::new(&Analysed::new(snap), trace, report.event_index).ok_or_else(|| {
         crate::Error::usage(format!(
             "event {} of device {} is not an OOM this snapshot can model",
             report.event_index, report.device

@@ -19,11 +19,12 @@
 
 use crate::analysis::categories::{Category, Phase};
 use crate::analysis::peak::BlockClassifier;
-use crate::analysis::steps::{self, Steps};
+use crate::analysis::steps::Steps;
 use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
 use crate::replay::{initial, release_runs, ReleaseCause, ReplayOptions};
 use crate::sim::AllocatorConfig;
 use crate::snapshot::{Action, DeviceTrace, Snapshot, TraceEvent};
+use crate::trace::Analysed;
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
 
@@ -134,16 +135,17 @@ pub struct WhatIf {
 impl WhatIf {
     /// Builds the model of the step in which the `oom` event `oom_index` of
     /// trace `trace` happened.
-    pub fn new(snap: &Snapshot, trace: usize, oom_index: usize) -> Option<WhatIf> {
+    pub fn new(an: &Analysed, trace: usize, oom_index: usize) -> Option<WhatIf> {
+        let snap = an.snap;
         let t = snap.traces.get(trace)?;
         let oom = *t.events.get(oom_index)?;
-        let steps = steps::detect(snap, trace);
+        let steps = &an.trace(trace)?.steps;
         let f = steps
             .starts
             .partition_point(|&s| s <= oom_index)
             .checked_sub(1)?;
         let start = steps.starts.get(f).copied()?;
-        let classifier = BlockClassifier::new(snap, trace, &steps);
+        let classifier = an.classifier(trace)?;
         // Where the program called empty_cache(), judged on the recorded run.
         let empty_cache_at: HashSet<usize> =
             release_runs(snap, t.device, &ReplayOptions::default())
@@ -157,7 +159,7 @@ impl WhatIf {
                 .into_iter()
                 .map(|(_, e)| e),
         );
-        let built = from_previous_step(t, &steps, f, oom_index, &classifier, &empty_cache_at)
+        let built = from_previous_step(t, steps, f, oom_index, &classifier, &empty_cache_at)
             .unwrap_or_else(|| {
                 failing_step_only(t, start, oom_index, oom, &classifier, &empty_cache_at)
             });

@@ -1,0 +1,216 @@
+//! The analysed trace: each snapshot is read once into the facts every
+//! analysis needs, and every analysis (peak, leaks, diff, categories, oom,
+//! the report, doctor) borrows them instead of walking the trace again.
+//!
+//! For each device trace: the phase of every event, each `alloc`'s free, the
+//! cuBLAS workspaces, the steps and how they were found, which steps ran a
+//! backward pass. For the snapshot: the site of every stack (one frame
+//! rulebook, [`crate::frames`]) and the phase of every stack.
+
+use crate::analysis::categories::{
+    classify, cublas_workspaces, event_phases, free_index_of_allocs, Category, Phase, Phases,
+};
+use crate::analysis::sites::{Site, SiteIndex, BACKWARD_PASS, BEFORE_RECORDING, NO_STACK};
+use crate::analysis::steps::{self, Steps};
+use crate::snapshot::{Action, Snapshot, StackId};
+
+/// The facts of one device trace.
+#[derive(Clone, Debug)]
+pub struct TraceFacts {
+    /// Index of the trace in [`Snapshot::traces`].
+    pub trace: usize,
+    /// Its device.
+    pub device: u32,
+    /// The phase of every event.
+    pub ev_phase: Vec<Phase>,
+    /// For every `alloc` event, the index of its free (`u32::MAX`: never).
+    pub free_of: Vec<u32>,
+    /// `alloc` events that made cuBLAS workspaces, sorted.
+    pub workspaces: Vec<u32>,
+    /// The steps, and how they were found.
+    pub steps: Steps,
+    /// For each step: whether a backward pass ran in it.
+    pub backward_in_step: Vec<bool>,
+}
+
+/// A snapshot with its analysis done once.
+pub struct Analysed<'s> {
+    /// The snapshot.
+    pub snap: &'s Snapshot,
+    /// The site of every stack.
+    pub sites: SiteIndex,
+    /// The phase of every stack.
+    pub phases: Phases,
+    /// One entry per device trace, in [`Snapshot::traces`] order.
+    pub traces: Vec<TraceFacts>,
+}
+
+impl<'s> Analysed<'s> {
+    /// Analyses `snap`: one pass over each trace for phases, frees and steps.
+    pub fn new(snap: &'s Snapshot) -> Analysed<'s> {
+        let sites = SiteIndex::new(snap);
+        let phases = Phases::new(snap);
+        let traces = (0..snap.traces.len())
+            .map(|t| TraceFacts::new(snap, t, &phases))
+            .collect();
+        Analysed {
+            snap,
+            sites,
+            phases,
+            traces,
+        }
+    }
+
+    /// The facts of trace `trace`.
+    pub fn trace(&self, trace: usize) -> Option<&TraceFacts> {
+        self.traces.get(trace)
+    }
+
+    /// A classifier of the blocks of trace `trace` (`None` past the traces).
+    pub fn classifier(&self, trace: usize) -> Option<BlockClassifier<'_>> {
+        Some(BlockClassifier {
+            facts: self.traces.get(trace)?,
+            phases: &self.phases,
+            until: usize::MAX,
+        })
+    }
+
+    /// The site of a block as users see it: its stack's site, or the
+    /// pseudo-site its history gives when the stack names none (a cuBLAS
+    /// workspace, the autograd thread, a block from before recording).
+    pub fn block_site(&self, trace: usize, alloc_index: Option<u32>, stack: StackId) -> Site {
+        let mut site = self.sites.describe(stack);
+        let facts = self.traces.get(trace);
+        let workspace = facts.is_some_and(|f| f.is_cublas_workspace(alloc_index));
+        if workspace {
+            site = Site::pseudo(&if site.user_code {
+                format!("<cuBLAS workspace: first matmul at {}>", site.site)
+            } else {
+                "<cuBLAS workspace: autograd thread>".to_string()
+            });
+        } else if site.site == NO_STACK {
+            let birth = match (alloc_index, facts) {
+                (Some(i), Some(f)) => f.ev_phase.get(i as usize).copied(),
+                _ => None,
+            };
+            if alloc_index.is_none() {
+                site = Site::pseudo(BEFORE_RECORDING);
+            } else if birth == Some(Phase::Backward) {
+                site = Site::pseudo(BACKWARD_PASS);
+            }
+        }
+        site
+    }
+}
+
+impl TraceFacts {
+    fn new(snap: &Snapshot, trace: usize, phases: &Phases) -> TraceFacts {
+        let ev_phase = event_phases(snap, trace, phases);
+        let free_of = free_index_of_allocs(snap, trace);
+        let workspaces = cublas_workspaces(snap, trace, &ev_phase, &free_of);
+        let steps = steps::detect(snap, trace, &ev_phase);
+        let mut backward_in_step = vec![false; steps.len()];
+        let events = &snap.traces[trace].events;
+        for (i, (e, p)) in events.iter().zip(&ev_phase).enumerate() {
+            if *p == Phase::Backward && e.action == Action::Alloc {
+                let s = steps.step_of(i);
+                if let Some(b) = backward_in_step.get_mut(s) {
+                    *b = true;
+                }
+            }
+        }
+        TraceFacts {
+            trace,
+            device: snap.traces[trace].device,
+            ev_phase,
+            free_of,
+            workspaces,
+            steps,
+            backward_in_step,
+        }
+    }
+
+    /// Whether the `alloc` event `alloc_index` made a cuBLAS workspace.
+    pub fn is_cublas_workspace(&self, alloc_index: Option<u32>) -> bool {
+        alloc_index.is_some_and(|i| self.workspaces.binary_search(&i).is_ok())
+    }
+
+    /// Whether any backward pass ran in the trace.
+    pub fn backward_seen(&self) -> bool {
+        self.backward_in_step.iter().any(|b| *b)
+    }
+}
+
+/// Tells what a block is from its birth and death in one trace: the phase of
+/// its `alloc` event, the phase of its free (or none), and whether it outlived
+/// the step that made it ([`classify`]).
+#[derive(Clone, Copy)]
+pub struct BlockClassifier<'a> {
+    facts: &'a TraceFacts,
+    phases: &'a Phases,
+    /// Frees at or after this event are forgotten.
+    until: usize,
+}
+
+impl<'a> BlockClassifier<'a> {
+    /// Forgets frees at or after event `end`: blocks are classified as they
+    /// stood then (for an OOM, the frees of the exception's unwinding do not
+    /// make the failing step's activations temporaries).
+    pub fn until(mut self, end: usize) -> Self {
+        self.until = end;
+        self
+    }
+
+    /// The trace's facts.
+    pub fn facts(&self) -> &'a TraceFacts {
+        self.facts
+    }
+
+    /// Whether the `alloc` event `alloc_index` made a cuBLAS workspace.
+    pub fn is_cublas_workspace(&self, alloc_index: Option<u32>) -> bool {
+        self.facts.is_cublas_workspace(alloc_index)
+    }
+
+    /// The event index that frees the block made by `alloc_index`, if it is
+    /// freed (before the `until` bound).
+    pub fn free_of(&self, alloc_index: usize) -> Option<usize> {
+        self.facts
+            .free_of
+            .get(alloc_index)
+            .map(|&f| f as usize)
+            .filter(|&f| f != u32::MAX as usize && f < self.until)
+    }
+
+    /// The category and birth phase of the block made by the `alloc` event
+    /// `alloc_index` (`None`: a block from before the trace, known by `stack`).
+    pub fn classify(&self, alloc_index: Option<u32>, stack: StackId) -> (Category, Phase) {
+        let phase_at = |i: usize| {
+            self.facts
+                .ev_phase
+                .get(i)
+                .copied()
+                .unwrap_or(Phase::Unknown)
+        };
+        if self.is_cublas_workspace(alloc_index) {
+            let birth = alloc_index.map_or(Phase::Unknown, |i| phase_at(i as usize));
+            return (Category::Other, birth);
+        }
+        let starts = &self.facts.steps.starts;
+        let step_end = |i: usize| -> usize {
+            let k = starts.partition_point(|&s| s <= i);
+            starts.get(k).copied().unwrap_or(usize::MAX)
+        };
+        let (birth, death, outlived) = match alloc_index {
+            Some(ai) => {
+                let ai = ai as usize;
+                let birth = phase_at(ai);
+                match self.free_of(ai) {
+                    Some(fi) => (birth, Some(phase_at(fi)), fi >= step_end(ai)),
+                    None => (birth, None, true),
+                }
+            }
+            None => (self.phases.of(stack), None, true),
+        };
+        (classify(birth, death, outlived), birth)
+    }
+}

@@ -1,0 +1,124 @@
+"""Builds the legacy-format snapshots of the corpus from two recorded ones.
+
+    python3 tests/corpus/gen/legacy.py tests/corpus
+
+PyTorch ~1.13-2.0 wrote a snapshot in the "legacy form" (../shared/docs/
+pytorch-memory-internals.md, section 1.4): each block is {size, state,
+history?} where history is a list of {addr, real_size, frames}; segments have
+no requested_size, frames, segment_pool_id or is_expandable; there is no
+allocator_settings. `_record_memory_history(True)` kept a trace of
+trace_alloc_max_entries=1 entries, so the trace holds only the `snapshot`
+action that the dump itself recorded; `torch.cuda.memory_snapshot()` returned a
+bare list of segments. No torch of that age runs on the H100 machine, so these
+are converted from recorded snapshots, by the rules of that section, keeping
+every block, size, state and stack:
+
+* legacy_kept_logits.pickle.zst, from leak_kept_logits.pickle.zst (final):
+  {segments (legacy form), device_traces: [[one `snapshot` entry]]};
+* legacy_forward_only_list.pickle.zst, from forward_only.pickle.zst: a bare list
+  of legacy segments.
+
+Ground truth (NAME.truth.json) is recomputed from the converted blocks and
+checked against the source recording's memory_stats.
+"""
+import json
+import os
+import pickle
+import subprocess
+import sys
+from collections import defaultdict
+
+USER = "/home/user/proj/"
+
+
+def load_zst(path):
+    return pickle.loads(subprocess.run(["zstd", "-dc", path], capture_output=True, check=True).stdout)
+
+
+def legacy_segment(seg):
+    blocks = []
+    addr = seg["address"]
+    for b in seg["blocks"]:
+        blk = {"size": b["size"], "state": b["state"]}
+        if b["state"] != "inactive":
+            # The current allocation of an active block; frames as recorded.
+            blk["history"] = [{"addr": addr, "real_size": b.get("requested_size", b["size"]),
+                               "frames": b.get("frames", [])}]
+        blocks.append(blk)
+        addr += b["size"]
+    keep = ["device", "address", "total_size", "allocated_size", "active_size", "stream", "segment_type"]
+    return {**{k: seg[k] for k in keep}, "blocks": blocks}
+
+
+def user_line(frames):
+    for f in frames:
+        if f["filename"].startswith(USER):
+            return f"{f['filename']}:{f['line']}"
+    return "<no user frame>"
+
+
+def truth_of(name, source, segments, stats, what):
+    allocated = sum(b["size"] for s in segments for b in s["blocks"] if b["state"] == "active_allocated")
+    reserved = sum(s["total_size"] for s in segments)
+    assert allocated == stats["allocated_bytes.all.current"], (name, allocated, stats)
+    assert reserved == stats["reserved_bytes.all.current"], (name, reserved, stats)
+    by_site = defaultdict(lambda: [0, 0])
+    for s in segments:
+        for b in s["blocks"]:
+            if b["state"] == "active_allocated":
+                site = user_line(b["history"][0]["frames"])
+                by_site[site][0] += b["size"]
+                by_site[site][1] += 1
+    top = sorted(by_site.items(), key=lambda kv: -kv[1][0])[:3]
+    return {
+        "name": name,
+        "description": what,
+        "derived_from": source,
+        "recording": {"call": "legacy form, converted by gen/legacy.py", "stacks": "python"},
+        "files": [f"{name}.pickle"],
+        "memory_stats": {k: stats[k] for k in ("allocated_bytes.all.current", "reserved_bytes.all.current",
+                                               "segment.all.current")},
+        "note": "no trace to replay: peaks are unknown; only the state at the dump is ground truth",
+        "allocated_by_user_line": [{"site": s, "bytes": v[0], "count": v[1]} for s, v in top],
+        "steps": None,
+        "backward": None,
+        "clean": None,
+    }
+
+
+def main():
+    d = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    # 1. The kept-logits leak, final snapshot, as torch 2.0 would write it.
+    src = load_zst(os.path.join(d, "leak_kept_logits.pickle.zst"))
+    stats = json.load(open(os.path.join(d, "leak_kept_logits.truth.json")))["memory_stats"]
+    segs = [legacy_segment(s) for s in src["segments"]]
+    total_active = sum(s["active_size"] for s in segs)
+    snap = {"segments": segs, "device_traces": [[{"action": "snapshot", "addr": 0, "size": total_active, "stream": 0}]]}
+    name = "legacy_kept_logits"
+    truth = truth_of(name, "leak_kept_logits.pickle.zst", segs, stats,
+                     "Legacy form (torch ~2.0): per-block history stacks, a trace with only the `snapshot` action; "
+                     "the kept-logits leak after 8 steps. Stacks exist (in history): no '<no stack>'.")
+    truth["leak"] = {"planted_line": json.load(open(os.path.join(d, "leak_kept_logits.truth.json")))["leak"]["planted_line"],
+                     "note": "one snapshot and no trace: no growth to measure; the kept logits are the largest holder"}
+    write(d, name, snap, truth)
+    # 2. Inference forward, as a bare list of legacy segments.
+    src = load_zst(os.path.join(d, "forward_only.pickle.zst"))
+    stats = json.load(open(os.path.join(d, "forward_only.truth.json")))["memory_stats"]
+    segs = [legacy_segment(s) for s in src["segments"]]
+    name = "legacy_forward_only_list"
+    truth = truth_of(name, "forward_only.pickle.zst", segs, stats,
+                     "Legacy bare list of segments (torch.cuda.memory_snapshot() of torch <= 2.0) with per-block "
+                     "history stacks: the 24-block inference model's weights and its logits.")
+    write(d, name, segs, truth)
+
+
+def write(d, name, obj, truth):
+    raw = pickle.dumps(obj, protocol=2)  # what torch of that age wrote
+    subprocess.run(["zstd", "-q", "-19", "-f", "-o", os.path.join(d, f"{name}.pickle.zst")], input=raw, check=True)
+    with open(os.path.join(d, f"{name}.truth.json"), "w") as f:
+        json.dump(truth, f, indent=1)
+    print(name, len(raw), truth["allocated_by_user_line"][:2])
+
+
+if __name__ == "__main__":
+    main()
