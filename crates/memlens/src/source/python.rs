@@ -23,6 +23,11 @@ pub(super) struct KeptAt {
 /// Methods that put their argument into a container.
 const CONTAINER_METHODS: &[&str] = &[".append(", ".extend(", ".insert(", ".add(", ".appendleft("];
 
+/// Words in a function's name that say it evaluates (no backward wanted).
+const EVAL_WORDS: &[&str] = &[
+    "eval", "valid", "val_", "test", "predict", "infer", "generate",
+];
+
 /// Calls after which the kept value no longer holds the tensor's graph (or the
 /// tensor at all).
 const SAFE_CALLS: &[&str] = &[
@@ -144,10 +149,16 @@ impl Function {
             .collect()
     }
 
-    /// Whether the function runs backward or turns autograd off itself: when it
-    /// does neither, it is evaluation code that should run under no_grad.
+    /// Whether this is evaluation code that should run under no_grad: its name
+    /// says evaluation, and it neither runs backward nor turns autograd off.
+    /// (A training `compute_loss` or `forward` runs no backward either: the
+    /// caller does, so the name must say evaluation.)
     fn needs_no_grad(&self, lines: &[String]) -> bool {
-        if self.name.as_deref() == Some("forward") || self.name.is_none() {
+        let Some(name) = self.name.as_deref() else {
+            return false;
+        };
+        let name = name.to_ascii_lowercase();
+        if !EVAL_WORDS.iter().any(|w| name.contains(w)) {
             return false;
         }
         // Strings are left out: a message naming `torch.no_grad()` is not a use.
@@ -571,6 +582,20 @@ class Pyramid:
         let k = keeper(src, 4).unwrap();
         assert_eq!((k.index, k.pattern), (4, KeepPattern::Append));
         assert_eq!(k.replacement, "self.features.append(x.detach())");
+        assert!(!k.fix.contains("no_grad"), "{}", k.fix);
+    }
+
+    #[test]
+    fn no_no_grad_advice_for_a_training_compute_loss() {
+        let src = "\
+class T(Trainer):
+    def compute_loss(self, model, inputs):
+        outputs = model(**inputs)
+        KEPT.append(outputs.logits)
+        return outputs.loss
+";
+        let k = keeper(src, 3).unwrap();
+        assert_eq!(k.replacement, "KEPT.append(outputs.logits.detach().cpu())");
         assert!(!k.fix.contains("no_grad"), "{}", k.fix);
     }
 
