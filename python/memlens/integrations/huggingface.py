@@ -73,7 +73,7 @@ class MemlensCallback(TrainerCallback):
         return self.session.snapshots
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.session.begin(str(args.output_dir))
+        self.session.begin(str(getattr(args, "output_dir", None) or "."))
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.session.step()

@@ -77,7 +77,7 @@ class MemlensCallback(Callback):
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         self._global_step = int(trainer.global_step)
-        self.session.begin(str(trainer.default_root_dir))
+        self.session.begin(str(getattr(trainer, "default_root_dir", None) or "."))
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         # global_step counts optimizer steps: a batch that only accumulated
