@@ -59,7 +59,10 @@ pub static ANALYSES: &[Analysis] = &[
         run: |s, _| {
             let named: Vec<(String, &Snapshot)> =
                 s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
-            doc(&analysis::leaks::find(&named))
+            let mut report = analysis::leaks::find(&named);
+            // The same quotes as `memlens leaks` (roots from MEMLENS_SOURCE_ROOT).
+            memlens::source::SourceFinder::with_env(Vec::new()).annotate_leaks(&mut report);
+            doc(&report)
         },
     },
     Analysis {
@@ -117,6 +120,7 @@ pub static ANALYSES: &[Analysis] = &[
                 s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
             let opts = memlens::doctor::DoctorOptions {
                 device_memory: device_memory(o)?,
+                ..Default::default()
             };
             let path = o.string("path")?.map(std::path::PathBuf::from);
             doc(&render::documents::doctor_doc(

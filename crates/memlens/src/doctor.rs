@@ -47,6 +47,11 @@ pub struct Finding {
     pub evidence: Vec<String>,
     /// The stack of the site, innermost first.
     pub stack: Vec<String>,
+    /// The site's line (and for a leak the line keeping it alive) when the
+    /// source is readable (`source` and `keeper` in JSON); filled by
+    /// [`crate::source::SourceFinder::annotate_findings`].
+    #[serde(flatten)]
+    pub quote: crate::source::SourceQuote,
 }
 
 /// What `doctor` can be told about the device.
@@ -54,6 +59,9 @@ pub struct Finding {
 pub struct DoctorOptions {
     /// Total memory of the GPU, for OOM predictions in `tune`.
     pub device_memory: Option<u64>,
+    /// Where to look for the user's source files when the frames' own paths
+    /// are not readable here (with `MEMLENS_SOURCE_ROOT`), to quote lines.
+    pub source_roots: Vec<std::path::PathBuf>,
 }
 
 /// The whole diagnosis.
@@ -128,6 +136,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 }
             )],
             stack: l.stack.clone(),
+            quote: Default::default(),
         });
     }
 
@@ -188,6 +197,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 .as_ref()
                 .map(|r| r.stack.clone())
                 .unwrap_or_default(),
+            quote: Default::default(),
         });
     }
 
@@ -240,6 +250,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 format_bytes(summary.largest_free_block_bytes)
             )],
             stack: Vec::new(),
+            quote: Default::default(),
         });
     }
 
@@ -275,6 +286,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 .collect::<Vec<_>>()
                 .join(", ")],
             stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
+            quote: Default::default(),
         });
     }
 
@@ -289,6 +301,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             suggestion: None,
             evidence: Vec::new(),
             stack: Vec::new(),
+            quote: Default::default(),
         });
     }
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));

@@ -17,7 +17,8 @@
 //! * [`analysis`] holds the analyses (summary, peak, diff, leaks, ...), each a pure
 //!   function returning a plain data struct.
 //! * [`doctor`] composes the analyses, the OOM explainer and `tune` into findings.
-//! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities.
+//! * [`oom`], [`estimate`], [`live`] and [`report`] are the other capabilities;
+//!   [`source`] quotes the user's lines in findings.
 //! * [`render`] owns every result document (the `memlens/1` envelope) and the
 //!   text a person reads; the CLI and the Python binding only print them.
 
@@ -36,6 +37,7 @@ pub mod replay;
 pub mod report;
 pub mod sim;
 pub mod snapshot;
+pub mod source;
 pub mod trace;
 pub mod units;
 

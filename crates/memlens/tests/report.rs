@@ -61,6 +61,7 @@ fn sample() -> ReportData {
             suggestion: Some("wrap evaluation in torch.no_grad()".into()),
             evidence: vec!["+100 MiB per step".into()],
             stack: stack.clone(),
+            quote: Default::default(),
         }],
         timeline: Some(tb.finish()),
         flame: Some(flame.finish()),

@@ -32,6 +32,10 @@ pub struct Args {
     /// Print the JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Where to look for the source files the frames name, when their own
+    /// paths are not readable here (repeatable; also MEMLENS_SOURCE_ROOT).
+    #[arg(long, value_name = "DIR")]
+    pub source_root: Vec<PathBuf>,
 }
 
 fn parse_device_memory(s: &str) -> Result<u64, String> {
@@ -63,6 +67,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     pb.set_message("replaying and diagnosing");
     let opts = DoctorOptions {
         device_memory: args.device_memory,
+        source_roots: args.source_root,
     };
     let report = (!args.no_report).then_some(args.output.as_path());
     let doc = doctor_doc(&super::named(&snaps), &opts, report)?;

@@ -3,6 +3,7 @@
 use crate::output;
 use memlens::analysis::leaks::find;
 use memlens::render;
+use memlens::source::SourceFinder;
 use std::path::PathBuf;
 
 /// Arguments of `memlens leaks`.
@@ -20,12 +21,17 @@ pub struct Args {
     /// Print the JSON document.
     #[arg(long)]
     pub json: bool,
+    /// Where to look for the source files the frames name, when their own
+    /// paths are not readable here (repeatable; also MEMLENS_SOURCE_ROOT).
+    #[arg(long, value_name = "DIR")]
+    pub source_root: Vec<PathBuf>,
 }
 
 /// Runs `memlens leaks`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snaps = super::load_all(&args.snapshots)?;
-    let report = find(&super::named(&snaps));
+    let mut report = find(&super::named(&snaps));
+    SourceFinder::with_env(args.source_root).annotate_leaks(&mut report);
     output::print(&report, args.json, render::leaks::text)?;
     Ok(if args.fail_on_leak && report.has_high_confidence() {
         output::CHECK_FAILED

@@ -37,6 +37,15 @@ pub struct Args {
     /// Print JSON: one document with --once, else one JSON line per sample.
     #[arg(long)]
     json: bool,
+    /// With --once: `openmetrics` prints the sample as OpenMetrics text (what
+    /// Prometheus scrapes) instead of the table.
+    #[arg(long, value_name = "FORMAT", value_parser = ["text", "openmetrics"], default_value = "text")]
+    format: String,
+    /// Serve OpenMetrics at http://ADDR/metrics (e.g. 127.0.0.1:9400) for
+    /// Prometheus: each scrape takes a fresh sample. With --count N, stop
+    /// after N scrapes.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["once", "json", "no_ui"])]
+    serve: Option<String>,
     /// Append every sample to FILE: JSON lines when it ends in .jsonl, CSV when .csv.
     #[arg(long, value_name = "FILE")]
     record: Option<PathBuf>,
@@ -94,7 +103,11 @@ fn parse_seconds(text: &str) -> Result<f64, String> {
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let cfg = model_config(&args)?;
     let source = open_source(&args)?;
-    let ui = !args.once && !args.no_ui && !args.json && std::io::stdout().is_terminal();
+    let ui = !args.once
+        && !args.no_ui
+        && !args.json
+        && args.serve.is_none()
+        && std::io::stdout().is_terminal();
     let sampler = match &args.fake_source {
         // A fake source's PIDs hold no GPU device: trust them as they are.
         Some(_) => {
@@ -115,8 +128,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         runner: args.on_alert.clone().map(|cmd| AlertRunner::new(cmd, ui)),
     };
     let interval = Duration::from_secs_f64(args.interval);
+    if let Some(addr) = &args.serve {
+        return serve(&mut engine, addr, args.count);
+    }
     if args.once {
-        return once(&mut engine, args.json);
+        return once(&mut engine, args.json, args.format == "openmetrics");
     }
     if ui {
         tui::run(&mut engine, interval, args.count).context("terminal UI")?;
@@ -223,17 +239,43 @@ impl tui::Ticker for Engine {
     }
 }
 
-fn once(engine: &mut Engine, json: bool) -> anyhow::Result<u8> {
+fn once(engine: &mut Engine, json: bool, openmetrics: bool) -> anyhow::Result<u8> {
     engine.step()?;
     engine.finish();
     let Some(sample) = engine.latest() else {
         return Ok(output::OK);
     };
-    if json {
+    if openmetrics {
+        output::print_text(&memlens::live::openmetrics::render(sample))?;
+    } else if json {
         output::print_json(sample)?;
     } else {
         output::print_text(&table(sample))?;
     }
+    Ok(output::OK)
+}
+
+/// `--serve`: a fresh sample at each scrape of /metrics.
+fn serve(engine: &mut Engine, addr: &str, count: Option<u64>) -> anyhow::Result<u8> {
+    let server = memlens::live::serve::MetricsServer::bind(addr)?;
+    // The bound address first (port 0 picks one), for people and scripts.
+    let url = format!("http://{}/metrics\n", server.local_addr()?);
+    emit(&format!("memlens top: serving OpenMetrics at {url}"));
+    let mut scrapes = 0u64;
+    server.serve(
+        || {
+            engine.step()?;
+            Ok(engine
+                .latest()
+                .map(memlens::live::openmetrics::render)
+                .unwrap_or_default())
+        },
+        || {
+            scrapes += 1;
+            count.is_none_or(|c| scrapes < c)
+        },
+    )?;
+    engine.finish();
     Ok(output::OK)
 }
 

@@ -73,6 +73,14 @@
     if (m) return m[1];
     return b.length > 16 ? '…' + b.slice(-15) : b;
   }
+  function sourceBlock(line, label) {
+    var num = String(line.line);
+    while (num.length < 5) num = ' ' + num;
+    return el('div', { class: 'source' }, [
+      el('div', { class: 'muted small', text: label + ' ' + line.path + ':' + line.line }),
+      el('div', { class: 'stack', text: num + ' | ' + line.text })
+    ]);
+  }
   function stackBlock(stack) {
     return el('div', { class: 'stack', text: stack.join('\n') });
   }
@@ -152,6 +160,12 @@
       var card = el('div', { class: 'finding ' + sev }, [head]);
       if (f.site) card.appendChild(el('div', { class: 'site muted' }, ['at ', el('code', { text: f.site })]));
       if (f.suggestion) card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Fix: ' }), richText(f.suggestion)]));
+      // The user's own lines, when memlens could read the source (--source-root).
+      if (f.source) card.appendChild(sourceBlock(f.source, 'allocated at'));
+      if (f.keeper) {
+        card.appendChild(sourceBlock(f.keeper.line, 'kept alive by (the line to change)'));
+        card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Change it: ' }), richText(f.keeper.fix)]));
+      }
       if (f.evidence && f.evidence.length) {
         card.appendChild(el('ul', { class: 'small' }, f.evidence.map(function (e) { return el('li', { text: e }); })));
       }

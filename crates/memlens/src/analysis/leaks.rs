@@ -63,6 +63,11 @@ pub struct Leak {
     pub evidence_labels: Vec<String>,
     /// An example stack of the growing allocations, innermost first.
     pub stack: Vec<String>,
+    /// The allocating line and the line keeping the tensors alive, when the
+    /// source is readable (`source` and `keeper` in JSON); filled by
+    /// [`crate::source::SourceFinder::annotate_leaks`].
+    #[serde(flatten)]
+    pub quote: crate::source::SourceQuote,
 }
 
 /// The result of a leak search.
@@ -82,6 +87,21 @@ pub struct LeakReport {
     pub leaks: Vec<Leak>,
     /// One line for people: the leak and where, or that none was found.
     pub verdict: String,
+}
+
+impl Leak {
+    /// `caller -> site in function`, as every command shows a site.
+    pub fn display(&self) -> String {
+        Site {
+            site: self.site.clone(),
+            function: self.function.clone(),
+            user_code: true,
+            path: self.path.clone(),
+            compiled: false,
+            via: None,
+        }
+        .display()
+    }
 }
 
 impl LeakReport {
@@ -291,6 +311,7 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
             evidence: series,
             evidence_labels: labels.clone(),
             stack: stack_lines(snap_of_stack, stack),
+            quote: Default::default(),
         });
     }
     // The last snapshot's trace, step by step, is evidence too: a leak that
@@ -441,6 +462,7 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
                     .map(|s| format!("after step {s}"))
                     .collect(),
                 stack: stack_lines(snap, stack),
+                quote: Default::default(),
             });
         }
     }

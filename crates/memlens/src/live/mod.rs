@@ -19,16 +19,20 @@
 //! * [`history`], [`alerts`], [`model`]: the sample history, growth and
 //!   near-full detection, and the edge-triggered alert state.
 //! * [`record`]: appends samples to a JSONL or CSV history file.
+//! * [`openmetrics`], [`serve`]: a sample as OpenMetrics text, and the tiny
+//!   HTTP server of `memlens top --serve` that Prometheus scrapes.
 
 pub mod alerts;
 pub mod history;
 pub mod model;
 #[cfg(feature = "nvml")]
 pub mod nvml;
+pub mod openmetrics;
 pub mod procfs;
 pub mod publication;
 pub mod record;
 pub mod sample;
+pub mod serve;
 pub mod source;
 
 pub use alerts::{AboveRule, Alert, AlertKind, GrowthRule};

@@ -36,6 +36,7 @@ pub fn text(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
         if let Some(fix) = &f.suggestion {
             push_wrapped(&mut o, "   fix: ", "        ", fix);
         }
+        o.push_str(&f.quote.render("   "));
         if verbose {
             for e in &f.evidence {
                 push_wrapped(&mut o, "   ", "     ", e);

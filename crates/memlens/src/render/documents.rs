@@ -133,7 +133,10 @@ pub fn doctor_doc(
     opts: &DoctorOptions,
     report: Option<&Path>,
 ) -> Result<DoctorDoc> {
-    let diagnosis = diagnose(snaps, opts);
+    let mut diagnosis = diagnose(snaps, opts);
+    let sources = crate::source::SourceFinder::with_env(opts.source_roots.clone());
+    sources.annotate_findings(&mut diagnosis.findings);
+    sources.annotate_leaks(&mut diagnosis.leaks);
     let report = match report {
         Some(path) => {
             crate::report::write_report(snaps, &diagnosis, path)?;

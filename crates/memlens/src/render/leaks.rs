@@ -1,6 +1,6 @@
 //! The text of `memlens leaks`: the verdict first, then the evidence.
 
-use super::layout::{byte_series, push_wrapped, site_in, MAX_WIDTH};
+use super::layout::{byte_series, clip, push_wrapped, MAX_WIDTH};
 use crate::analysis::leaks::{Confidence, LeakReport};
 use crate::units::format_bytes;
 use std::fmt::Write;
@@ -24,11 +24,12 @@ pub fn text(r: &LeakReport) -> String {
             l.count,
             l.confidence
         );
-        let _ = writeln!(o, "\n  {}", site_in(&l.site, &l.function, MAX_WIDTH - 2));
+        let _ = writeln!(o, "\n  {}", clip(&l.display(), MAX_WIDTH - 2));
         let _ = writeln!(o, "    {tail}");
         // The full series is in --json; a person reads its ends, slope and shape.
         let _ = writeln!(o, "    live: {}", byte_series(&l.evidence));
         push_wrapped(&mut o, "    fix: ", "         ", &l.suggestion);
+        o.push_str(&l.quote.render("    "));
     }
     let low = r.leaks.len() - shown.len();
     if low > 0 {

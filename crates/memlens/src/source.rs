@@ -1,0 +1,303 @@
+//! Source lines in findings: when the user's file is readable, a finding
+//! quotes its line like a compiler diagnostic (`  55 |     out = model(x)`),
+//! and a leak also names the line that KEEPS the allocated tensor alive
+//! (`val_losses.append(out.loss)`), which is the line to change, with a fix
+//! tailored to how it keeps it.
+//!
+//! Frames name files as they were on the training machine
+//! (`/home/user/train/workloads.py`). [`SourceFinder`] tries that path, then
+//! each search root (`--source-root DIR`, `MEMLENS_SOURCE_ROOT`) with the
+//! path's trailing components: `DIR/home/user/train/workloads.py`, ...,
+//! `DIR/train/workloads.py`, `DIR/workloads.py` (the longest match first, so
+//! a same-named file elsewhere in the tree is not preferred).
+//!
+//! The keeper search reads Python text line by line, not a parse tree: it
+//! bounds the allocating line's function by indentation, follows the names the
+//! line assigns (and names assigned from them, `loss = out.loss`), and looks
+//! for a statement that stores one where it outlives the step: `.append(x)`,
+//! `d[k] = x`, `self.x = x`, a `global`, `total += x`.
+
+mod python;
+
+use crate::analysis::leaks::LeakReport;
+use crate::doctor::Finding;
+use python::{find_keeper, KeptAt};
+use serde::{Deserialize, Serialize};
+use std::path::{Component, Path, PathBuf};
+
+/// The environment variable with more search roots (separated like `PATH`).
+pub const SOURCE_ROOT_ENV: &str = "MEMLENS_SOURCE_ROOT";
+
+/// Files larger than this are not read (a frame never names a data file on
+/// purpose, but a path could point anywhere).
+const MAX_SOURCE_BYTES: u64 = 16 << 20;
+
+/// One line of the user's source.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SourceLine {
+    /// The file that was read (the frame's path, or its match under a root).
+    pub path: String,
+    /// The line number, from 1.
+    pub line: u32,
+    /// The line's text, without its line ending.
+    pub text: String,
+}
+
+impl SourceLine {
+    /// The line as a compiler diagnostic shows it: `  55 |     out = model(x)`.
+    pub fn quote(&self) -> String {
+        format!("{:>5} | {}", self.line, self.text.trim_end())
+    }
+}
+
+/// How a statement keeps a tensor alive past its step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeepPattern {
+    /// Put into a container: `xs.append(x)`, `.extend`, `.insert`, `.add`.
+    Append,
+    /// Stored under a key or index: `d[k] = x`.
+    ItemAssign,
+    /// Stored on an object: `self.x = x`.
+    Attribute,
+    /// Assigned to a global of the module.
+    Global,
+    /// Accumulated: `total += x` (keeps every step's graph).
+    AugmentedAssign,
+}
+
+/// The line that keeps a leaking tensor alive, and what to write instead.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Keeper {
+    /// The keeping line.
+    pub line: SourceLine,
+    /// How it keeps the tensor.
+    pub pattern: KeepPattern,
+    /// The expression kept, e.g. `out.loss`.
+    pub kept: String,
+    /// What to change, in one sentence.
+    pub fix: String,
+    /// The keeping statement rewritten with the fix, e.g.
+    /// `val_losses.append(out.loss.item())`.
+    pub replacement: String,
+}
+
+/// The source of a finding: its line and, for a leak, the keeper. Empty when
+/// the file is not readable.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SourceQuote {
+    /// The finding's own line (for a leak: where the tensor was allocated).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub source: Option<SourceLine>,
+    /// For a leak: the line that keeps the tensor alive.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keeper: Option<Keeper>,
+}
+
+impl SourceQuote {
+    /// True when nothing was found.
+    pub fn is_empty(&self) -> bool {
+        self.source.is_none() && self.keeper.is_none()
+    }
+
+    /// Lines for the terminal, each indented by `indent`: the allocating line,
+    /// then the keeping line and its fix.
+    pub fn render(&self, indent: &str) -> String {
+        let mut o = String::new();
+        if let Some(s) = &self.source {
+            o.push_str(&format!("{indent}{}:{}\n", s.path, s.line));
+            o.push_str(&format!("{indent}{}\n", s.quote()));
+        }
+        if let Some(k) = &self.keeper {
+            o.push_str(&format!(
+                "{indent}kept alive by {}:{} (the line to change):\n",
+                k.line.path, k.line.line
+            ));
+            o.push_str(&format!("{indent}{}\n", k.line.quote()));
+            o.push_str(&format!("{indent}      = help: {}\n", k.fix));
+        }
+        o
+    }
+}
+
+/// Splits a `file:line` site.
+pub fn split_site(site: &str) -> Option<(&str, u32)> {
+    let (file, line) = site.rsplit_once(':')?;
+    let n = line.parse::<u32>().ok().filter(|n| *n > 0)?;
+    (!file.is_empty()).then_some((file, n))
+}
+
+/// Finds and reads the user's source files.
+#[derive(Clone, Debug, Default)]
+pub struct SourceFinder {
+    roots: Vec<PathBuf>,
+}
+
+impl SourceFinder {
+    /// A finder over `roots` only (and each frame's own path).
+    pub fn new(roots: Vec<PathBuf>) -> Self {
+        SourceFinder { roots }
+    }
+
+    /// A finder over `roots` and then those of `MEMLENS_SOURCE_ROOT`.
+    pub fn with_env(mut roots: Vec<PathBuf>) -> Self {
+        if let Some(v) = std::env::var_os(SOURCE_ROOT_ENV) {
+            roots.extend(std::env::split_paths(&v).filter(|p| !p.as_os_str().is_empty()));
+        }
+        Self::new(roots)
+    }
+
+    /// The search roots, in order.
+    pub fn roots(&self) -> &[PathBuf] {
+        &self.roots
+    }
+
+    /// The readable file a frame's path names: the path itself, else the
+    /// longest trailing part of it found under a root.
+    pub fn resolve(&self, frame_path: &str) -> Option<PathBuf> {
+        let path = Path::new(frame_path);
+        if is_source_file(path) {
+            return Some(path.to_path_buf());
+        }
+        let parts: Vec<&std::ffi::OsStr> = path
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        for skip in 0..parts.len() {
+            let tail: PathBuf = parts[skip..].iter().collect();
+            for root in &self.roots {
+                let candidate = root.join(&tail);
+                if is_source_file(&candidate) {
+                    return Some(candidate);
+                }
+            }
+        }
+        None
+    }
+
+    /// The lines of the file a frame's path names, and where it was found.
+    fn read(&self, frame_path: &str) -> Option<(PathBuf, Vec<String>)> {
+        let path = self.resolve(frame_path)?;
+        let bytes = std::fs::read(&path).ok()?;
+        let text = String::from_utf8_lossy(&bytes);
+        Some((path, text.lines().map(str::to_string).collect()))
+    }
+
+    /// The line a `file:line` site names, when the file is readable.
+    pub fn quote(&self, site: &str) -> Option<SourceLine> {
+        let (file, n) = split_site(site)?;
+        let (path, lines) = self.read(file)?;
+        line_at(&path, &lines, n)
+    }
+
+    /// The allocating line of a leak and the line that keeps its tensors alive.
+    pub fn quote_leak(&self, site: &str) -> SourceQuote {
+        let Some((file, n)) = split_site(site) else {
+            return SourceQuote::default();
+        };
+        let Some((path, lines)) = self.read(file) else {
+            return SourceQuote::default();
+        };
+        let source = line_at(&path, &lines, n);
+        let keeper = find_keeper(&lines, n as usize - 1).and_then(|k| keeper_at(&path, &lines, k));
+        SourceQuote { source, keeper }
+    }
+
+    /// Fills `source` and `keeper` on every leak of a report.
+    pub fn annotate_leaks(&self, report: &mut LeakReport) {
+        for l in &mut report.leaks {
+            l.quote = self.quote_leak(&l.site);
+        }
+    }
+
+    /// Fills the source of every finding with a site: the keeper too for a leak.
+    pub fn annotate_findings(&self, findings: &mut [Finding]) {
+        for f in findings {
+            let Some(site) = f.site.as_deref() else {
+                continue;
+            };
+            f.quote = if f.kind == "leak" {
+                self.quote_leak(site)
+            } else {
+                SourceQuote {
+                    source: self.quote(site),
+                    keeper: None,
+                }
+            };
+        }
+    }
+}
+
+fn is_source_file(p: &Path) -> bool {
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.len() <= MAX_SOURCE_BYTES)
+}
+
+fn line_at(path: &Path, lines: &[String], n: u32) -> Option<SourceLine> {
+    let text = lines.get((n as usize).checked_sub(1)?)?;
+    Some(SourceLine {
+        path: path.display().to_string(),
+        line: n,
+        text: text.clone(),
+    })
+}
+
+fn keeper_at(path: &Path, lines: &[String], k: KeptAt) -> Option<Keeper> {
+    let line = line_at(path, lines, u32::try_from(k.index + 1).ok()?)?;
+    Some(Keeper {
+        line,
+        pattern: k.pattern,
+        kept: k.kept,
+        fix: k.fix,
+        replacement: k.replacement,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sites_split_at_the_last_colon() {
+        assert_eq!(split_site("/a/b.py:55"), Some(("/a/b.py", 55)));
+        assert_eq!(split_site("C:/x.py:7"), Some(("C:/x.py", 7)));
+        assert_eq!(split_site("/a/b.py:0"), None);
+        assert_eq!(split_site("/a/b.py"), None);
+        assert_eq!(split_site(":3"), None);
+    }
+
+    #[test]
+    fn quotes_like_a_compiler() {
+        let l = SourceLine {
+            path: "w.py".into(),
+            line: 55,
+            text: "        out = model(x)  ".into(),
+        };
+        assert_eq!(l.quote(), "   55 |         out = model(x)");
+    }
+
+    #[test]
+    fn resolves_trailing_components_under_a_root_longest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("train")).unwrap();
+        std::fs::write(root.join("workloads.py"), "a = 1\n").unwrap();
+        let f = SourceFinder::new(vec![root.to_path_buf()]);
+        assert_eq!(
+            f.resolve("/home/user/train/workloads.py"),
+            Some(root.join("workloads.py"))
+        );
+        std::fs::write(root.join("train/workloads.py"), "b = 2\n").unwrap();
+        assert_eq!(
+            f.resolve("/home/user/train/workloads.py"),
+            Some(root.join("train/workloads.py"))
+        );
+        assert_eq!(f.resolve("/home/user/train/other.py"), None);
+        let q = f.quote("/home/user/train/workloads.py:1").unwrap();
+        assert_eq!(q.text, "b = 2");
+        assert_eq!(f.quote("/home/user/train/workloads.py:2"), None);
+    }
+}
