@@ -227,3 +227,48 @@ fn doctor_json_has_findings_and_report() {
         assert!(v["findings"][0].get(key).is_some(), "{key}");
     }
 }
+
+/// memlens in `dir` as the working directory.
+fn memlens_in(dir: &std::path::Path, args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .current_dir(dir)
+        .args(args)
+        .output()
+        .expect("memlens runs")
+}
+
+#[test]
+fn doctor_writes_its_report_beside_the_input_and_never_over_a_users_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("run.pickle.zst");
+    std::fs::copy(fixture("cache_leak.pickle.zst"), &snap).unwrap();
+    let snap_arg = snap.to_str().unwrap();
+    let report = dir.path().join("run.memlens.html");
+    // --json writes nothing unless asked.
+    let out = memlens_in(dir.path(), &["doctor", snap_arg, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(!report.exists());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["report"].is_null());
+    // Text: beside the snapshot, named after it; again over its own report.
+    for _ in 0..2 {
+        let out = memlens_in(dir.path(), &["doctor", snap_arg]);
+        assert_eq!(out.status.code(), Some(0));
+        assert!(String::from_utf8_lossy(&out.stdout).contains("run.memlens.html"));
+        assert!(memlens::report::written_by_memlens(&report));
+    }
+    // A file of the user's at that path is kept, and said so.
+    std::fs::write(&report, "my notes").unwrap();
+    let out = memlens_in(dir.path(), &["doctor", snap_arg]);
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(&report).unwrap(), "my notes");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no report written"));
+    // --force replaces it; the example writes example.memlens.html in the cwd.
+    let out = memlens_in(dir.path(), &["doctor", snap_arg, "--force"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(memlens::report::written_by_memlens(&report));
+    let out = memlens_in(dir.path(), &["doctor"]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(dir.path().join("example.memlens.html").exists());
+    assert!(!dir.path().join("memlens-report.html").exists());
+}

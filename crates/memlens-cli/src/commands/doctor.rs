@@ -12,14 +12,19 @@ use std::path::PathBuf;
 /// Arguments of `memlens doctor`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Examples:\n  memlens doctor                 (the example built into memlens)\n  memlens doctor run.pickle.zst -v"
+    after_help = "Examples:\n  memlens doctor                 (the example built into memlens)\n  memlens doctor run.pickle.zst -v       (report: run.memlens.html)\n  memlens doctor run.pickle.zst -o report.html"
 )]
 pub struct Args {
     /// Snapshots of one run, oldest first (none: the example built into memlens).
     pub snapshots: Vec<PathBuf>,
-    /// Where to write the HTML report.
-    #[arg(short, long, default_value = "memlens-report.html")]
-    pub output: PathBuf,
+    /// Where to write the HTML report (default: beside the last snapshot,
+    /// `NAME.memlens.html`; with --json, none unless given).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
+    /// Replace the default report path even when memlens did not write the
+    /// file there.
+    #[arg(long)]
+    pub force: bool,
     /// Do not write the HTML report.
     #[arg(long)]
     pub no_report: bool,
@@ -69,9 +74,32 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         device_memory: args.device_memory,
         source_roots: args.source_root,
     };
-    let report = (!args.no_report).then_some(args.output.as_path());
-    let doc = doctor_doc(&super::named(&snaps), &opts, report)?;
+    // The report goes where asked; by default beside the input, never over
+    // a file memlens did not write, and not at all for --json.
+    let mut skipped = None;
+    let report: Option<PathBuf> = match (&args.output, args.no_report, args.json) {
+        (_, true, _) => None,
+        (Some(p), _, _) => Some(p.clone()),
+        (None, _, true) => None,
+        (None, _, false) => {
+            let p =
+                memlens::report::default_report_path(args.snapshots.last().map(|p| p.as_path()));
+            if p.exists() && !args.force && !memlens::report::written_by_memlens(&p) {
+                skipped = Some(p);
+                None
+            } else {
+                Some(p)
+            }
+        }
+    };
+    let doc = doctor_doc(&super::named(&snaps), &opts, report.as_deref())?;
     pb.finish_and_clear();
+    if let Some(p) = skipped {
+        eprintln!(
+            "memlens: no report written: {} exists and memlens did not write it (use -o FILE or --force)",
+            p.display()
+        );
+    }
     output::print(&doc, args.json, |d| {
         let names: Vec<&str> = snaps.iter().map(|(n, _)| n.as_str()).collect();
         let mut text = render::doctor::text(&d.diagnosis, &names, args.verbose);

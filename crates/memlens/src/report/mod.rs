@@ -73,6 +73,36 @@ impl ReportData {
     }
 }
 
+/// Whether the file at `path` is a report memlens wrote (its head names
+/// memlens as the generator): such a file may be replaced without asking;
+/// any other file may not.
+pub fn written_by_memlens(path: &std::path::Path) -> bool {
+    use std::io::Read;
+    let mut head = [0u8; 2048];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut head))
+        .unwrap_or(0);
+    String::from_utf8_lossy(&head[..n]).contains(r#"<meta name="generator" content="memlens""#)
+}
+
+/// Where `doctor` writes its report when not told: beside the last snapshot,
+/// named after it (`run.pickle.zst` -> `run.memlens.html`); for the example
+/// built into memlens, `example.memlens.html` in the current directory.
+pub fn default_report_path(snapshot: Option<&std::path::Path>) -> std::path::PathBuf {
+    let Some(p) = snapshot else {
+        return std::path::PathBuf::from("example.memlens.html");
+    };
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "snapshot".into());
+    let mut stem = name.as_str();
+    for ext in [".zst", ".gz", ".pickle", ".pkl", ".json"] {
+        stem = stem.strip_suffix(ext).unwrap_or(stem);
+    }
+    p.with_file_name(format!("{stem}.memlens.html"))
+}
+
 /// Renders the report of a diagnosis and writes it to `path`. The page goes to
 /// a temporary file beside the target first and is renamed into place, so a
 /// failure never leaves a half-written report over an earlier one.
