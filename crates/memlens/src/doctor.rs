@@ -110,10 +110,9 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
                 Severity::Warning
             },
             title: format!(
-                "Leak: {} per step at {}{}",
+                "Leak: {} per step at {}",
                 format_bytes(l.bytes_per_step),
-                l.site,
-                in_function(&l.function)
+                l.display()
             ),
             site: Some(l.site.clone()),
             bytes: Some(l.bytes_per_step),
@@ -312,14 +311,5 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         leaks,
         tune,
         oom: oom_report,
-    }
-}
-
-/// ` in function`, or nothing for a nameless function (no trailing ` in `).
-fn in_function(function: &str) -> String {
-    if function.trim().is_empty() {
-        String::new()
-    } else {
-        format!(" in {function}")
     }
 }
