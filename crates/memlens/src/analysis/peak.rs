@@ -156,38 +156,20 @@ pub fn peak_analysed(an: &Analysed, top: usize) -> PeakReport {
 fn empty(an: &Analysed, top: usize) -> PeakReport {
     let snap = an.snap;
     let s = super::summary::summarize(snap);
-    let mut groups: HashMap<(Site, Category), LiveSite> = HashMap::new();
-    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
     let blocks = snap
         .segments
         .iter()
         .flat_map(|seg| &seg.blocks)
-        .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated);
-    for b in blocks {
-        let cat = classify(an.phases.of(b.stack), None, true);
-        let site = an.sites.describe(b.stack);
-        let e = groups
-            .entry((site.clone(), cat))
-            .or_insert_with(|| LiveSite {
-                site: site.site.clone(),
-                function: site.function.clone(),
-                path: site.path.clone(),
-                compiled: site.compiled,
-                stack: stack_lines(snap, b.stack),
-                bytes: 0,
-                count: 0,
-                category: cat,
-            });
-        e.bytes += b.size;
-        e.count += 1;
-        let c = cats.entry(cat).or_default();
-        c.0 += b.size;
-        c.1 += 1;
-    }
-    let mut sites: Vec<LiveSite> = groups.into_values().collect();
-    sites.sort_by(|a, b| (b.bytes, &a.site, &a.path).cmp(&(a.bytes, &b.site, &b.path)));
-    let other_sites = sites.len().saturating_sub(top);
-    sites.truncate(top);
+        .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated)
+        .map(|b| {
+            let cat = classify(an.phases.of(b.stack), None, true);
+            (an.sites.describe(b.stack), cat, b.stack, b.size)
+        });
+    let LiveGroups {
+        sites,
+        other_sites,
+        categories: cats,
+    } = group(snap, blocks, top);
     PeakReport {
         device: s.devices.first().copied().unwrap_or(0),
         peak_allocated_bytes: s.allocated_bytes,
@@ -250,29 +232,41 @@ pub fn group_live(
     live: &[LiveBlock],
     top: usize,
 ) -> LiveGroups {
-    let snap = an.snap;
     let trace = classifier.facts().trace;
-    let mut groups: HashMap<(Site, Category), LiveSite> = HashMap::new();
-    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
-    for b in live.iter().filter(|b| !b.pending_free) {
+    let blocks = live.iter().filter(|b| !b.pending_free).map(|b| {
         let (cat, _) = classifier.classify(b.alloc_index, b.stack);
         let site = an.block_site(trace, b.alloc_index, b.stack);
+        (site, cat, b.stack, b.size)
+    });
+    group(an.snap, blocks, top)
+}
+
+/// Groups blocks given as (site, category, stack, bytes) by site and
+/// category, keeping the `top` largest groups.
+fn group(
+    snap: &Snapshot,
+    blocks: impl Iterator<Item = (Site, Category, crate::snapshot::StackId, u64)>,
+    top: usize,
+) -> LiveGroups {
+    let mut groups: HashMap<(Site, Category), LiveSite> = HashMap::new();
+    let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
+    for (site, cat, stack, size) in blocks {
         let e = groups
             .entry((site.clone(), cat))
             .or_insert_with(|| LiveSite {
-                site: site.site.clone(),
-                function: site.function.clone(),
-                path: site.path.clone(),
+                site: site.site,
+                function: site.function,
+                path: site.path,
                 compiled: site.compiled,
-                stack: stack_lines(snap, b.stack),
+                stack: stack_lines(snap, stack),
                 bytes: 0,
                 count: 0,
                 category: cat,
             });
-        e.bytes += b.size;
+        e.bytes += size;
         e.count += 1;
         let c = cats.entry(cat).or_default();
-        c.0 += b.size;
+        c.0 += size;
         c.1 += 1;
     }
     let mut sites: Vec<LiveSite> = groups.into_values().collect();
