@@ -165,11 +165,7 @@ fn empty(an: &Analysed, top: usize) -> PeakReport {
             let cat = classify(an.phases.of(b.stack), None, true);
             (an.sites.describe(b.stack), cat, b.stack, b.size)
         });
-    let LiveGroups {
-        sites,
-        other_sites,
-        categories: cats,
-    } = group(snap, blocks, top);
+    let groups = group(snap, blocks, top);
     PeakReport {
         device: s.devices.first().copied().unwrap_or(0),
         peak_allocated_bytes: s.allocated_bytes,
@@ -178,21 +174,11 @@ fn empty(an: &Analysed, top: usize) -> PeakReport {
         peak_time_us: None,
         peak_reserved_event_index: None,
         peak_reserved_time_us: None,
-        live_at_peak: sites,
-        other_sites,
-        categories: cats
-            .iter()
-            .map(|(c, v)| (c.as_str().to_string(), v.0))
-            .collect(),
-        category_detail: cats
-            .iter()
-            .map(|(c, v)| CategoryShare {
-                category: *c,
-                bytes: v.0,
-                count: v.1,
-                rule: c.rule(),
-            })
-            .collect(),
+        // Read before the sites move out of `groups`.
+        categories: groups.category_bytes(),
+        category_detail: groups.category_detail(),
+        live_at_peak: groups.sites,
+        other_sites: groups.other_sites,
         steps: Vec::new(),
         step_method: StepMethod::None,
         step_count: 1,
@@ -215,6 +201,19 @@ pub struct LiveGroups {
 }
 
 impl LiveGroups {
+    /// Categories with their bytes, counts and the rule behind each.
+    pub fn category_detail(&self) -> Vec<CategoryShare> {
+        self.categories
+            .iter()
+            .map(|(c, v)| CategoryShare {
+                category: *c,
+                bytes: v.0,
+                count: v.1,
+                rule: c.rule(),
+            })
+            .collect()
+    }
+
     /// Bytes by category, keyed by the categories' JSON names.
     pub fn category_bytes(&self) -> BTreeMap<String, u64> {
         self.categories
@@ -367,12 +366,10 @@ fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) 
         }
         None => Replay::new(snap, t.device, opts).live_blocks(),
     };
-    let classifier = an.classifier(trace).map(|c| group_live(an, &c, &live, top));
-    let LiveGroups {
-        sites,
-        other_sites,
-        categories: cats,
-    } = classifier.unwrap_or_default();
+    let groups = an
+        .classifier(trace)
+        .map(|c| group_live(an, &c, &live, top))
+        .unwrap_or_default();
     let time = |i: Option<usize>| i.and_then(|i| t.events.get(i)).map(|e| e.time_us);
     PeakReport {
         device: t.device,
@@ -382,21 +379,11 @@ fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) 
         peak_time_us: time(pa_i),
         peak_reserved_event_index: pr_i,
         peak_reserved_time_us: time(pr_i),
-        live_at_peak: sites,
-        other_sites,
-        categories: cats
-            .iter()
-            .map(|(c, v)| (c.as_str().to_string(), v.0))
-            .collect(),
-        category_detail: cats
-            .iter()
-            .map(|(c, v)| CategoryShare {
-                category: *c,
-                bytes: v.0,
-                count: v.1,
-                rule: c.rule(),
-            })
-            .collect(),
+        // Read before the sites move out of `groups`.
+        categories: groups.category_bytes(),
+        category_detail: groups.category_detail(),
+        live_at_peak: groups.sites,
+        other_sites: groups.other_sites,
         steps: if st.len() > 1 { step_peaks } else { Vec::new() },
         step_count: st.len(),
         step_method: st.method,
