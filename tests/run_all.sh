@@ -23,7 +23,7 @@ cargo clippy --workspace --all-targets -- -D clippy::incompatible_msrv
 echo "== cargo doc -D warnings"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 echo "== cargo test"
-cargo test --workspace
+cargo test --workspace --no-fail-fast
 echo "== fuzz smoke run (60 s)"
 bash tests/fuzz_smoke.sh 60
 for part in python browser; do
