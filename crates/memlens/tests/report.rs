@@ -395,7 +395,7 @@ fn segment_capping_keeps_the_largest_and_sums_the_rest() {
                 offset: off,
                 size: len,
                 requested: len,
-                state: if k % 2 == 0 {
+                state: if k.is_multiple_of(2) {
                     BlockState::Allocated
                 } else {
                     BlockState::Free

@@ -208,7 +208,7 @@ impl Cfg<'_> {
 
     /// `hidden / heads`, which must divide evenly.
     fn head_dim(&self, hidden: u64, heads: u64, hidden_key: &str, heads_key: &str) -> Result<u64> {
-        if hidden % heads != 0 {
+        if !hidden.is_multiple_of(heads) {
             return Err(self.err(format!(
                 "{hidden_key} = {hidden} is not a multiple of {heads_key} = {heads}"
             )));

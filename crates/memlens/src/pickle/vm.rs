@@ -617,7 +617,7 @@ impl Vm {
             SETITEMS => {
                 let mark = self.pop_mark(op)?;
                 let target = self.target_below(mark, op)?;
-                if (self.stack.len() - mark) % 2 != 0 {
+                if !(self.stack.len() - mark).is_multiple_of(2) {
                     return Err(Fault::Msg("SETITEMS with a key that has no value".into()));
                 }
                 let up = builder.set_items(target, &self.stack[mark..])?;
@@ -660,7 +660,7 @@ impl Vm {
             }
             DICT => {
                 let mark = self.pop_mark(op)?;
-                if (self.stack.len() - mark) % 2 != 0 {
+                if !(self.stack.len() - mark).is_multiple_of(2) {
                     return Err(Fault::Msg("DICT with a key that has no value".into()));
                 }
                 let d = builder.empty_dict()?;

@@ -232,7 +232,7 @@ fn map_range(segs: &mut BTreeMap<u64, InitialSegment>, e: &TraceEvent) {
         stream: e.stream,
         pool_id: (0, 0),
         // Large pages are 20 MiB; a range that is not a multiple is small.
-        small: e.size % (20 << 20) != 0,
+        small: !e.size.is_multiple_of(20 << 20),
         expandable: true,
     };
     if let Some((&a, &p)) = segs.range(..e.addr).next_back() {

@@ -133,7 +133,7 @@ impl TimelineBuilder {
         if self.has_active.is_none() {
             self.has_active = Some(p.active.is_some());
         }
-        if seq > 0 && seq % self.bucket_len == 0 {
+        if seq > 0 && seq.is_multiple_of(self.bucket_len) {
             self.close_bucket();
         }
         if seq == 0 || p.oom || p.keep {
