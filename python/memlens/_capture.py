@@ -16,7 +16,11 @@ What it does:
   stacks make dumps slow) and a bounded ring buffer (see *max_entries* below);
 * every ``every`` calls of :func:`step` writes ``<dir>/snapshot.step{K}.pickle``
   (for ``memlens leaks`` across snapshots), and ``<dir>/snapshot.pickle`` at the
-  end; with torch.distributed initialised the rank is in the name
+  end. A periodic snapshot holds the whole allocator state but only the trace
+  since the previous one (the ring is cleared after each periodic dump, so a
+  dump costs what ``every`` steps recorded, not the whole ring); the final and
+  OOM snapshots hold at least the last ``steps_kept`` steps of trace, stitched
+  from the periodic files and the ring; with torch.distributed initialised the rank is in the name
   (``snapshot.rank{R}.step{K}.pickle``). Given a file name ``run.pickle``
   instead of a directory, the names are ``run.step{K}.pickle`` and so on;
 * at a CUDA out-of-memory error, writes ``snapshot.oom.pickle`` at that moment
@@ -259,6 +263,13 @@ class Recorder:
         # watch and the periodic dump when both need one after the same step.
         self._step_snapshot: Optional[Dict[str, Any]] = None
         self._in_step = False
+        # Periodic snapshots written since the ring was last cleared after
+        # them, newest last, with the steps each one's trace covers: the final
+        # and OOM snapshots stitch their traces in front of the ring's (see
+        # _stitched). False once torch refuses clear_history.
+        self._chunks: List["tuple[str, int]"] = []
+        self._chunked = True
+        self._steps_at_clear = 0
 
     # -- the public face --------------------------------------------------
 
@@ -390,10 +401,99 @@ class Recorder:
     def _dump(self, kind: Optional[str]) -> str:
         path = self.snapshot_path(kind)
         snapshot = self._snapshot()
+        periodic = kind is not None and kind.startswith("step")
+        if periodic:
+            # Clear the ring before writing: nothing allocates on this thread
+            # in between, so no event is lost, and the next dump converts and
+            # pickles only the steps since this one.
+            cleared = self._clear_ring()
+        else:
+            snapshot = self._stitched(snapshot)
         with _gc_paused():
             _write_snapshot(snapshot, path)
         self.snapshots.append(path)
+        if periodic and cleared:
+            self._chunks.append((path, self.steps - self._steps_at_clear))
+            self._steps_at_clear = self.steps
+            self._drop_old_chunks()
         return path
+
+    def _clear_ring(self) -> bool:
+        """Empties torch's trace ring (recording goes on with the same
+        settings). A dump converts every ring entry into Python objects and
+        pickles it (~1.5 us an entry on an H100), so with ``every`` smaller
+        than the ring's span each periodic dump would re-serialise the same
+        steps again and again: at ``every=2`` that cost more than a whole
+        step of a 100 ms/step model. False when this torch has no
+        clear_history (then periodic snapshots hold the whole ring, as before)."""
+        if not self._chunked:
+            return False
+        try:
+            self._torch.cuda.memory._record_memory_history(
+                enabled="all",
+                context=self.context,
+                stacks=self.stacks,
+                max_entries=self.max_entries,
+                clear_history=True,
+            )
+        except TypeError:
+            self._chunked = False
+            self._chunks = []
+            return False
+        return True
+
+    def _drop_old_chunks(self) -> None:
+        """Keeps the fewest newest chunks that cover ``steps_kept`` steps."""
+        covered, keep = 0, 0
+        for _, steps in reversed(self._chunks):
+            if covered >= self.steps_kept:
+                break
+            covered += steps
+            keep += 1
+        del self._chunks[: len(self._chunks) - keep]
+
+    def _stitched(self, snapshot: Dict[str, Any]) -> Dict[str, Any]:
+        """``snapshot`` with the traces of the kept periodic snapshots in front
+        of its own, so a final or OOM snapshot holds the last ``steps_kept``
+        steps although the ring was cleared since. The chunks are read back
+        from their files (keeping them in memory would hold hundreds of
+        thousands of dicts for the whole run). A chunk that cannot be read
+        ends the stitching there: what goes in front must be contiguous."""
+        if not self._chunks:
+            return snapshot
+        earlier: List[Dict[str, Any]] = []
+        with _gc_paused():
+            for path, _ in reversed(self._chunks):
+                try:
+                    with open(path, "rb") as f:
+                        earlier.append(pickle.load(f))
+                except Exception:  # noqa: BLE001 - a deleted or damaged file: stop here
+                    break
+        if not earlier:
+            return snapshot
+        earlier.reverse()
+        out = dict(snapshot)
+        traces = [list(t) for t in snapshot.get("device_traces") or []]
+        for chunk in reversed(earlier):
+            for d, trace in enumerate(chunk.get("device_traces") or []):
+                while len(traces) <= d:
+                    traces.append([])
+                traces[d] = list(trace) + traces[d]
+        out["device_traces"] = traces
+        # Annotations (the step markers): the union, in time order, whether or
+        # not this torch clears them with the trace.
+        seen = set()
+        notes = []
+        for part in earlier + [snapshot]:
+            for a in part.get("external_annotations") or []:
+                key = (a.get("device"), a.get("stage"), a.get("name"), a.get("time_us"))
+                if key not in seen:
+                    seen.add(key)
+                    notes.append(a)
+        if notes:
+            notes.sort(key=lambda a: a.get("time_us") or 0)
+            out["external_annotations"] = notes
+        return out
 
     def _check_ring(self, devices: List[int]) -> None:
         entries = _trace_entries(self._torch, devices)

@@ -41,6 +41,10 @@ class FakeGPU:
         self.stats_error: Optional[Exception] = None
         self.cublas_cleared = 0
         self.snapshots_taken = 0
+        # torch before 2.1 has no clear_history argument.
+        self.clear_history_supported = True
+        # A running event clock, so time_us stays increasing when the trace is cleared.
+        self.clock = 0
 
     # -- what tests drive ---------------------------------------------------
 
@@ -61,7 +65,7 @@ class FakeGPU:
         self.peak[device] = max(self.peak[device], used)
         self.peak_reserved[device] = max(self.peak_reserved[device], self.reserved[device])
         self.trace[device].append(
-            {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": len(self.trace[device]),
+            {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": self.tick(),
              "frames": frames, "compile_context": "N/A", "user_metadata": ""}
         )
         return blk
@@ -71,9 +75,13 @@ class FakeGPU:
         for action in ("free_requested", "free_completed"):
             self.trace[device].append(
                 {"action": action, "addr": blk["address"], "size": blk["size"], "stream": 0,
-                 "time_us": len(self.trace[device]), "frames": blk["frames"], "compile_context": "N/A",
+                 "time_us": self.tick(), "frames": blk["frames"], "compile_context": "N/A",
                  "user_metadata": ""}
             )
+
+    def tick(self) -> int:
+        self.clock += 1
+        return self.clock
 
     def oom(self, size: int, device: int = 0) -> None:
         """What the caching allocator does at an OOM: observers, then the exception."""
@@ -162,7 +170,12 @@ def build(gpu: FakeGPU) -> types.ModuleType:
     cuda.OutOfMemoryError = FakeOutOfMemoryError
 
     def record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all", max_entries: int = sys.maxsize, **kw: Any) -> None:
+        if kw.get("clear_history") and not gpu.clear_history_supported:
+            raise TypeError("_record_memory_history() got an unexpected keyword argument 'clear_history'")
         gpu.history_calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries, **kw})
+        if kw.get("clear_history"):
+            for d in gpu.trace:
+                gpu.trace[d] = []
 
     memory._record_memory_history = record_memory_history
     memory._snapshot = lambda device=None: gpu.snapshot()

@@ -98,6 +98,68 @@ def test_snapshots_every_n_steps_and_at_the_end(gpu, tmp_path):
     assert set(step4) == {"segments", "device_traces", "allocator_settings", "external_annotations"}
 
 
+def _alloc_times(snapshot):
+    return [e["time_us"] for t in snapshot["device_traces"] for e in t if e["action"] == "alloc"]
+
+
+def test_periodic_snapshots_hold_the_trace_since_the_previous_one(gpu, tmp_path):
+    # Each step allocates one block at a known line and frees the previous
+    # one: 3 events a step, the step's number in the line.
+    out = tmp_path / "snaps"
+    kept = None
+    with memlens.record(out, every=2, steps_kept=3, leak_check=False):
+        for step in range(1, 10):
+            blk = gpu.alloc(MIB, line=step)
+            if kept is not None:
+                gpu.free(kept)
+            kept = blk
+            memlens.step()
+    lines = lambda snap: [e["frames"][-1]["line"] for t in snap["device_traces"] for e in t if e["action"] == "alloc"]
+    snaps = {n: pickle.loads((out / n).read_bytes()) for n in os.listdir(out)}
+    # A periodic dump clears the ring after it: each periodic file holds its
+    # own two steps, nothing of the steps before.
+    assert lines(snaps["snapshot.step2.pickle"]) == [1, 2]
+    assert lines(snaps["snapshot.step4.pickle"]) == [3, 4]
+    assert lines(snaps["snapshot.step8.pickle"]) == [7, 8]
+    # The whole state is still in every file (the kept block of step 8).
+    step8_live = [b for s in snaps["snapshot.step8.pickle"]["segments"] for b in s["blocks"] if b["state"] == "active_allocated"]
+    assert [b["frames"][-1]["line"] for b in step8_live] == [8]
+    # The final one stitches the newest periodic traces that cover steps_kept
+    # (3) steps in front of the ring's: steps 5-6, 7-8 and the ring's 9, in
+    # time order, every event once.
+    final = snaps["snapshot.pickle"]
+    assert lines(final) == [5, 6, 7, 8, 9]
+    times = [e["time_us"] for t in final["device_traces"] for e in t]
+    assert times == sorted(times) and len(times) == len(set(times))
+    assert len(times) == 5 * 3  # alloc + free_requested + free_completed a step
+
+
+def test_the_oom_snapshot_is_stitched_too(gpu, tmp_path, capsys):
+    out = tmp_path / "snaps"
+    with memlens.record(out, every=1, steps_kept=2, leak_check=False, explain_oom=False):
+        for step in range(1, 5):
+            gpu.alloc(MIB, line=step)
+            memlens.step()
+        gpu.alloc(MIB, line=5)
+        with pytest.raises(fake_torch.FakeOutOfMemoryError):
+            gpu.oom(10 * 1024 * MIB)
+    oom = pickle.loads((out / "snapshot.oom.pickle").read_bytes())
+    assert [e["frames"][-1]["line"] for t in oom["device_traces"] for e in t] == [3, 4, 5]
+
+
+def test_without_clear_history_periodic_snapshots_hold_the_whole_ring(gpu, tmp_path):
+    gpu.clear_history_supported = False
+    out = tmp_path / "snaps"
+    with memlens.record(out, every=2, leak_check=False):
+        for step in range(1, 5):
+            gpu.alloc(MIB, line=step)
+            memlens.step()
+    step4 = pickle.loads((out / "snapshot.step4.pickle").read_bytes())
+    assert [e["frames"][-1]["line"] for t in step4["device_traces"] for e in t] == [1, 2, 3, 4]
+    final = pickle.loads((out / "snapshot.pickle").read_bytes())
+    assert len(final["device_traces"][0]) == 4
+
+
 def test_file_name_mode_and_start_stop_functions(gpu, tmp_path):
     rec = memlens.start(tmp_path / "run1.pickle", every=1)
     assert _capture.current() is rec
