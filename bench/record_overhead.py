@@ -43,7 +43,7 @@ from model import GPT, AdamW, batch, loss_fn  # noqa: E402
 BENCH = dict(vocab=32000, d=1024, n_layer=8, n_head=16)
 B, T = 8, 512
 # Recorder methods timed when the memlens in use has them (_after_step holds the others).
-PARTS = ["_mark_step", "_after_step", "_watch_leak", "_check_ring", "_fit_ring", "_dump", "_snapshot"]
+PARTS = ["_mark_step", "_after_step", "_watch_leak", "_check_ring", "_fit_ring", "_dump", "_snapshot", "_clear_ring", "_stitched"]
 
 
 def one_step(model, opt):
