@@ -12,10 +12,13 @@ interleave the modes so drift of the machine hits them alike:
 
 * none:     no recording;
 * history:  torch.cuda.memory._record_memory_history with memlens's settings
-            (enabled="all", context="all", stacks="python", memlens's default
+            (enabled="all", context="alloc", stacks="python", memlens's default
             max_entries) and nothing else: PyTorch's own cost;
 * every10:  memlens.record(every=10), memlens.step() after each step;
-* every2:   memlens.record(every=2).
+* every2:   memlens.record(every=2);
+* with --context-all-too, history_all and every2_all: the same with
+            context="all" (free stacks recorded too), every2_all against
+            history_all.
 
 A step's time runs from its first line to the return of memlens.step().
 Reported: median and mean step time per mode, and the overhead of every10 and
@@ -77,13 +80,16 @@ def instrument(rec, spent):
 def run_mode(mode, model, opt, steps, warmup, tmp, memlens):
     """Step times (s) of one mode; with the memlens modes also the time per Recorder part."""
     rec, spent, leak_warnings = None, {}, 0
-    if mode == "history":
+    # `_all` modes record free stacks too (context="all", memlens's default before
+    # it became "alloc"), for the comparison in one run.
+    context = "all" if mode.endswith("_all") else "alloc"
+    if mode.startswith("history"):
         torch.cuda.memory._record_memory_history(
-            enabled="all", context="all", stacks="python",
+            enabled="all", context=context, stacks="python",
             max_entries=memlens._capture.default_max_entries(6))
     elif mode.startswith("every"):
         d = tempfile.mkdtemp(dir=tmp)
-        rec = memlens.record(d, every=int(mode[5:]))
+        rec = memlens.record(d, every=int(mode[5:].split("_")[0]), context=context)
         rec.start()
         instrument(rec, spent)
     times = []
@@ -110,7 +116,7 @@ def run_mode(mode, model, opt, steps, warmup, tmp, memlens):
         spent.clear()
         spent.update(in_steps)
         spent["stop (final dump, untimed)"] = stop_s
-    if mode == "history":
+    if mode.startswith("history"):
         torch.cuda.memory._record_memory_history(enabled=None)
     return times, spent, leak_warnings, dumps, max_entries
 
@@ -121,6 +127,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--context-all-too", action="store_true",
+                    help='also history_all and every2_all: context="all" (free stacks kept), against history_all')
     args = ap.parse_args()
     import memlens
 
@@ -131,7 +139,7 @@ def main():
         one_step(model, opt)
     # The first torch.cuda.memory._snapshot() of a process costs seconds once
     # (measured apart here, so it does not land in one mode's figures).
-    torch.cuda.memory._record_memory_history(enabled="all", context="all", stacks="python", max_entries=10000)
+    torch.cuda.memory._record_memory_history(enabled="all", context="alloc", stacks="python", max_entries=10000)
     one_step(model, opt)
     t = time.perf_counter()
     torch.cuda.memory._snapshot()
@@ -139,6 +147,8 @@ def main():
     torch.cuda.memory._record_memory_history(enabled=None)
     print(f"first _snapshot() of the process: {first_snapshot_s:.2f} s", flush=True)
     modes = ["none", "history", "every10", "every2"]
+    if args.context_all_too:
+        modes += ["history_all", "every2_all"]
     times = {m: [] for m in modes}
     spent = {m: {} for m in modes}
     extra = {m: {"leak_warnings": 0, "step_dumps": 0, "max_entries": None} for m in modes}
@@ -153,7 +163,7 @@ def main():
                 extra[m]["leak_warnings"] += lw
                 extra[m]["step_dumps"] += dumps
                 extra[m]["max_entries"] = max_entries
-                print(f"round {r + 1} {m:8s} median {statistics.median(t) * 1e3:7.1f} ms", flush=True)
+                print(f"round {r + 1} {m:11s} median {statistics.median(t) * 1e3:7.1f} ms", flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     res = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "memlens": memlens.__version__,
@@ -161,11 +171,12 @@ def main():
                      "parameters": sum(p.numel() for p in model.parameters())},
            "steps_per_mode": args.steps * args.rounds, "first_snapshot_s": round(first_snapshot_s, 3),
            "modes": {}}
-    base = statistics.median(times["history"])
-    base_mean = statistics.mean(times["history"])
-    print(f"\n{'mode':8s} {'median ms':>10s} {'mean ms':>9s} {'beyond history (median)':>24s} {'(mean)':>8s}")
+    def base_of(m):
+        return "history_all" if m.endswith("_all") else "history"
+    print(f"\n{'mode':11s} {'median ms':>10s} {'mean ms':>9s} {'beyond history (median)':>24s} {'(mean)':>8s}")
     for m in modes:
         med, mean = statistics.median(times[m]), statistics.mean(times[m])
+        base, base_mean = statistics.median(times[base_of(m)]), statistics.mean(times[base_of(m)])
         n = len(times[m])
         row = {"median_ms": round(med * 1e3, 2), "mean_ms": round(mean * 1e3, 2),
                "p90_ms": round(sorted(times[m])[int(0.9 * (n - 1))] * 1e3, 2),
@@ -176,9 +187,9 @@ def main():
                                   if not k.startswith("stop")},
                "stop_ms_per_round": round(spent[m].get("stop (final dump, untimed)", 0) * 1e3 / args.rounds, 1)}
         res["modes"][m] = row
-        print(f"{m:8s} {row['median_ms']:10.1f} {row['mean_ms']:9.1f} {row['over_history_median_pct']:+23.1f}% "
+        print(f"{m:11s} {row['median_ms']:10.1f} {row['mean_ms']:9.1f} {row['over_history_median_pct']:+23.1f}% "
               f"{row['over_history_mean_pct']:+7.1f}%")
-    for m in ("every10", "every2"):
+    for m in [m for m in modes if m.startswith("every")]:
         print(f"{m}: ms per step in {res['modes'][m]['ms_per_step_in']}, "
               f"{res['modes'][m]['step_dumps']} step snapshots, {res['modes'][m]['leak_warnings']} leak warnings, "
               f"ring {res['modes'][m]['max_entries']} entries at the end")

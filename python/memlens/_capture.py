@@ -12,8 +12,11 @@ or ``memlens.start("runs/mem", every=100)`` ... ``memlens.stop()``.
 What it does:
 
 * turns on ``torch.cuda.memory._record_memory_history(enabled="all",
-  context="all", stacks="python", max_entries=...)``: Python stacks only (C++
-  stacks make dumps slow) and a bounded ring buffer (see *max_entries* below);
+  context="alloc", stacks="python", max_entries=...)``: the stack of every
+  allocation (not of every free: memlens names sites by where memory was
+  allocated, and free stacks were 60% of a dump's frames), Python stacks only
+  (C++ stacks make dumps slow) and a bounded ring buffer (see *max_entries*
+  below); ``context="all"`` keeps free stacks too;
 * every ``every`` calls of :func:`step` writes ``<dir>/snapshot.step{K}.pickle``
   (for ``memlens leaks`` across snapshots), and ``<dir>/snapshot.pickle`` at the
   end. A periodic snapshot holds the whole allocator state but only the trace
@@ -220,7 +223,7 @@ class Recorder:
         max_entries: Optional[int] = None,
         steps_kept: int = 6,
         stacks: str = "python",
-        context: str = "all",
+        context: str = "alloc",
         leak_check: bool = True,
         leak_warmup: int = 3,
         leak_steps: int = 5,
@@ -622,7 +625,7 @@ def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: 
             rate = f" (+{fb(per)}/step)" if per else ""
             text += f"\n  +{fb(int(row.get('bytes', 0)))}{rate}  {int(row.get('count', 0))} blocks  {_where(row)}"
     else:
-        text += "\n(no allocation site could be named: record with context='all')"
+        text += "\n(no allocation site could be named: record with context='alloc' or 'all')"
     return text
 
 

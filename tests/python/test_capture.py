@@ -72,7 +72,7 @@ def test_record_turns_history_on_with_python_stacks_and_a_bounded_ring(gpu, tmp_
     with memlens.record(tmp_path / "snaps"):
         pass
     on, off = gpu.history_calls
-    assert on == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 60_000}
+    assert on == {"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 60_000}
     assert off["enabled"] is None
     assert len(gpu.observers) == 1
 
@@ -293,7 +293,7 @@ def test_default_ring_is_fitted_to_the_model_after_two_steps(gpu, tmp_path):
                 assert len(gpu.history_calls) == 1  # not after one step
     on, fitted, off = gpu.history_calls
     assert on["max_entries"] == 60_000
-    assert fitted == {"enabled": "all", "context": "all", "stacks": "python", "max_entries": 27_009}
+    assert fitted == {"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 27_009}
     assert off["enabled"] is None
     assert rec.max_entries == 27_009
 
