@@ -173,45 +173,51 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
         p += n;
         // The value.
         let op = *b.get(p)?;
-        let value = match op {
+        // Each value is pushed where it is made: a value built on the stack
+        // and then copied was the loop's largest cost (a stalled 16-byte load).
+        s.items.push(Value::Str(key));
+        match op {
             vm::BINGET | vm::LONG_BINGET => {
                 let (v, n) = memo_ref(&vm.memo, b, p)?;
                 p += n;
-                v
+                s.items.push(v);
             }
             vm::BININT1 => {
                 let v = *b.get(p + 1)?;
                 p += 2;
-                Value::Int(v as i64)
+                s.items.push(Value::Int(v as i64));
             }
             vm::BININT2 => {
                 let v = u16::from_le_bytes(b.get(p + 1..p + 3)?.try_into().ok()?);
                 p += 3;
-                Value::Int(v as i64)
+                s.items.push(Value::Int(v as i64));
             }
             vm::BININT => {
                 let v = i32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
                 p += 5;
-                Value::Int(v as i64)
+                s.items.push(Value::Int(v as i64));
             }
             vm::LONG1 => {
                 let n = *b.get(p + 1)? as usize;
-                let v = decode_long(b.get(p + 2..p + 2 + n)?);
+                let bytes = b.get(p + 2..p + 2 + n)?;
                 p += 2 + n;
-                v
+                s.items.push(match small_long(bytes) {
+                    Some(i) => Value::Int(i),
+                    None => decode_long(bytes),
+                });
             }
             vm::BINFLOAT => {
                 let v = f64::from_be_bytes(b.get(p + 1..p + 9)?.try_into().ok()?);
                 p += 9;
-                Value::Float(v)
+                s.items.push(Value::Float(v));
             }
             vm::NONE => {
                 p += 1;
-                Value::None
+                s.items.push(Value::None);
             }
             vm::NEWTRUE | vm::NEWFALSE => {
                 p += 1;
-                Value::Bool(op == vm::NEWTRUE)
+                s.items.push(Value::Bool(op == vm::NEWTRUE));
             }
             vm::SHORT_BINUNICODE | vm::BINUNICODE => {
                 let (n, h) = if op == vm::SHORT_BINUNICODE {
@@ -229,7 +235,7 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
                 s.strs.push(NewStr {
                     start,
                     len: n,
-                    item: s.items.len() + 1,
+                    item: s.items.len(),
                 });
                 p = start + n;
                 if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
@@ -237,7 +243,7 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
                     s.charge += c;
                     p += n;
                 }
-                Value::None // replaced by the string's value when committed
+                s.items.push(Value::None); // the string's value, once committed
             }
             vm::EMPTY_LIST if key == list_key && list_item.is_none() => {
                 p += 1;
@@ -285,14 +291,29 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
                         _ => break,
                     }
                 }
-                list_item = Some(s.items.len() + 1);
-                Value::None // replaced by the list's value when committed
+                list_item = Some(s.items.len());
+                s.items.push(Value::None); // the list's value, once committed
             }
             _ => return None,
-        };
-        s.items.push(Value::Str(key));
-        s.items.push(value);
+        }
     }
+}
+
+/// A `LONG1` of at most 8 bytes (addresses, times), sign-extended.
+#[inline(always)]
+fn small_long(bytes: &[u8]) -> Option<i64> {
+    if bytes.len() > 8 {
+        return None;
+    }
+    let mut buf = [0u8; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    let shift = 64 - 8 * bytes.len() as u32;
+    // Shifting up then back (arithmetic) extends the sign of the last byte.
+    Some(
+        i64::from_le_bytes(buf)
+            .checked_shl(shift)
+            .map_or(0, |x| x >> shift),
+    )
 }
 
 /// A memo reference at `b[p..]` to a slot of `kind`: its id and its length.
@@ -410,4 +431,30 @@ fn cached_string<B: Builder>(cache: &mut Cache, bytes: &[u8], builder: &mut B) -
         cache[slot] = (bytes.len() as u8, x, Some(v));
     }
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_longs_decode_as_the_general_loop_does() {
+        let cases: [&[u8]; 7] = [
+            &[],
+            &[0xff],
+            &[0x7f],
+            &[0x00, 0x80],
+            &[0x00, 0x80, 0x2e, 0x7f, 0x80, 0x7f],
+            &[1, 2, 3, 4, 5, 6, 7, 0x80],
+            &[0xd4, 0x2a, 0x3b, 0x11, 0x6c, 0x61, 0x06],
+        ];
+        for bytes in cases {
+            assert_eq!(
+                small_long(bytes).map(Value::Int),
+                Some(decode_long(bytes)),
+                "{bytes:?}"
+            );
+        }
+        assert_eq!(small_long(&[0; 9]), None);
+    }
 }
