@@ -22,7 +22,7 @@ cd "$(dirname "$0")/.."
 FIX=${MEMLENS_FIXTURES:-../shared/fixtures}
 mkdir -p bench/data
 [ -f bench/data/large-350mb.pickle ] || python3 bench/make_large.py "$FIX/long.pickle.zst" bench/data/large-350mb.pickle 390
-[ -f bench/data/large-1gb.pickle ] || python3 bench/make_large.py "$FIX/long.pickle.zst" bench/data/large-1gb.pickle 1160
+[ "${ONLY:-}" = 350 ] || [ -f bench/data/large-1gb.pickle ] || python3 bench/make_large.py "$FIX/long.pickle.zst" bench/data/large-1gb.pickle 1160
 cargo build --release -q -p memlens-cli
 cargo build --release -q -p memlens --example bench_phases
 ML=target/release/memlens

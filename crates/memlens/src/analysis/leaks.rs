@@ -329,7 +329,7 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
     }
     // The last snapshot's trace, step by step, is evidence too: a leak that
     // the snapshots' spacing hides shows there (and the reverse).
-    let inner = within_analysed(&last);
+    let inner = within_analysed(last);
     for l in inner.leaks {
         match leaks
             .iter_mut()

@@ -11,6 +11,12 @@
 //! trace event, an interned frame) and free its storage at once. That is what
 //! keeps memory proportional to the distinct content of a snapshot rather than
 //! to the size of its pickle.
+//!
+//! Trace entries, nearly all of a snapshot's bytes, take a fast path
+//! (`fast.rs`) when the builder asks for it ([`Builder::fast_keys`]): a whole
+//! entry is read from the window at once and handed to the builder as one
+//! dict; anything it does not expect goes through the general loop, with the
+//! same result.
 
 mod fast;
 pub mod input;
