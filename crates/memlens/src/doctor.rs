@@ -2,12 +2,13 @@
 //! that matter, most serious first, each with its `file:line` and its fix.
 
 use crate::analysis::leaks::{self, Confidence, LeakReport};
-use crate::analysis::peak::{peak, PeakReport};
+use crate::analysis::peak::{peak_analysed, PeakReport};
 use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
 use crate::snapshot::{Action, Snapshot};
+use crate::trace::Analysed;
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
 
@@ -91,8 +92,10 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     let none = Snapshot::default();
     let last = snaps.last().map_or(&none, |(_, s)| *s);
     let summary = summarize(last);
-    let peak = peak(last, 20);
-    let leaks = leaks::find(snaps);
+    // One analysis of the last snapshot serves the peak and the leak search.
+    let analysed = Analysed::new(last);
+    let peak = peak_analysed(&analysed, 20);
+    let leaks = leaks::find_analysed(snaps, &analysed);
     let mut findings = Vec::new();
 
     // Leaks.

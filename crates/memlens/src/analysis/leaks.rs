@@ -227,6 +227,12 @@ fn suggestion(site: &str, t: &Traits) -> String {
 /// the step in their names, else as given), combined with what the last
 /// snapshot's own trace shows step by step.
 pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
+    across_snapshots_with(snaps, None)
+}
+
+/// [`across_snapshots`], reusing `analysed` when it is the analysis of the
+/// snapshot that comes last in step order (doctor has it already).
+fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analysed>) -> LeakReport {
     let mut order: Vec<usize> = (0..snaps.len()).collect();
     let steps: Vec<Option<u64>> = snaps.iter().map(|(n, _)| step_in_name(n)).collect();
     if steps.iter().all(Option::is_some) {
@@ -257,7 +263,14 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
     sites.sort();
     sites.dedup();
     let last_index = *order.last().unwrap_or(&0);
-    let last = Analysed::new(snaps[last_index].1);
+    let own;
+    let last = match analysed {
+        Some(an) if std::ptr::eq(an.snap, snaps[last_index].1) => an,
+        _ => {
+            own = Analysed::new(snaps[last_index].1);
+            &own
+        }
+    };
     // Did backward run lately? The last two steps of the last trace.
     let backward_seen = last.traces.iter().any(|t| {
         let from = t.steps.len().saturating_sub(2);
@@ -316,7 +329,7 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
     }
     // The last snapshot's trace, step by step, is evidence too: a leak that
     // the snapshots' spacing hides shows there (and the reverse).
-    let inner = within_analysed(&last);
+    let inner = within_analysed(last);
     for l in inner.leaks {
         match leaks
             .iter_mut()
@@ -371,8 +384,12 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         if st.last_complete {
             cuts.push(trace.events.len());
         }
-        let mut points: Vec<HashMap<Site, (u64, u64, StackId, u32)>> =
-            vec![HashMap::new(); cuts.len()];
+        // Sites are numbered once each (a block alive across many steps
+        // would otherwise clone and hash its site at every one).
+        let mut site_ids: HashMap<Site, u32> = HashMap::new();
+        let mut sites: Vec<Site> = Vec::new();
+        let mut points: Vec<hashbrown::HashMap<u32, (u64, u64, StackId, u32)>> =
+            vec![hashbrown::HashMap::new(); cuts.len()];
         for (i, e) in trace.events.iter().enumerate() {
             if e.action != Action::Alloc {
                 continue;
@@ -388,10 +405,17 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
             // bytes do not move with unrounded request noise.
             let bytes = e.size.div_ceil(512).max(1) * 512;
             let site = an.block_site(ti, Some(i as u32), e.stack);
+            let id = match site_ids.get(&site) {
+                Some(&id) => id,
+                None => {
+                    let id = sites.len() as u32;
+                    sites.push(site.clone());
+                    site_ids.insert(site, id);
+                    id
+                }
+            };
             for point in &mut points[first..last] {
-                let v = point
-                    .entry(site.clone())
-                    .or_insert((0, 0, e.stack, i as u32));
+                let v = point.entry(id).or_insert((0, 0, e.stack, i as u32));
                 v.0 += bytes;
                 v.1 += 1;
                 // The smallest stack id: the same example whatever the order.
@@ -408,13 +432,17 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
             .iter()
             .map(|p| p.values().map(|v| v.0).sum())
             .collect();
-        let mut keys: Vec<&Site> = points.iter().flat_map(|p| p.keys()).collect();
-        keys.sort();
-        keys.dedup();
-        for key in keys {
+        let mut ids: Vec<u32> = points.iter().flat_map(|p| p.keys().copied()).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        // In the order of the sites themselves (as when they were the keys).
+        ids.sort_by(|a, b| sites[*a as usize].cmp(&sites[*b as usize]));
+        for id in ids {
+            let key = &sites[id as usize];
+            let id = &id;
             let series: Vec<u64> = points
                 .iter()
-                .map(|p| p.get(key).map_or(0, |v| v.0))
+                .map(|p| p.get(id).map_or(0, |v| v.0))
                 .collect();
             let intervals = (series.len() - 1) as u64;
             let Some(conf) = judge(&series, intervals) else {
@@ -422,13 +450,13 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
             };
             let counts: Vec<u64> = points
                 .iter()
-                .map(|p| p.get(key).map_or(0, |v| v.1))
+                .map(|p| p.get(id).map_or(0, |v| v.1))
                 .collect();
             let conf = replaced_not_kept(conf, &series, &counts);
             let stack = points
                 .iter()
                 .rev()
-                .find_map(|p| p.get(key))
+                .find_map(|p| p.get(id))
                 .map_or(0, |v| v.2);
             // Did a backward pass use the forward that made the kept memory?
             // (Training that keeps outputs: yes; evaluation without no_grad
@@ -436,7 +464,7 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
             let newest = points
                 .iter()
                 .rev()
-                .find_map(|p| p.get(key))
+                .find_map(|p| p.get(id))
                 .map_or(0, |v| v.3);
             let backward_seen = facts.backward_follows(newest as usize);
             let growth = series.last().unwrap_or(&0) - series[0];
@@ -547,6 +575,17 @@ pub fn find(snaps: &[(String, &Snapshot)]) -> LeakReport {
         [] => finish("within_trace", None, None, Vec::new(), Vec::new()),
         [(_, one)] => within_trace(one),
         many => across_snapshots(many),
+    }
+}
+
+/// [`find`] given the analysis of the last snapshot, which callers that
+/// analysed it already pass rather than have it analysed again.
+pub fn find_analysed(snaps: &[(String, &Snapshot)], last: &Analysed) -> LeakReport {
+    match snaps {
+        [] => finish("within_trace", None, None, Vec::new(), Vec::new()),
+        [(_, one)] if std::ptr::eq(*one, last.snap) => within_analysed(last),
+        [(_, one)] => within_trace(one),
+        many => across_snapshots_with(many, Some(last)),
     }
 }
 

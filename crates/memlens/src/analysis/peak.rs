@@ -357,15 +357,14 @@ fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) 
         );
     }
 
-    // Pass 2: the live blocks at the allocated peak.
-    let live = match pa_i {
-        Some(i) => {
-            let mut r2 = Replay::new(snap, t.device, opts);
-            r2.run_to(i);
-            r2.live_blocks()
-        }
-        None => Replay::new(snap, t.device, opts).live_blocks(),
-    };
+    // Pass 2: the live blocks at the allocated peak, from the state before
+    // the trace that pass 1 reconstructed (undoing the trace once).
+    let initial = r.initial_state().clone();
+    let mut r2 = Replay::from_initial(snap, t.device, opts, initial);
+    if let Some(i) = pa_i {
+        r2.run_to(i);
+    }
+    let live = r2.live_blocks();
     let groups = an
         .classifier(trace)
         .map(|c| group_live(an, &c, &live, top))

@@ -124,6 +124,23 @@ impl<R: Read> Input<R> {
         Ok(a)
     }
 
+    /// The unread bytes of the window, refilled first when fewer than `want`
+    /// are there (so a small item never straddles the window's end unless the
+    /// stream does). Nothing is consumed: see [`Input::skip`].
+    #[inline]
+    pub fn window(&mut self, want: usize) -> Result<&[u8], InputError> {
+        if self.end - self.pos < want && !self.eof {
+            self.refill(want)?;
+        }
+        Ok(&self.buf[self.pos..self.end])
+    }
+
+    /// Consumes `n` bytes of those [`Input::window`] returned.
+    #[inline]
+    pub fn skip(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.end);
+    }
+
     /// Bytes left in the stream, read to the end (used to check for trailing data).
     pub fn skip_rest(&mut self) -> Result<u64, InputError> {
         let mut n = (self.end - self.pos) as u64;

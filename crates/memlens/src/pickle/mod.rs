@@ -11,7 +11,14 @@
 //! trace event, an interned frame) and free its storage at once. That is what
 //! keeps memory proportional to the distinct content of a snapshot rather than
 //! to the size of its pickle.
+//!
+//! Trace entries, nearly all of a snapshot's bytes, take a fast path
+//! (`fast.rs`) when the builder asks for it ([`Builder::fast_keys`]): a whole
+//! entry is read from the window at once and handed to the builder as one
+//! dict; anything it does not expect goes through the general loop, with the
+//! same result.
 
+mod fast;
 pub mod input;
 pub mod vm;
 
@@ -139,4 +146,34 @@ pub trait Builder {
         let _ = bytes;
         Ok(())
     }
+    /// The keys that make a dict worth the reader's fast path: `Some` turns it
+    /// on for dicts whose first key is `first` (a trace entry's `action`), with
+    /// an inline list of frames accepted as the value of `list` (`frames`).
+    /// The fast path relies on [`Builder::string`] giving the same value for
+    /// the same text every time (it remembers a few).
+    fn fast_keys(&self) -> Option<FastKeys> {
+        None
+    }
+    /// A dict the fast path read whole (`EMPTY_DICT`, items, `SETITEMS`):
+    /// the same as [`Builder::empty_dict`] then [`Builder::set_items`].
+    fn filled_dict(&mut self, items: &[Value]) -> Result<Value, String> {
+        let d = self.empty_dict()?;
+        self.set_items(d, items)
+    }
+    /// A list of interned frames the fast path read whole: the same as
+    /// [`Builder::empty_list`] then [`Builder::append`] of the frames.
+    fn frames_list(&mut self, frames: &[u32]) -> Result<Value, String> {
+        let l = self.empty_list()?;
+        let items: Vec<Value> = frames.iter().map(|&f| Value::Frame(f)).collect();
+        self.append(l, &items)
+    }
+}
+
+/// Interned keys the fast path looks for (see [`Builder::fast_keys`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FastKeys {
+    /// The string id the first key of a fast dict must have.
+    pub first: u32,
+    /// The string id of the key whose value may be an inline list of frames.
+    pub list: u32,
 }

@@ -17,6 +17,10 @@ pub struct Limits {
     pub max_item_bytes: usize,
     /// Largest memo index accepted beyond the current memo size.
     pub max_memo_gap: usize,
+    /// Read trace-entry dicts through the fast path ([`super::fast`]) when
+    /// the builder asks for it. On by default; tests turn it off to prove
+    /// both paths give the same snapshot.
+    pub fast_path: bool,
 }
 
 impl Default for Limits {
@@ -27,93 +31,99 @@ impl Default for Limits {
             max_marks: 1 << 20,
             max_item_bytes: 1 << 30,
             max_memo_gap: 1 << 20,
+            fast_path: true,
         }
     }
 }
 
 // Opcodes, named as in CPython's `pickle.py`.
-const MARK: u8 = b'(';
-const STOP: u8 = b'.';
-const POP: u8 = b'0';
-const POP_MARK: u8 = b'1';
-const DUP: u8 = b'2';
-const FLOAT: u8 = b'F';
-const INT: u8 = b'I';
-const BININT: u8 = b'J';
-const BININT1: u8 = b'K';
-const LONG: u8 = b'L';
-const BININT2: u8 = b'M';
-const NONE: u8 = b'N';
-const PERSID: u8 = b'P';
-const BINPERSID: u8 = b'Q';
-const REDUCE: u8 = b'R';
-const STRING: u8 = b'S';
-const BINSTRING: u8 = b'T';
-const SHORT_BINSTRING: u8 = b'U';
-const UNICODE: u8 = b'V';
-const BINUNICODE: u8 = b'X';
-const APPEND: u8 = b'a';
-const BUILD: u8 = b'b';
-const GLOBAL: u8 = b'c';
-const DICT: u8 = b'd';
-const EMPTY_DICT: u8 = b'}';
-const APPENDS: u8 = b'e';
-const GET: u8 = b'g';
-const BINGET: u8 = b'h';
-const INST: u8 = b'i';
-const LONG_BINGET: u8 = b'j';
-const LIST: u8 = b'l';
-const EMPTY_LIST: u8 = b']';
-const OBJ: u8 = b'o';
-const PUT: u8 = b'p';
-const BINPUT: u8 = b'q';
-const LONG_BINPUT: u8 = b'r';
-const SETITEM: u8 = b's';
-const TUPLE: u8 = b't';
-const EMPTY_TUPLE: u8 = b')';
-const SETITEMS: u8 = b'u';
-const BINFLOAT: u8 = b'G';
-const PROTO: u8 = 0x80;
-const NEWOBJ: u8 = 0x81;
-const EXT1: u8 = 0x82;
-const EXT2: u8 = 0x83;
-const EXT4: u8 = 0x84;
-const TUPLE1: u8 = 0x85;
-const TUPLE2: u8 = 0x86;
-const TUPLE3: u8 = 0x87;
-const NEWTRUE: u8 = 0x88;
-const NEWFALSE: u8 = 0x89;
-const LONG1: u8 = 0x8a;
-const LONG4: u8 = 0x8b;
-const SHORT_BINUNICODE: u8 = 0x8c;
-const BINUNICODE8: u8 = 0x8d;
-const BINBYTES8: u8 = 0x8e;
-const EMPTY_SET: u8 = 0x8f;
-const ADDITEMS: u8 = 0x90;
-const FROZENSET: u8 = 0x91;
-const NEWOBJ_EX: u8 = 0x92;
-const STACK_GLOBAL: u8 = 0x93;
-const MEMOIZE: u8 = 0x94;
-const FRAME: u8 = 0x95;
-const BYTEARRAY8: u8 = 0x96;
-const NEXT_BUFFER: u8 = 0x97;
-const READONLY_BUFFER: u8 = 0x98;
-const SHORT_BINBYTES: u8 = b'C';
-const BINBYTES: u8 = b'B';
+pub(super) const MARK: u8 = b'(';
+pub(super) const STOP: u8 = b'.';
+pub(super) const POP: u8 = b'0';
+pub(super) const POP_MARK: u8 = b'1';
+pub(super) const DUP: u8 = b'2';
+pub(super) const FLOAT: u8 = b'F';
+pub(super) const INT: u8 = b'I';
+pub(super) const BININT: u8 = b'J';
+pub(super) const BININT1: u8 = b'K';
+pub(super) const LONG: u8 = b'L';
+pub(super) const BININT2: u8 = b'M';
+pub(super) const NONE: u8 = b'N';
+pub(super) const PERSID: u8 = b'P';
+pub(super) const BINPERSID: u8 = b'Q';
+pub(super) const REDUCE: u8 = b'R';
+pub(super) const STRING: u8 = b'S';
+pub(super) const BINSTRING: u8 = b'T';
+pub(super) const SHORT_BINSTRING: u8 = b'U';
+pub(super) const UNICODE: u8 = b'V';
+pub(super) const BINUNICODE: u8 = b'X';
+pub(super) const APPEND: u8 = b'a';
+pub(super) const BUILD: u8 = b'b';
+pub(super) const GLOBAL: u8 = b'c';
+pub(super) const DICT: u8 = b'd';
+pub(super) const EMPTY_DICT: u8 = b'}';
+pub(super) const APPENDS: u8 = b'e';
+pub(super) const GET: u8 = b'g';
+pub(super) const BINGET: u8 = b'h';
+pub(super) const INST: u8 = b'i';
+pub(super) const LONG_BINGET: u8 = b'j';
+pub(super) const LIST: u8 = b'l';
+pub(super) const EMPTY_LIST: u8 = b']';
+pub(super) const OBJ: u8 = b'o';
+pub(super) const PUT: u8 = b'p';
+pub(super) const BINPUT: u8 = b'q';
+pub(super) const LONG_BINPUT: u8 = b'r';
+pub(super) const SETITEM: u8 = b's';
+pub(super) const TUPLE: u8 = b't';
+pub(super) const EMPTY_TUPLE: u8 = b')';
+pub(super) const SETITEMS: u8 = b'u';
+pub(super) const BINFLOAT: u8 = b'G';
+pub(super) const PROTO: u8 = 0x80;
+pub(super) const NEWOBJ: u8 = 0x81;
+pub(super) const EXT1: u8 = 0x82;
+pub(super) const EXT2: u8 = 0x83;
+pub(super) const EXT4: u8 = 0x84;
+pub(super) const TUPLE1: u8 = 0x85;
+pub(super) const TUPLE2: u8 = 0x86;
+pub(super) const TUPLE3: u8 = 0x87;
+pub(super) const NEWTRUE: u8 = 0x88;
+pub(super) const NEWFALSE: u8 = 0x89;
+pub(super) const LONG1: u8 = 0x8a;
+pub(super) const LONG4: u8 = 0x8b;
+pub(super) const SHORT_BINUNICODE: u8 = 0x8c;
+pub(super) const BINUNICODE8: u8 = 0x8d;
+pub(super) const BINBYTES8: u8 = 0x8e;
+pub(super) const EMPTY_SET: u8 = 0x8f;
+pub(super) const ADDITEMS: u8 = 0x90;
+pub(super) const FROZENSET: u8 = 0x91;
+pub(super) const NEWOBJ_EX: u8 = 0x92;
+pub(super) const STACK_GLOBAL: u8 = 0x93;
+pub(super) const MEMOIZE: u8 = 0x94;
+pub(super) const FRAME: u8 = 0x95;
+pub(super) const BYTEARRAY8: u8 = 0x96;
+pub(super) const NEXT_BUFFER: u8 = 0x97;
+pub(super) const READONLY_BUFFER: u8 = 0x98;
+pub(super) const SHORT_BINBYTES: u8 = b'C';
+pub(super) const BINBYTES: u8 = b'B';
 
 /// The memo holds values packed in 32 bits: a 4-bit kind and a 28-bit id.
 /// Scalars (rarely memoized) live in a side table. A snapshot memoizes about
 /// three objects per trace event, so this keeps the memo to ~12 bytes an event.
-struct Memo {
-    slots: Vec<u32>,
+pub(super) struct Memo {
+    pub(super) slots: Vec<u32>,
     scalars: Vec<Value>,
 }
 
 const MEMO_EMPTY: u32 = u32::MAX;
+/// Kind of a string in a packed memo slot.
+pub(super) const KIND_STR: u32 = 0;
+/// Kind of an interned frame in a packed memo slot.
+pub(super) const KIND_FRAME: u32 = 4;
 const ID_BITS: u32 = 28;
 const ID_MASK: u32 = (1 << ID_BITS) - 1;
 
 impl Memo {
+    #[inline]
     fn pack(&mut self, v: Value) -> Result<u32, String> {
         let (kind, id) = match v {
             Value::Str(i) => (0, i),
@@ -150,7 +160,8 @@ impl Memo {
         })
     }
 
-    fn put(&mut self, index: usize, v: Value, limits: &Limits) -> Result<(), String> {
+    #[inline]
+    pub(super) fn put(&mut self, index: usize, v: Value, limits: &Limits) -> Result<(), String> {
         let packed = self.pack(v)?;
         if index >= self.slots.len() {
             if index - self.slots.len() > limits.max_memo_gap {
@@ -197,11 +208,20 @@ impl Memo {
     /// with a message: this runs for most opcodes of a snapshot, and a
     /// `Result<Value, String>` makes every hit go through memory.
     #[inline(always)]
-    fn get(&self, index: usize) -> Option<Value> {
+    pub(super) fn get(&self, index: usize) -> Option<Value> {
         match self.slots.get(index) {
             Some(&p) if p != MEMO_EMPTY => self.unpack(p),
             _ => None,
         }
+    }
+
+    /// The packed content of slot `index` when it holds a container or
+    /// handle of kind `kind` (0 string, 4 frame: see `pack`): its id.
+    #[inline(always)]
+    pub(super) fn id_of_kind(&self, index: usize, kind: u32) -> Option<u32> {
+        // An empty slot (all ones) has kind 15, which no caller asks for.
+        let p = *self.slots.get(index)?;
+        (p >> ID_BITS == kind).then_some(p & ID_MASK)
     }
 
     /// Why `get(index)` found nothing.
@@ -268,7 +288,7 @@ fn opcode_name(op: u8) -> &'static str {
 
 /// Bytes a memo entry for `v` costs: a 4-byte slot, plus 16 in the side
 /// table for a scalar.
-fn memo_cost(v: Value) -> usize {
+pub(super) fn memo_cost(v: Value) -> usize {
     match v {
         Value::Str(_)
         | Value::Dict(_)
@@ -282,7 +302,7 @@ fn memo_cost(v: Value) -> usize {
 }
 
 /// Decodes a little-endian two's-complement integer (`LONG1`/`LONG4`).
-fn decode_long(bytes: &[u8]) -> Value {
+pub(super) fn decode_long(bytes: &[u8]) -> Value {
     let n = bytes.len();
     if n == 0 {
         return Value::Int(0);
@@ -327,21 +347,27 @@ pub fn parse<R: Read, B: Builder>(
             scalars: Vec::new(),
         },
         limits,
+        fast: super::fast::Scratch::default(),
     };
     vm.run(input, builder)
 }
 
-struct Vm {
-    stack: Vec<Value>,
-    marks: Vec<usize>,
-    memo: Memo,
-    limits: Limits,
+pub(super) struct Vm {
+    pub(super) stack: Vec<Value>,
+    pub(super) marks: Vec<usize>,
+    pub(super) memo: Memo,
+    pub(super) limits: Limits,
+    /// Working storage of the fast path, reused from dict to dict.
+    pub(super) fast: super::fast::Scratch,
 }
 
 /// An error before it is given its byte offset.
-enum Fault {
+pub(super) enum Fault {
     Input(InputError),
     Msg(String),
+    /// An error found past the opcode that started the step (the fast path
+    /// reads a whole dict in one step): its own offset, from that opcode's.
+    At(u64, String),
 }
 
 impl From<InputError> for Fault {
@@ -407,12 +433,18 @@ impl Vm {
                     })
                 }
                 Err(Fault::Msg(message)) => return Err(PickleError { offset, message }),
+                Err(Fault::At(delta, message)) => {
+                    return Err(PickleError {
+                        offset: offset + delta,
+                        message,
+                    })
+                }
             }
         }
     }
 
     #[inline]
-    fn push(&mut self, v: Value) -> Result<(), Fault> {
+    pub(super) fn push(&mut self, v: Value) -> Result<(), Fault> {
         if self.stack.len() >= self.limits.max_stack {
             return Err(Fault::Msg(format!(
                 "the pickle stack grew past {} values",
@@ -602,6 +634,11 @@ impl Vm {
             NEWTRUE => self.push(Value::Bool(true))?,
             NEWFALSE => self.push(Value::Bool(false))?,
             EMPTY_DICT => {
+                if self.limits.fast_path {
+                    if let Some(v) = super::fast::entry(self, input, builder)? {
+                        return self.push(v).map(|()| true);
+                    }
+                }
                 let d = builder.empty_dict()?;
                 self.push(d)?;
             }

@@ -33,6 +33,12 @@ pub fn load_path_cancellable(path: &Path, cancel: Arc<AtomicBool>) -> Result<Sna
 
 /// Reads a snapshot from bytes in memory; `path` names it in errors.
 pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Snapshot> {
+    load_bytes_with(bytes, path, Limits::default())
+}
+
+/// [`load_bytes`] under the reader's given limits and options (tests read
+/// with the fast path off to compare it with the general loop).
+pub fn load_bytes_with(bytes: &[u8], path: &Path, limits: Limits) -> Result<Snapshot> {
     if bytes.is_empty() {
         return Err(Error::UnknownFormat {
             path: path.into(),
@@ -45,7 +51,7 @@ pub fn load_bytes(bytes: &[u8], path: &Path) -> Result<Snapshot> {
         what: crate::input::describe_unknown(head),
     })?;
     let reader = crate::input::decoder(container, std::io::Cursor::new(bytes.to_vec()));
-    load_reader(container, reader, path)
+    load_reader_with(container, reader, path, limits)
 }
 
 /// Reads a snapshot from a reader of decompressed bytes.
@@ -54,17 +60,24 @@ pub fn load_reader(
     reader: Box<dyn Read + Send>,
     path: &Path,
 ) -> Result<Snapshot> {
+    load_reader_with(container, reader, path, Limits::default())
+}
+
+fn load_reader_with(
+    container: Container,
+    reader: Box<dyn Read + Send>,
+    path: &Path,
+    limits: Limits,
+) -> Result<Snapshot> {
     let mut heap = Heap::new();
     let root = match container {
         Container::Json => from_json(&mut heap, reader, path)?,
         _ => {
             let mut input = Input::new(reader);
             let root =
-                pickle::parse(&mut input, &mut heap, Limits::default()).map_err(|error| {
-                    Error::Pickle {
-                        path: path.into(),
-                        error,
-                    }
+                pickle::parse(&mut input, &mut heap, limits).map_err(|error| Error::Pickle {
+                    path: path.into(),
+                    error,
                 })?;
             heap.resolve(root)
         }

@@ -9,7 +9,7 @@
 //! later memo reference to it still resolves.
 
 use super::{Action, Frame, FrameId, StackId, StrId, Strings, TraceEvent, EMPTY_STACK};
-use crate::pickle::{Builder, Value};
+use crate::pickle::{Builder, FastKeys, Value};
 use hashbrown::{HashMap, HashTable};
 use std::hash::BuildHasher;
 
@@ -64,6 +64,17 @@ pub(crate) struct Keys {
     pub empty: StrId,
 }
 
+// Offsets of a trace entry's keys from `Keys::action` (interned in this order).
+const ACTION: u32 = 0;
+const ADDR: u32 = 1;
+const SIZE: u32 = 2;
+const STREAM: u32 = 3;
+const TIME_US: u32 = 4;
+const FRAMES: u32 = 5;
+const DEVICE_FREE: u32 = 6;
+const COMPILE_CONTEXT: u32 = 7;
+const USER_METADATA: u32 = 8;
+
 /// The heap of containers and the tables they are converted into.
 pub(crate) struct Heap {
     pub strings: Strings,
@@ -86,6 +97,8 @@ pub(crate) struct Heap {
     pub extras: Vec<(u32, Option<StrId>, Option<StrId>)>,
     pub streams: Vec<i64>,
     stream_index: HashMap<i64, u16>,
+    /// The stream last looked up and its index.
+    last_stream: (i64, u16),
     scratch: Vec<FrameId>,
     /// Trace entries whose `action` was not one memlens knows.
     pub unknown_actions: u64,
@@ -134,6 +147,18 @@ impl Heap {
             na: k("N/A"),
             empty: k(""),
         };
+        // `as_event` finds a key by its offset from `action`.
+        let offsets = [
+            (keys.addr, ADDR),
+            (keys.size, SIZE),
+            (keys.stream, STREAM),
+            (keys.time_us, TIME_US),
+            (keys.frames, FRAMES),
+            (keys.device_free, DEVICE_FREE),
+            (keys.compile_context, COMPILE_CONTEXT),
+            (keys.user_metadata, USER_METADATA),
+        ];
+        debug_assert!(offsets.iter().all(|&(id, off)| id == keys.action + off));
         let mut heap = Heap {
             strings,
             keys,
@@ -153,6 +178,7 @@ impl Heap {
             extras: Vec::new(),
             streams: vec![0],
             stream_index: HashMap::default(),
+            last_stream: (0, 0),
             scratch: Vec::new(),
             unknown_actions: 0,
             odd_frames: 0,
@@ -253,7 +279,12 @@ impl Heap {
     }
 
     fn intern_stream(&mut self, raw: i64) -> u16 {
+        // Nearly every event is on the stream of the one before.
+        if self.last_stream.0 == raw {
+            return self.last_stream.1;
+        }
         if let Some(&i) = self.stream_index.get(&raw) {
+            self.last_stream = (raw, i);
             return i;
         }
         // More than 65535 distinct streams cannot happen in a real process;
@@ -392,44 +423,51 @@ impl Heap {
                 return Ok(None);
             };
             let v = pair[1];
-            if key == k.action {
-                let Value::Str(a) = v else { return Ok(None) };
-                action = Some(a);
-            } else if key == k.addr || key == k.device_free || key == k.size {
-                let x = match v.as_u64() {
-                    Some(x) => x,
-                    None => {
-                        bad.get_or_insert((key, v));
-                        0
-                    }
-                };
-                if key == k.size {
-                    ev.size = x;
-                } else {
-                    ev.addr = x;
+            // The keys of a trace entry were interned in a row (`Heap::new`):
+            // one subtraction finds which one this is.
+            match key.wrapping_sub(k.action) {
+                ACTION => {
+                    let Value::Str(a) = v else { return Ok(None) };
+                    action = Some(a);
                 }
-            } else if key == k.stream {
-                ev.stream = self.intern_stream(v.as_i64().unwrap_or(0));
-            } else if key == k.time_us {
-                ev.time_us = v.as_i64().unwrap_or(0);
-            } else if key == k.frames {
-                ev.flags |= TraceEvent::HAS_FRAMES;
-                match self.list_to_stack(self.resolve(v)) {
-                    Some(s) => ev.stack = s,
-                    None => self.odd_frames += 1,
-                }
-            } else if key == k.compile_context {
-                if let Value::Str(s) = v {
-                    if s != k.na {
-                        cc = Some(s);
+                ADDR | SIZE | DEVICE_FREE => {
+                    let x = match v.as_u64() {
+                        Some(x) => x,
+                        None => {
+                            bad.get_or_insert((key, v));
+                            0
+                        }
+                    };
+                    if key == k.size {
+                        ev.size = x;
+                    } else {
+                        ev.addr = x;
                     }
                 }
-            } else if key == k.user_metadata {
-                if let Value::Str(s) = v {
-                    if s != k.empty {
-                        um = Some(s);
+                STREAM => ev.stream = self.intern_stream(v.as_i64().unwrap_or(0)),
+                TIME_US => ev.time_us = v.as_i64().unwrap_or(0),
+                FRAMES => {
+                    ev.flags |= TraceEvent::HAS_FRAMES;
+                    match self.list_to_stack(self.resolve(v)) {
+                        Some(s) => ev.stack = s,
+                        None => self.odd_frames += 1,
                     }
                 }
+                COMPILE_CONTEXT => {
+                    if let Value::Str(s) = v {
+                        if s != k.na {
+                            cc = Some(s);
+                        }
+                    }
+                }
+                USER_METADATA => {
+                    if let Value::Str(s) = v {
+                        if s != k.empty {
+                            um = Some(s);
+                        }
+                    }
+                }
+                _ => {}
             }
         }
         let Some(a) = action else { return Ok(None) };
@@ -572,10 +610,7 @@ impl Builder for Heap {
                     self.dicts[id as usize] = DictSlot::Event(e);
                     return Ok(Value::Event(e));
                 }
-                self.spend(24 + 16 * items.len() as u64)?;
-                let b = self.new_dict_body();
-                self.dicts[id as usize] = DictSlot::Open(b);
-                self.extend_generic(b, items);
+                self.store_generic(id, items)?;
                 Ok(dict)
             }
             DictSlot::Open(b) => {
@@ -587,6 +622,40 @@ impl Builder for Heap {
                 "a dict was modified after it was complete (not a PyTorch snapshot layout)".into(),
             ),
         }
+    }
+
+    fn fast_keys(&self) -> Option<FastKeys> {
+        Some(FastKeys {
+            first: self.keys.action,
+            list: self.keys.frames,
+        })
+    }
+
+    fn filled_dict(&mut self, items: &[Value]) -> Result<Value, String> {
+        // `set_items` on a fresh dict, without making the dict first when it
+        // turns out to be a trace entry (most of a snapshot).
+        if items.first() == Some(&Value::Str(self.keys.action)) {
+            if let Some(e) = self.as_event(items)? {
+                return Ok(Value::Event(e));
+            }
+            let d = self.empty_dict()?;
+            if let Value::Dict(id) = d {
+                self.store_generic(id, items)?;
+            }
+            return Ok(d);
+        }
+        let d = self.empty_dict()?;
+        self.set_items(d, items)
+    }
+
+    fn frames_list(&mut self, frames: &[u32]) -> Result<Value, String> {
+        // What `empty_list`, `append` and the conversion by `as_event` give,
+        // without the list: its frames are already known to be frames.
+        self.spend(8)?;
+        if frames.iter().any(|&f| f as usize >= self.frames.len()) {
+            return Err("a list of frames names a frame that was never read".into());
+        }
+        Ok(Value::Stack(self.intern_stack(frames)))
     }
 
     fn append(&mut self, list: Value, items: &[Value]) -> Result<Value, String> {
@@ -630,6 +699,15 @@ impl Builder for Heap {
 }
 
 impl Heap {
+    /// Makes dict `id` a generic dict holding `items`.
+    fn store_generic(&mut self, id: u32, items: &[Value]) -> Result<(), String> {
+        self.spend(24 + 16 * items.len() as u64)?;
+        let b = self.new_dict_body();
+        self.dicts[id as usize] = DictSlot::Open(b);
+        self.extend_generic(b, items);
+        Ok(())
+    }
+
     fn extend_generic(&mut self, body: u32, items: &[Value]) {
         let frames_key = Value::Str(self.keys.frames);
         for pair in items.chunks_exact(2) {

@@ -1,0 +1,460 @@
+//! The fast path for the dicts that make up nearly all of a snapshot: trace
+//! entries. PyTorch writes each one the same way:
+//!
+//! ```text
+//! EMPTY_DICT MEMOIZE MARK
+//!   key value  key value ...        keys are memo references to strings;
+//!                                   values are ints, memo references, new
+//!                                   short strings (then MEMOIZE), or the
+//!                                   `frames` list:
+//!   EMPTY_LIST MEMOIZE [MARK BINGET x N APPENDS]
+//! SETITEMS
+//! ```
+//!
+//! [`entry`] reads such a dict straight from the input's window, without the
+//! general loop's stack, dispatch and container bookkeeping. It reads in two
+//! phases: the first only looks (it decodes the bytes, resolves memo
+//! references, and collects what the dict holds) and gives up, having changed
+//! nothing, on anything it does not expect; the general loop then reads the
+//! same bytes. The second phase makes the calls the general loop would have
+//! made, in the same order: strings, the list of frames, the dict, then the
+//! memo slots. The result is the same snapshot either way; the tests
+//! `fast_path_equals_general_loop*` in `tests/reader.rs` check it on every
+//! fixture and on generated pickles.
+
+use super::input::Input;
+use super::vm::{self, decode_long, Fault, Vm};
+use super::{Builder, Value};
+use std::io::Read;
+
+/// Bytes of window the fast path wants in front of it: a trace entry takes
+/// about 100, one with a long stack a few hundred.
+const WANT: usize = 4096;
+/// Most key/value pairs in a fast dict (a trace entry has 8 or 9).
+const MAX_ITEMS: usize = 64;
+/// Most frames in an inline list (longer lists take the general loop).
+const MAX_FRAMES: usize = 2048;
+/// Strings remembered from one dict to the next (`"N/A"`, action names).
+const CACHE: usize = 8;
+/// Longest string the cache keeps (packed in a u64).
+const CACHE_LEN: usize = 8;
+
+/// Something that goes into the memo once the dict is committed.
+#[derive(Clone, Copy, Debug)]
+enum Pending {
+    /// The dict itself.
+    Dict,
+    /// The new string of `strs[i]`.
+    Str(usize),
+    /// The inline list of frames.
+    List,
+}
+
+/// A string read by the first phase: where its bytes are in the window, and
+/// the item it stands for.
+#[derive(Clone, Copy, Debug)]
+struct NewStr {
+    start: usize,
+    len: usize,
+    item: usize,
+}
+
+/// Working storage, reused from dict to dict.
+#[derive(Default)]
+pub(super) struct Scratch {
+    items: Vec<Value>,
+    strs: Vec<NewStr>,
+    /// The builder's values of `strs`, once committed.
+    str_values: Vec<Value>,
+    memo: Vec<Pending>,
+    frames: Vec<u32>,
+    /// Recently read strings and the values the builder gave them.
+    cache: Cache,
+    /// Memo bytes the builder is charged (as the general loop charges them).
+    charge: usize,
+}
+
+/// What the first phase found.
+struct Found {
+    /// Bytes the dict takes after its `EMPTY_DICT`.
+    len: usize,
+    /// Offset of its `SETITEMS` from the `EMPTY_DICT`.
+    setitems: usize,
+    /// Index in `items` of the inline list, when there is one.
+    list_item: Option<usize>,
+}
+
+/// Reads the dict whose `EMPTY_DICT` was just read, when it has the shape of
+/// a trace entry; `None` (with nothing read or changed) otherwise.
+pub(super) fn entry<R: Read, B: Builder>(
+    vm: &mut Vm,
+    input: &mut Input<R>,
+    builder: &mut B,
+) -> Result<Option<Value>, Fault> {
+    let Some(keys) = builder.fast_keys() else {
+        return Ok(None);
+    };
+    let window = input.window(WANT)?;
+    let Some(found) = look(vm, window, keys.first, keys.list) else {
+        return Ok(None);
+    };
+    let value = commit(vm, window, builder, &found)?;
+    input.skip(found.len);
+    Ok(Some(value))
+}
+
+/// A `MEMOIZE`/`BINPUT`/`LONG_BINPUT` at `b[p..]` that stores into the next
+/// free slot (`next`): its length and what it charges, or `None` when there
+/// is no memo opcode there. `Err` for a put elsewhere (the general loop's).
+#[inline(always)]
+fn memo_put(b: &[u8], p: usize, next: usize) -> Result<Option<(usize, usize)>, ()> {
+    match b.get(p) {
+        Some(&vm::MEMOIZE) => Ok(Some((1, 4))),
+        Some(&vm::BINPUT) => match b.get(p + 1) {
+            Some(&i) if i as usize == next => Ok(Some((2, 8))),
+            _ => Err(()),
+        },
+        Some(&vm::LONG_BINPUT) => {
+            let i = b
+                .get(p + 1..p + 5)
+                .and_then(|s| s.try_into().ok())
+                .map(u32::from_le_bytes)
+                .ok_or(())?;
+            if i as usize == next {
+                Ok(Some((5, 8)))
+            } else {
+                Err(())
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The first phase: reads `b` (the window after `EMPTY_DICT`) into the
+/// scratch, changing nothing else.
+fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
+    let memo_len = vm.memo.slots.len();
+    let s = &mut vm.fast;
+    s.items.clear();
+    s.strs.clear();
+    s.memo.clear();
+    s.frames.clear();
+    s.charge = 0;
+    let mut list_item = None;
+    let mut p = 0;
+    // The dict's own memo slot, then its MARK.
+    let (n, c) = memo_put(b, p, memo_len).ok()??;
+    s.memo.push(Pending::Dict);
+    s.charge += c;
+    p += n;
+    if *b.get(p)? != vm::MARK {
+        return None;
+    }
+    p += 1;
+    loop {
+        if *b.get(p)? == vm::SETITEMS {
+            if s.items.is_empty() {
+                return None;
+            }
+            return Some(Found {
+                len: p + 1,
+                setitems: p + 1,
+                list_item,
+            });
+        }
+        if s.items.len() >= MAX_ITEMS {
+            return None;
+        }
+        // The key: a memoized string; the first one is the builder's.
+        let (key, n) = memo_id(&vm.memo, b, p, vm::KIND_STR)?;
+        if s.items.is_empty() && key != first {
+            return None;
+        }
+        p += n;
+        // The value.
+        let op = *b.get(p)?;
+        // Each value is pushed where it is made: a value built on the stack
+        // and then copied was the loop's largest cost (a stalled 16-byte load).
+        s.items.push(Value::Str(key));
+        match op {
+            vm::BINGET | vm::LONG_BINGET => {
+                let (v, n) = memo_ref(&vm.memo, b, p)?;
+                p += n;
+                s.items.push(v);
+            }
+            vm::BININT1 => {
+                let v = *b.get(p + 1)?;
+                p += 2;
+                s.items.push(Value::Int(v as i64));
+            }
+            vm::BININT2 => {
+                let v = u16::from_le_bytes(b.get(p + 1..p + 3)?.try_into().ok()?);
+                p += 3;
+                s.items.push(Value::Int(v as i64));
+            }
+            vm::BININT => {
+                let v = i32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+                p += 5;
+                s.items.push(Value::Int(v as i64));
+            }
+            vm::LONG1 => {
+                let n = *b.get(p + 1)? as usize;
+                let bytes = b.get(p + 2..p + 2 + n)?;
+                p += 2 + n;
+                s.items.push(match small_long(bytes) {
+                    Some(i) => Value::Int(i),
+                    None => decode_long(bytes),
+                });
+            }
+            vm::BINFLOAT => {
+                let v = f64::from_be_bytes(b.get(p + 1..p + 9)?.try_into().ok()?);
+                p += 9;
+                s.items.push(Value::Float(v));
+            }
+            vm::NONE => {
+                p += 1;
+                s.items.push(Value::None);
+            }
+            vm::NEWTRUE | vm::NEWFALSE => {
+                p += 1;
+                s.items.push(Value::Bool(op == vm::NEWTRUE));
+            }
+            vm::SHORT_BINUNICODE | vm::BINUNICODE => {
+                let (n, h) = if op == vm::SHORT_BINUNICODE {
+                    (*b.get(p + 1)? as usize, 2)
+                } else {
+                    let n = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+                    (n as usize, 5)
+                };
+                let start = p + h;
+                // Invalid UTF-8 is the general loop's (it repairs it).
+                let bytes = b.get(start..start + n)?;
+                if cache_slot(&s.cache, bytes).is_none() {
+                    std::str::from_utf8(bytes).ok()?;
+                }
+                s.strs.push(NewStr {
+                    start,
+                    len: n,
+                    item: s.items.len(),
+                });
+                p = start + n;
+                if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
+                    s.memo.push(Pending::Str(s.strs.len() - 1));
+                    s.charge += c;
+                    p += n;
+                }
+                s.items.push(Value::None); // the string's value, once committed
+            }
+            vm::EMPTY_LIST if key == list_key && list_item.is_none() => {
+                p += 1;
+                if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
+                    s.memo.push(Pending::List);
+                    s.charge += c;
+                    p += n;
+                }
+                // Batches of `MARK refs APPENDS`, or one `ref APPEND`.
+                loop {
+                    match *b.get(p)? {
+                        vm::MARK => {
+                            p += 1;
+                            // The hot loop of a snapshot: one memo reference a frame.
+                            loop {
+                                match *b.get(p)? {
+                                    vm::BINGET => {
+                                        let i = *b.get(p + 1)? as usize;
+                                        s.frames.push(vm.memo.id_of_kind(i, vm::KIND_FRAME)?);
+                                        p += 2;
+                                    }
+                                    vm::LONG_BINGET => {
+                                        let (f, n) = memo_id(&vm.memo, b, p, vm::KIND_FRAME)?;
+                                        s.frames.push(f);
+                                        p += n;
+                                    }
+                                    vm::APPENDS => break,
+                                    _ => return None,
+                                }
+                            }
+                            p += 1;
+                            if s.frames.len() > MAX_FRAMES {
+                                return None;
+                            }
+                        }
+                        vm::BINGET | vm::LONG_BINGET => {
+                            let (v, n) = memo_ref(&vm.memo, b, p)?;
+                            if *b.get(p + n)? != vm::APPEND {
+                                break; // the next key: the list is complete
+                            }
+                            let Value::Frame(f) = v else { return None };
+                            s.frames.push(f);
+                            p += n + 1;
+                        }
+                        _ => break,
+                    }
+                }
+                list_item = Some(s.items.len());
+                s.items.push(Value::None); // the list's value, once committed
+            }
+            _ => return None,
+        }
+    }
+}
+
+/// A `LONG1` of at most 8 bytes (addresses, times), sign-extended.
+#[inline(always)]
+fn small_long(bytes: &[u8]) -> Option<i64> {
+    if bytes.len() > 8 {
+        return None;
+    }
+    let mut buf = [0u8; 8];
+    buf[..bytes.len()].copy_from_slice(bytes);
+    let shift = 64 - 8 * bytes.len() as u32;
+    // Shifting up then back (arithmetic) extends the sign of the last byte.
+    Some(
+        i64::from_le_bytes(buf)
+            .checked_shl(shift)
+            .map_or(0, |x| x >> shift),
+    )
+}
+
+/// A memo reference at `b[p..]` to a slot of `kind`: its id and its length.
+#[inline(always)]
+fn memo_id(memo: &vm::Memo, b: &[u8], p: usize, kind: u32) -> Option<(u32, usize)> {
+    match *b.get(p)? {
+        vm::BINGET => Some((memo.id_of_kind(*b.get(p + 1)? as usize, kind)?, 2)),
+        vm::LONG_BINGET => {
+            let i = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+            Some((memo.id_of_kind(i as usize, kind)?, 5))
+        }
+        _ => None,
+    }
+}
+
+/// A memo reference at `b[p..]`: its value and its length, when it is one and
+/// the slot is filled (a slot the dict itself fills makes the fast path give up).
+#[inline(always)]
+fn memo_ref(memo: &vm::Memo, b: &[u8], p: usize) -> Option<(Value, usize)> {
+    match *b.get(p)? {
+        vm::BINGET => Some((memo.get(*b.get(p + 1)? as usize)?, 2)),
+        vm::LONG_BINGET => {
+            let i = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+            Some((memo.get(i as usize)?, 5))
+        }
+        _ => None,
+    }
+}
+
+/// The second phase: the builder's calls, in the general loop's order.
+fn commit<B: Builder>(
+    vm: &mut Vm,
+    b: &[u8],
+    builder: &mut B,
+    found: &Found,
+) -> Result<Value, Fault> {
+    // Errors are the SETITEMS's (where the general loop would find them);
+    // the offset is from the EMPTY_DICT, one byte before the window.
+    let at = |m: String| Fault::At(found.setitems as u64, m);
+    let limits = vm.limits;
+    // What the general loop would hold on its stack at the SETITEMS.
+    let depth = vm.fast.items.len() + vm.fast.frames.len() + 3;
+    if vm.stack.len() + depth > limits.max_stack || vm.marks.len() + 2 > limits.max_marks {
+        return Err(at(format!(
+            "the pickle stack grew past {} values",
+            limits.max_stack
+        )));
+    }
+    let s = &mut vm.fast;
+    s.str_values.clear();
+    for ns in &s.strs {
+        let bytes = &b[ns.start..ns.start + ns.len];
+        let v = cached_string(&mut s.cache, bytes, builder);
+        s.items[ns.item] = v;
+        s.str_values.push(v);
+    }
+    let list = match found.list_item {
+        Some(i) => {
+            let v = builder.frames_list(&s.frames).map_err(at)?;
+            s.items[i] = v;
+            Some(v)
+        }
+        None => None,
+    };
+    let dict = builder.filled_dict(&s.items).map_err(at)?;
+    builder.charge(s.charge).map_err(at)?;
+    for pending in &s.memo {
+        let v = match *pending {
+            Pending::Dict => dict,
+            Pending::Str(i) => s.str_values.get(i).copied().unwrap_or(Value::None),
+            Pending::List => list.unwrap_or(Value::None),
+        };
+        let index = vm.memo.slots.len();
+        vm.memo.put(index, v, &limits).map_err(at)?;
+    }
+    Ok(dict)
+}
+
+/// Recent short strings: `(length, bytes packed in a u64, value)`.
+type Cache = [(u8, u64, Option<Value>); CACHE];
+
+/// `bytes` (at most [`CACHE_LEN`]) packed in a u64, and its cache slot.
+#[inline(always)]
+fn cache_key(bytes: &[u8]) -> Option<(u64, usize)> {
+    if bytes.len() > CACHE_LEN {
+        return None;
+    }
+    let mut x = 0u64;
+    for &c in bytes {
+        x = x << 8 | c as u64;
+    }
+    Some((x, (bytes.len() + x as usize) % CACHE))
+}
+
+/// The value the cache holds for `bytes`, if any.
+#[inline(always)]
+fn cache_slot(cache: &Cache, bytes: &[u8]) -> Option<Value> {
+    let (x, slot) = cache_key(bytes)?;
+    let (len, held, value) = cache[slot];
+    (len as usize == bytes.len() && held == x).then_some(value?)
+}
+
+/// The builder's value for a string, remembered for the next dicts.
+#[inline]
+fn cached_string<B: Builder>(cache: &mut Cache, bytes: &[u8], builder: &mut B) -> Value {
+    if let Some(v) = cache_slot(cache, bytes) {
+        return v;
+    }
+    let Ok(text) = std::str::from_utf8(bytes) else {
+        // Checked in the first phase; the general loop's repair otherwise.
+        return builder.string(&String::from_utf8_lossy(bytes));
+    };
+    let v = builder.string(text);
+    if let Some((x, slot)) = cache_key(bytes) {
+        cache[slot] = (bytes.len() as u8, x, Some(v));
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn small_longs_decode_as_the_general_loop_does() {
+        let cases: [&[u8]; 7] = [
+            &[],
+            &[0xff],
+            &[0x7f],
+            &[0x00, 0x80],
+            &[0x00, 0x80, 0x2e, 0x7f, 0x80, 0x7f],
+            &[1, 2, 3, 4, 5, 6, 7, 0x80],
+            &[0xd4, 0x2a, 0x3b, 0x11, 0x6c, 0x61, 0x06],
+        ];
+        for bytes in cases {
+            assert_eq!(
+                small_long(bytes).map(Value::Int),
+                Some(decode_long(bytes)),
+                "{bytes:?}"
+            );
+        }
+        assert_eq!(small_long(&[0; 9]), None);
+    }
+}

@@ -1,0 +1,420 @@
+//! The reader's fast path for trace entries (`pickle/fast.rs`) gives the same
+//! snapshot as the general opcode loop: on every real snapshot we have (the
+//! fixtures and the test corpus) and on generated pickles that mix the shapes
+//! the fast path reads with those it leaves to the loop (first frames, odd
+//! values, unknown actions, memo puts out of order, cut files).
+
+mod common;
+
+use memlens::pickle::Limits;
+use memlens::snapshot::build::load_bytes_with;
+use memlens::Snapshot;
+use std::path::{Path, PathBuf};
+
+fn limits(fast: bool) -> Limits {
+    Limits {
+        fast_path: fast,
+        ..Limits::default()
+    }
+}
+
+/// Every field of two snapshots, compared (strings by their text and id).
+fn assert_same(a: &Snapshot, b: &Snapshot, what: &str) {
+    assert_eq!(a.segments, b.segments, "{what}: segments");
+    assert_eq!(a.traces.len(), b.traces.len(), "{what}: traces");
+    for (x, y) in a.traces.iter().zip(&b.traces) {
+        assert_eq!(x.device, y.device, "{what}: device");
+        assert_eq!(x.events, y.events, "{what}: events");
+        assert_eq!(x.extras, y.extras, "{what}: extras");
+    }
+    assert_eq!(a.settings, b.settings, "{what}: settings");
+    assert_eq!(a.annotations, b.annotations, "{what}: annotations");
+    assert_eq!(a.frames, b.frames, "{what}: frames");
+    assert_eq!(a.stack_ranges, b.stack_ranges, "{what}: stack ranges");
+    assert_eq!(a.stack_frames, b.stack_frames, "{what}: stack frames");
+    assert_eq!(a.streams, b.streams, "{what}: streams");
+    assert_eq!(a.strings.len(), b.strings.len(), "{what}: strings");
+    for i in 0..a.strings.len() as u32 {
+        assert_eq!(a.strings.get(i), b.strings.get(i), "{what}: string {i}");
+    }
+    assert_eq!(a.legacy, b.legacy, "{what}: legacy");
+    assert_eq!(a.warnings, b.warnings, "{what}: warnings");
+}
+
+/// Reads `bytes` both ways; both must succeed alike or fail alike.
+fn compare(bytes: &[u8], what: &str) -> Option<Snapshot> {
+    let name = Path::new(what);
+    let fast = load_bytes_with(bytes, name, limits(true));
+    let slow = load_bytes_with(bytes, name, limits(false));
+    match (fast, slow) {
+        (Ok(f), Ok(s)) => {
+            assert_same(&f, &s, what);
+            Some(f)
+        }
+        (Err(f), Err(s)) => {
+            assert_eq!(f.to_string(), s.to_string(), "{what}: errors differ");
+            None
+        }
+        (f, s) => panic!(
+            "{what}: fast path {:?}, general loop {:?}",
+            f.map(|_| "ok"),
+            s.map(|_| "ok")
+        ),
+    }
+}
+
+fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let n = p.to_string_lossy();
+            n.ends_with(".pickle") || n.ends_with(".pickle.zst") || n.ends_with(".pickle.gz")
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn fast_path_equals_general_loop_on_every_fixture_and_corpus_file() {
+    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus");
+    let mut files = snapshot_files(&common::fixtures_dir());
+    files.extend(snapshot_files(&corpus));
+    assert!(
+        files.len() >= 20,
+        "found only {} snapshot files",
+        files.len()
+    );
+    let mut events = 0;
+    for f in &files {
+        let bytes = std::fs::read(f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+        let snap = compare(&bytes, &f.display().to_string())
+            .unwrap_or_else(|| panic!("{} does not read", f.display()));
+        events += snap.event_count();
+    }
+    // `long` alone holds 449,619 trace entries (BENCHMARKS.md): the fast
+    // path had real work to do.
+    assert!(events >= 449_619, "{events} events");
+}
+
+/// A small deterministic generator (xorshift64*).
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// Writes pickles the way CPython's pickler does, with random choices where
+/// it has them (MEMOIZE or BINPUT, batch sizes) and some it never makes.
+struct Pickler {
+    out: Vec<u8>,
+    memo: usize,
+    strings: Vec<(String, usize)>,
+    frames: Vec<usize>,
+    lists: Vec<usize>,
+    /// Whether to write values that make the snapshot an error.
+    errors: bool,
+}
+
+impl Pickler {
+    fn put(&mut self, rng: &mut Rng) -> usize {
+        let i = self.memo;
+        self.memo += 1;
+        match rng.below(10) {
+            0 if i < 256 => self.out.extend([b'q', i as u8]),
+            1 => {
+                self.out.push(b'r');
+                self.out.extend((i as u32).to_le_bytes());
+            }
+            _ => self.out.push(0x94),
+        }
+        i
+    }
+    fn get(&mut self, i: usize, rng: &mut Rng) {
+        if i < 256 && rng.chance(90) {
+            self.out.extend([b'h', i as u8]);
+        } else {
+            self.out.push(b'j');
+            self.out.extend((i as u32).to_le_bytes());
+        }
+    }
+    fn new_str(&mut self, s: &str, rng: &mut Rng, memoize: bool) {
+        if s.len() < 256 && rng.chance(90) {
+            self.out.extend([0x8c, s.len() as u8]);
+        } else {
+            self.out.push(b'X');
+            self.out.extend((s.len() as u32).to_le_bytes());
+        }
+        self.out.extend(s.as_bytes());
+        if memoize {
+            let i = self.put(rng);
+            self.strings.push((s.to_string(), i));
+        }
+    }
+    /// A string: a memo reference when it was written before (as CPython
+    /// does for the same object), else written and memoized.
+    fn str(&mut self, s: &str, rng: &mut Rng) {
+        match self.strings.iter().find(|(t, _)| t == s).map(|x| x.1) {
+            Some(i) => self.get(i, rng),
+            None => self.new_str(s, rng, true),
+        }
+    }
+    fn int(&mut self, v: i64) {
+        if (0..256).contains(&v) {
+            self.out.extend([b'K', v as u8]);
+        } else if (0..65536).contains(&v) {
+            self.out.push(b'M');
+            self.out.extend((v as u16).to_le_bytes());
+        } else if i32::try_from(v).is_ok() {
+            self.out.push(b'J');
+            self.out.extend((v as i32).to_le_bytes());
+        } else {
+            self.long(&v.to_le_bytes());
+        }
+    }
+    fn long(&mut self, bytes: &[u8]) {
+        self.out.extend([0x8a, bytes.len() as u8]);
+        self.out.extend(bytes);
+    }
+    /// A frame dict, written whole the first time.
+    fn frame(&mut self, rng: &mut Rng) {
+        if !self.frames.is_empty() && rng.chance(90) {
+            let i = self.frames[rng.below(self.frames.len() as u64) as usize];
+            self.get(i, rng);
+            return;
+        }
+        self.out.push(b'}');
+        let i = self.put(rng);
+        self.out.push(b'(');
+        let n = self.frames.len();
+        self.str("filename", rng);
+        self.str(&format!("/src/file{}.py", n % 7), rng);
+        self.str("line", rng);
+        self.int(rng.below(3000) as i64);
+        self.str("name", rng);
+        self.str(&format!("fn{}", n % 5), rng);
+        self.out.push(b'u');
+        self.frames.push(i);
+    }
+    fn frames_value(&mut self, rng: &mut Rng) {
+        match rng.below(20) {
+            0 if !self.lists.is_empty() => {
+                let i = self.lists[rng.below(self.lists.len() as u64) as usize];
+                self.get(i, rng);
+            }
+            1 => self.int(3), // not a list: counted as odd frames
+            2 => {
+                // A list holding something other than frames.
+                self.out.push(b']');
+                self.put(rng);
+                self.out.push(b'(');
+                self.frame(rng);
+                self.int(7);
+                self.out.push(b'e');
+            }
+            _ => {
+                self.out.push(b']');
+                if rng.chance(95) {
+                    let i = self.put(rng);
+                    self.lists.push(i);
+                }
+                let n = match rng.below(10) {
+                    0 => 0,
+                    1 => 1,
+                    _ => rng.below(40) as usize,
+                };
+                if n == 1 && rng.chance(70) {
+                    self.frame(rng);
+                    self.out.push(b'a');
+                } else if n > 0 {
+                    // CPython batches appends by 1000; smaller batches here.
+                    let batch = 1 + rng.below(16) as usize;
+                    let mut left = n;
+                    while left > 0 {
+                        let k = left.min(batch);
+                        self.out.push(b'(');
+                        for _ in 0..k {
+                            self.frame(rng);
+                        }
+                        self.out.push(b'e');
+                        left -= k;
+                    }
+                }
+            }
+        }
+    }
+    fn event(&mut self, rng: &mut Rng, t: &mut i64) {
+        const ACTIONS: [&str; 9] = [
+            "alloc",
+            "free_requested",
+            "free_completed",
+            "segment_alloc",
+            "segment_free",
+            "segment_map",
+            "segment_unmap",
+            "snapshot",
+            "oom",
+        ];
+        self.out.push(b'}');
+        if rng.chance(97) {
+            self.put(rng);
+        }
+        self.out.push(b'(');
+        let action = match rng.below(100) {
+            0 => "resize", // unknown: skipped with a warning
+            _ => ACTIONS[rng.below(9) as usize],
+        };
+        // `action` first, as PyTorch writes it; sometimes not.
+        let mut keys = vec![
+            "addr",
+            "size",
+            "stream",
+            "time_us",
+            "compile_context",
+            "user_metadata",
+            "frames",
+        ];
+        if rng.chance(5) {
+            keys.swap(0, rng.below(7) as usize);
+        }
+        if rng.chance(5) {
+            keys.remove(rng.below(keys.len() as u64) as usize);
+        }
+        let action_at = if rng.chance(97) {
+            0
+        } else {
+            rng.below(keys.len() as u64 + 1) as usize
+        };
+        keys.insert(action_at, "action");
+        for key in keys {
+            self.str(key, rng);
+            match key {
+                "action" => self.str(action, rng),
+                "addr" | "size" => match rng.below(if self.errors { 200 } else { 2 } + 2) {
+                    0 if self.errors => self.long(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
+                    0 => self.long(&(0x7f00_0000_0000 + rng.below(1 << 30) as i64).to_le_bytes()),
+                    // Errors, both ways (in a tenth of the snapshots).
+                    1 if self.errors => self.int(-5),
+                    2 if self.errors => self.out.push(b'N'),
+                    3 if self.errors => {
+                        self.out.push(b'G');
+                        self.out.extend(1.5f64.to_be_bytes());
+                    }
+                    _ => self.int(rng.below(1 << 30) as i64 * 512),
+                },
+                "stream" => self.int(if rng.chance(90) {
+                    0
+                } else {
+                    7 + rng.below(3) as i64
+                }),
+                "time_us" => {
+                    *t += rng.below(50) as i64;
+                    self.int(*t);
+                }
+                "compile_context" => match rng.below(20) {
+                    0 => self.str("torch_compile", rng),
+                    1 => self.out.push(0x88),
+                    // PyTorch writes a new "N/A" object each time.
+                    _ => {
+                        let memoize = rng.chance(80);
+                        self.new_str("N/A", rng, memoize)
+                    }
+                },
+                "user_metadata" => match rng.below(20) {
+                    0 => self.new_str("step=\u{e9}", rng, true),
+                    _ => self.str("", rng),
+                },
+                _ => self.frames_value(rng),
+            }
+        }
+        self.out.push(b'u');
+    }
+}
+
+/// A whole snapshot pickle with `n` random trace entries.
+fn generate(seed: u64, n: usize) -> Vec<u8> {
+    let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+    let mut p = Pickler {
+        out: vec![0x80, 4],
+        memo: 0,
+        strings: Vec::new(),
+        frames: Vec::new(),
+        lists: Vec::new(),
+        errors: seed % 10 == 0,
+    };
+    p.out.push(b'}');
+    p.put(&mut rng);
+    p.out.push(b'(');
+    p.str("segments", &mut rng);
+    p.out.push(b']');
+    p.put(&mut rng);
+    p.str("device_traces", &mut rng);
+    p.out.push(b']');
+    p.put(&mut rng);
+    p.out.push(b'(');
+    p.out.push(b']');
+    p.put(&mut rng);
+    let mut t = 1_700_000_000_000_000;
+    let mut left = n;
+    while left > 0 {
+        let k = left.min(1 + rng.below(50) as usize);
+        p.out.push(b'(');
+        for _ in 0..k {
+            p.event(&mut rng, &mut t);
+        }
+        p.out.push(b'e');
+        left -= k;
+    }
+    p.out.push(b'e');
+    p.out.push(b'u');
+    p.out.push(b'.');
+    p.out
+}
+
+#[test]
+fn fast_path_equals_general_loop_on_generated_pickles() {
+    let (mut read, mut failed, mut events) = (0, 0, 0);
+    for seed in 0..300 {
+        let bytes = generate(seed, 1 + (seed as usize * 7) % 400);
+        match compare(&bytes, &format!("generated-{seed}")) {
+            Some(s) => {
+                read += 1;
+                events += s.event_count();
+            }
+            None => failed += 1,
+        }
+    }
+    // A tenth of the generated snapshots may hold a negative or missing size
+    // (an error both ways); together the rest hold tens of thousands of events.
+    assert!(read >= 270, "{read} read, {failed} failed");
+    assert!(
+        failed >= 10,
+        "{read} read, {failed} failed: the error cases ran"
+    );
+    assert!(events >= 20_000, "{events} events");
+}
+
+#[test]
+fn fast_path_equals_general_loop_on_cut_pickles() {
+    let mut rng = Rng(42);
+    for seed in 0..40 {
+        let bytes = generate(1000 + seed, 60);
+        for _ in 0..25 {
+            let cut = 1 + rng.below(bytes.len() as u64 - 1) as usize;
+            let got = compare(&bytes[..cut], &format!("generated-{seed}, cut at {cut}"));
+            assert!(got.is_none(), "a pickle cut at byte {cut} read as complete");
+        }
+    }
+}
