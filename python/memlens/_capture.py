@@ -316,7 +316,10 @@ class Recorder:
         if self.model is not None:
             from ._modules import ModuleScopes
 
-            self._module_scopes = ModuleScopes(torch, self.model)
+            try:
+                self._module_scopes = ModuleScopes(torch, self.model)
+            except Exception as e:  # noqa: BLE001 - recording goes on without module names
+                _warn_once("module-scopes", f"memlens: modules are not named in the snapshot: {e!r}")
         if self.publish:
             self._publisher = Publisher(torch, self._devices)
             self._publisher.publish(step=None, rank=_rank(torch), leak_alarm=None, force=True)

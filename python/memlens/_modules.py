@@ -26,8 +26,10 @@ class ModuleScopes:
     """The hooks on one model; :meth:`remove` takes them off."""
 
     def __init__(self, torch: Any, model: Any) -> None:
-        rf = torch.autograd.profiler.record_function
         self._handles: List[Any] = []
+        rf = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "record_function", None)
+        if rf is None:
+            raise RuntimeError("this torch has no torch.autograd.profiler.record_function")
         for qualname, module in model.named_modules():
             name = f"{MODULE_MARKER}{qualname}:{type(module).__name__}"
             # A stack per module: a module may be called again inside its

@@ -105,16 +105,20 @@ class Profile:
             state["owned"] = True
         name = f"{PROFILE_MARKER}{next(_ids)}"
         state["name"] = name
-        scope = torch.autograd.profiler.record_function(name)
-        scope.__enter__()
-        state["scope"] = scope
+        rf = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "record_function", None)
+        if rf is not None:
+            scope = rf(name)
+            scope.__enter__()
+            state["scope"] = scope
+        state["active"] = True
 
     def _end(self) -> None:
         state = self._stack.pop()
         torch = state["torch"]
-        if torch is None or state["scope"] is None:
+        if torch is None or not state.get("active"):
             return
-        state["scope"].__exit__(None, None, None)
+        if state["scope"] is not None:
+            state["scope"].__exit__(None, None, None)
         t0 = time.perf_counter()
         try:
             snapshot = torch.cuda.memory._snapshot()
@@ -127,7 +131,9 @@ class Profile:
         if self.path:
             with open(self.path, "wb") as f:
                 f.write(data)
-        options = {"file": filename, "function": function, "scope": state["name"]}
+        options: Dict[str, Any] = {"file": filename, "function": function}
+        if state["scope"] is not None:
+            options["scope"] = state["name"]
         if frame is not None:
             options["first_line"] = first
             options["last_line"] = last
