@@ -21,8 +21,8 @@ line (a loop body). The same table comes from the CLI for any snapshot:
 
 The call is marked with a ``memlens.profile N`` record_function scope, so the
 analysis counts only the events inside it, even when a longer recording is
-reused. ``path=`` keeps the snapshot; ``print_to=None`` prints nothing (the
-result is on ``.last``).
+reused. ``path=`` keeps the snapshot; ``print_to`` is a file to print to
+(default: ``sys.stdout``), ``None`` prints nothing (the result is on ``.last``).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ _ids = itertools.count(1)
 class Profile:
     """One profiled call or block; a decorator and a context manager."""
 
-    def __init__(self, path: Optional[str] = None, print_to: Any = sys.stdout,
+    def __init__(self, path: Optional[str] = None, print_to: Any = "stdout",
                  max_entries: int = PROFILE_MAX_ENTRIES) -> None:
         self.path = path
         self.print_to = print_to
@@ -140,7 +140,9 @@ class Profile:
         self.last = _analyse(data, options)
         self.overhead_s = time.perf_counter() - t0
         if self.print_to is not None and self.last is not None:
-            print(self.last.get("text", ""), file=self.print_to, flush=True)
+            # sys.stdout as it is now (a test's or notebook's capture), not at import.
+            out = sys.stdout if self.print_to == "stdout" else self.print_to
+            print(self.last.get("text", ""), file=out, flush=True)
 
 
 def _analyse(data: bytes, options: Dict[str, Any]) -> Optional[Dict[str, Any]]:
