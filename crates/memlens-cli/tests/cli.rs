@@ -354,6 +354,15 @@ fn a_profiler_trace_is_read_by_summary_and_peak() {
     // A JSON file that is neither: one line naming the file, exit 2.
     let dir = std::env::temp_dir().join(format!("memlens-trace-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // The report: one page with the timeline and the peak by operator.
+    let page = dir.join("trace.html");
+    let out = memlens(&["report", &trace, "-o", page.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("<polyline") && html.contains("aten::linear"),
+        "{html}"
+    );
     let bad = dir.join("bad.json");
     std::fs::write(&bad, b"{\"traceEvents\": [1, 2").unwrap();
     assert_bad_input(&["peak", bad.to_str().unwrap()], "bad.json");

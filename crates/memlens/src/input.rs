@@ -41,14 +41,16 @@ const SNIFF_BYTES: usize = 64 << 10;
 
 /// Whether `path` is a snapshot or a profiler trace: a JSON object (in any
 /// container) with a `"traceEvents"` key near its start is a trace.
+/// A file that cannot be opened is an error (the same one loading it gives);
+/// one whose start cannot be decompressed reads as a snapshot, so the
+/// snapshot reader reports what is wrong with it, as it always did.
 pub fn kind(path: &Path) -> Result<InputKind> {
     let (_, mut reader) = open(path)?;
     let mut head = vec![0u8; SNIFF_BYTES];
-    let n = read_up_to(&mut reader, &mut head).map_err(|error| Error::Io {
-        path: path.into(),
-        error,
-    })?;
-    Ok(kind_of(&head[..n]))
+    match read_up_to(&mut reader, &mut head) {
+        Ok(n) => Ok(kind_of(&head[..n])),
+        Err(_) => Ok(InputKind::Snapshot),
+    }
 }
 
 /// [`kind`] of the first decompressed bytes.

@@ -103,3 +103,55 @@ pub fn peak_text(r: &TracePeak) -> String {
     would_add(&mut o, &r.snapshot_would_add);
     super::layout::fit(o)
 }
+
+/// `memlens report TRACE`: a self-contained HTML page with the timeline of
+/// allocated memory (an inline SVG), the peak by operator and what a snapshot
+/// would add. Smaller than the snapshot report: a trace has no stacks,
+/// segments or categories to show.
+pub fn html(s: &TraceSummary, p: &TracePeak, name: &str) -> String {
+    let mut o = String::new();
+    let title = format!("memlens: {}", escape(name));
+    let _ = write!(
+        o,
+        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
+         <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:60em}}\
+         pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}svg{{background:#fbfbfb}}</style>\
+         </head><body><h1>{title}</h1>"
+    );
+    let peak = p.peak_allocated_bytes.max(1) as f64;
+    let end = s.timeline.last().map_or(1.0, |t| t.0.max(1.0));
+    let (w, h) = (900.0, 240.0);
+    let points: Vec<String> = s
+        .timeline
+        .iter()
+        .map(|(t, b)| {
+            format!(
+                "{:.1},{:.1}",
+                t / end * w,
+                h - (*b as f64 / peak) * (h - 10.0)
+            )
+        })
+        .collect();
+    let _ = write!(
+        o,
+        "<h2>Allocated memory over the trace (peak {})</h2>\
+         <svg width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" role=\"img\">\
+         <polyline fill=\"none\" stroke=\"#36c\" stroke-width=\"1.5\" points=\"{}\"/></svg>",
+        format_bytes(p.peak_allocated_bytes),
+        points.join(" ")
+    );
+    let _ = writeln!(
+        o,
+        "<h2>Summary</h2><pre>{}</pre><h2>Peak</h2><pre>{}</pre></body></html>",
+        escape(&summary_text(s, name)),
+        escape(&peak_text(p))
+    );
+    o
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
