@@ -103,6 +103,12 @@ class Profile:
                 enabled="all", context="all", stacks="python", max_entries=self.max_entries
             )
             state["owned"] = True
+        elif getattr(rec, "context", "all") != "all":
+            # The frees must carry the stack of the line that freed (context
+            # "all"); with "alloc" they carry the allocating line's. Re-arming
+            # with the same ring keeps what was recorded.
+            self._arm(torch, rec, "all")
+            state["rearmed"] = rec
         name = f"{PROFILE_MARKER}{next(_ids)}"
         state["name"] = name
         rf = getattr(getattr(getattr(torch, "autograd", None), "profiler", None), "record_function", None)
@@ -111,6 +117,13 @@ class Profile:
             scope.__enter__()
             state["scope"] = scope
         state["active"] = True
+
+    @staticmethod
+    def _arm(torch: Any, rec: Any, context: str) -> None:
+        """Re-arms the recorder's history with ``context`` (its other settings kept)."""
+        torch.cuda.memory._record_memory_history(
+            enabled="all", context=context, stacks=rec.stacks, max_entries=rec.max_entries
+        )
 
     def _end(self) -> None:
         state = self._stack.pop()
@@ -125,6 +138,9 @@ class Profile:
         finally:
             if state["owned"]:
                 torch.cuda.memory._record_memory_history(enabled=None)
+            elif state.get("rearmed") is not None:
+                rec = state["rearmed"]
+                self._arm(torch, rec, rec.context)
         filename, function, first, frame = state["where"]
         last = frame.f_lineno if frame is not None else None
         data = pickle.dumps(snapshot, protocol=pickle.HIGHEST_PROTOCOL)

@@ -125,7 +125,7 @@ def test_profile_decorator_prints_the_per_line_table(gpu, tmp_path, capsys):
 
 
 def test_profile_as_a_context_manager_reuses_an_active_recording(gpu, tmp_path):
-    with memlens.record(tmp_path / "run.pickle", publish=False, leak_check=False):
+    with memlens.record(tmp_path / "run.pickle", publish=False, leak_check=False, context="all"):
         calls = len(gpu.history_calls)
         with memlens.profile(print_to=None) as prof:
             gpu.alloc(MIB, file=os.path.abspath(__file__), line=1, name="test_x")
@@ -141,3 +141,14 @@ def test_without_cuda_profile_runs_the_function(no_torch):
 
     with pytest.warns(memlens.MemlensWarning):
         assert f(1) == 2
+
+
+def test_profile_inside_a_recording_with_allocation_stacks_only_records_free_stacks(gpu, tmp_path):
+    with memlens.record(tmp_path / "run.pickle", publish=False, leak_check=False) as rec:
+        rec.context = "alloc"  # allocation stacks only (memlens.record's default on main since 3e05aa7)
+        calls = len(gpu.history_calls)
+        with memlens.profile(print_to=None):
+            pass
+        switched = gpu.history_calls[calls:]
+        assert [c["context"] for c in switched] == ["all", "alloc"]
+        assert all(c["max_entries"] == rec.max_entries for c in switched)
