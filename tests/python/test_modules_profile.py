@@ -122,6 +122,8 @@ def test_profile_decorator_prints_the_per_line_table(gpu, tmp_path, capsys):
     assert rows[102]["allocated_bytes"] == 2 * MIB and rows[102]["net_bytes"] == 2 * MIB
     out = capsys.readouterr().out
     assert "Memory by line of planted" in out and "8.00 MiB" in out
+    # The fake's frees carry their allocation's stack, as context="alloc" records them.
+    assert any("context=\"alloc\"" in w for w in prof.last["warnings"])
 
 
 def test_profile_as_a_context_manager_reuses_an_active_recording(gpu, tmp_path):

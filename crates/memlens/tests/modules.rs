@@ -202,6 +202,8 @@ fn line_profiler_figures_equal_the_planted_sizes() {
             "{name} peak"
         );
     }
+    // Recorded with context="all": the frees carry the freeing line, no warning.
+    assert!(r.warnings.is_empty(), "{:?}", r.warnings);
     // The loop line ran 3 times: 3 allocations, the 2 earlier tensors freed.
     let lp = r
         .rows

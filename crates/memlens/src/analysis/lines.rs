@@ -163,9 +163,25 @@ fn lines_of_device(
     let mut r = Replay::new(snap, device, &ReplayOptions::default());
     let mut before = r.totals().all.allocated;
     let (mut count, mut first_before, mut peak) = (0u64, None, 0u64);
+    // The stack each live address was allocated with, to tell whether frees
+    // carry their own stack (context="all") or their allocation's ("alloc").
+    let mut alloc_stack: HashMap<u64, StackId> = HashMap::new();
+    let (mut frees_seen, mut frees_alloc_stack) = (0u64, 0u64);
     while let Some(s) = r.step() {
         let after = s.totals.all.allocated;
         let e = &events[s.index];
+        match e.action {
+            Action::Alloc => {
+                alloc_stack.insert(e.addr, e.stack);
+            }
+            Action::FreeCompleted => {
+                if let Some(st) = alloc_stack.remove(&e.addr) {
+                    frees_seen += 1;
+                    frees_alloc_stack += u64::from(st == e.stack);
+                }
+            }
+            _ => {}
+        }
         let in_window = window.is_none_or(|(a, b)| e.time_us >= a && e.time_us <= b);
         // The free request counts for the peak (the bytes are still
         // allocated just before it), the completion for the bytes freed.
@@ -210,6 +226,14 @@ fn lines_of_device(
             row.peak_allocated_bytes = row.peak_allocated_bytes.max(before).max(after);
         }
         before = after;
+    }
+    if frees_seen > 0 && frees_alloc_stack == frees_seen {
+        warnings.push(
+            "every free carries the stack of its allocation (recorded with context=\"alloc\"): \
+             \"freed\" is charged to the line that allocated; record with context=\"all\" \
+             to charge the line that freed"
+                .into(),
+        );
     }
     let file = file_seen.unwrap_or_else(|| opts.file.clone());
     let source = finder.lines(&file);
