@@ -17,6 +17,7 @@ The ``memlens`` command is installed too, and a pytest plugin with the
 
 from ._native import MemlensError, __version__
 from ._analysis import Result, Snapshot, available, load
+from ._profile import Profile, profile
 from ._capture import (
     LeakWarning,
     MemlensWarning,
@@ -31,12 +32,14 @@ __all__ = [
     "LeakWarning",
     "MemlensError",
     "MemlensWarning",
+    "Profile",
     "Recorder",
     "Result",
     "Snapshot",
     "__version__",
     "available",
     "load",
+    "profile",
     "record",
     "start",
     "step",

@@ -24,6 +24,8 @@ _TABLE_KEYS = {
     "check": "failures",
     "doctor": "findings",
     "peak": "live_at_peak",
+    "lines": "rows",
+    "modules": "groups",
     "diff": "grown",
     "leaks": "leaks",
     "oom": "fixes",
@@ -214,6 +216,18 @@ class Snapshot:
     def peak(self, top: Optional[int] = None) -> Result:
         """The peak of the trace and what was live at it, by site (``memlens peak``)."""
         return self._run("peak", top=top)
+
+    def modules(self) -> Result:
+        """What was live at the peak by module, as a tree (``memlens peak --by module``)."""
+        return self._run("modules")
+
+    def lines(self, target: str, scope: Optional[str] = None) -> Result:
+        """Memory allocated and freed by each line of ``FILE[:FUNCTION]``
+        (``memlens lines``)."""
+        file, _, function = target.rpartition(":")
+        if not file or function.isdigit() or len(file) == 1:
+            file, function = target, ""
+        return self._run("lines", file=file, function=function or None, scope=scope)
 
     def diff(self, other: SnapshotLike) -> Result:
         """What ``other`` holds that this snapshot did not, and the reverse (``memlens diff``)."""

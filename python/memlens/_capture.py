@@ -230,6 +230,7 @@ class Recorder:
         leak_min_bytes: int = 8 * MIB,
         publish: bool = True,
         explain_oom: bool = True,
+        model: Any = None,
     ) -> None:
         if stacks not in ("python", "all"):
             raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
@@ -273,6 +274,10 @@ class Recorder:
         self._chunks: List["tuple[str, int]"] = []
         self._chunked = True
         self._steps_at_clear = 0
+        # The model whose module instances are named in the snapshot (see
+        # memlens._modules), and its hooks while recording.
+        self.model = model
+        self._module_scopes: Any = None
 
     # -- the public face --------------------------------------------------
 
@@ -311,6 +316,13 @@ class Recorder:
         devices = self._devices()
         self._entries = _trace_entries(torch, devices)
         self._entries_at_start = self._entries
+        if self.model is not None:
+            from ._modules import ModuleScopes
+
+            try:
+                self._module_scopes = ModuleScopes(torch, self.model)
+            except Exception as e:  # noqa: BLE001 - recording goes on without module names
+                _warn_once("module-scopes", f"memlens: modules are not named in the snapshot: {e!r}")
         if self.publish:
             self._publisher = Publisher(torch, self._devices)
             self._publisher.publish(step=None, rank=_rank(torch), leak_alarm=None, force=True)
@@ -343,6 +355,9 @@ class Recorder:
             self.active = False
             if _current is self:
                 _current = None
+            if self._module_scopes is not None:
+                self._module_scopes.remove()
+                self._module_scopes = None
             try:
                 self._torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:  # noqa: BLE001
@@ -664,7 +679,9 @@ def record(path_or_dir: Union[str, "os.PathLike[str]"] = "memlens-snapshots", **
     every N steps), ``max_entries`` (ring buffer size; default from
     ``steps_kept``, see the module doc), ``stacks`` ("python" or "all"),
     ``leak_check``/``leak_warmup``/``leak_steps``/``leak_min_bytes`` (the leak
-    rule), ``publish`` (live figures for ``memlens top``), ``explain_oom``.
+    rule), ``publish`` (live figures for ``memlens top``), ``explain_oom``,
+    ``model`` (an ``nn.Module``: its module instances are named in the
+    snapshot, for ``memlens peak --by module``; see ``memlens._modules``).
     """
     return Recorder(path_or_dir, **options)
 

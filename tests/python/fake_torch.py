@@ -45,6 +45,8 @@ class FakeGPU:
         self.clear_history_supported = True
         # A running event clock, so time_us stays increasing when the trace is cleared.
         self.clock = 0
+        # record_function scopes (torch keeps them in `external_annotations`).
+        self.annotations: List[Dict[str, Any]] = []
 
     # -- what tests drive ---------------------------------------------------
 
@@ -120,7 +122,7 @@ class FakeGPU:
             "segments": segments,
             "device_traces": [list(self.trace[d]) for d in range(self.n_devices)],
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
-            "external_annotations": [],
+            "external_annotations": [dict(a) for a in self.annotations],
         }
 
     def memory_stats(self, device: Optional[int] = None) -> Dict[str, int]:
@@ -192,6 +194,24 @@ def build(gpu: FakeGPU) -> types.ModuleType:
     dist.is_initialized = lambda: gpu.rank is not None
     dist.get_rank = lambda: gpu.rank
 
+    class record_function:
+        """torch.autograd.profiler.record_function: START/END annotations."""
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def __enter__(self) -> "record_function":
+            gpu.annotations.append({"stage": "START", "name": self.name, "device": gpu.current, "time_us": gpu.tick()})
+            return self
+
+        def __exit__(self, *exc: Any) -> None:
+            gpu.annotations.append({"stage": "END", "name": self.name, "device": gpu.current, "time_us": gpu.tick()})
+
+    autograd = types.ModuleType("torch.autograd")
+    profiler = types.ModuleType("torch.autograd.profiler")
+    profiler.record_function = record_function
+    autograd.profiler = profiler
+    torch.autograd = autograd
     torch.cuda = cuda
     torch._C = c
     torch.distributed = dist

@@ -34,6 +34,8 @@ enum Command {
     Summary(commands::summary::Args),
     /// Replays the trace: the peak, and what was live at it by allocation site.
     Peak(commands::peak::Args),
+    /// Memory allocated and freed by each line of a function (a line profiler).
+    Lines(commands::lines::Args),
     /// What snapshot B holds that A did not, and the reverse, by allocation site.
     Diff(commands::diff::Args),
     /// Leak candidates: sites whose live memory keeps growing.
@@ -76,6 +78,7 @@ where
         Command::Doctor(a) => commands::doctor::run(a),
         Command::Summary(a) => commands::summary::run(a),
         Command::Peak(a) => commands::peak::run(a),
+        Command::Lines(a) => commands::lines::run(a),
         Command::Diff(a) => commands::diff::run(a),
         Command::Leaks(a) => commands::leaks::run(a),
         Command::Oom(a) => commands::oom::run(a),

@@ -272,3 +272,99 @@ fn doctor_writes_its_report_beside_the_input_and_never_over_a_users_file() {
     assert!(dir.path().join("example.memlens.html").exists());
     assert!(!dir.path().join("memlens-report.html").exists());
 }
+
+fn modules_corpus(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/modules")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn modules_truth() -> serde_json::Value {
+    let text = std::fs::read_to_string(modules_corpus("truth.json")).expect("truth");
+    serde_json::from_str(&text).expect("JSON")
+}
+
+#[test]
+fn peak_by_module_prints_the_tree_and_its_json_sums_to_the_peak() {
+    let snap = modules_corpus("named.pickle.zst");
+    let out = memlens(&["peak", &snap, "--by", "module", "--depth", "5"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("transformer.h.1.attn (GPT2Attention)"),
+        "{text}"
+    );
+    let out = memlens(&["peak", &snap, "--by", "module", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["schema"], "memlens/1");
+    assert_eq!(v["naming"], "instances");
+    let top: u64 = v["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["bytes"].as_u64().unwrap())
+        .sum();
+    let want = modules_truth()["named"]["allocated_bytes.all.peak"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(
+        (v["peak_allocated_bytes"].as_u64(), top),
+        (Some(want), want)
+    );
+}
+
+#[test]
+fn lines_prints_the_planted_sizes() {
+    let out = memlens(&[
+        "lines",
+        &modules_corpus("planted.pickle.zst"),
+        "modules.py:planted",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let truth = modules_truth();
+    let want = truth["planted"]["lines"].as_object().unwrap();
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), want.len());
+    for r in rows {
+        let w = &want[&r["line"].to_string()];
+        assert_eq!(r["allocated_bytes"], w["allocated"]);
+        assert_eq!(r["freed_bytes"], w["freed"]);
+        assert_eq!(r["peak_allocated_bytes"], w["peak"]);
+    }
+}
+
+#[test]
+fn a_profiler_trace_is_read_by_summary_and_peak() {
+    let trace = modules_corpus("trace.json.zst");
+    let max = modules_truth()["trace"]["max_memory_allocated"].clone();
+    let out = memlens(&["peak", &trace, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(v["peak_allocated_bytes"], max);
+    let out = memlens(&["summary", &trace]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("A memory snapshot of the same run would add"),
+        "{text}"
+    );
+    // A JSON file that is neither: one line naming the file, exit 2.
+    let dir = std::env::temp_dir().join(format!("memlens-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // The report: one page with the timeline and the peak by operator.
+    let page = dir.join("trace.html");
+    let out = memlens(&["report", &trace, "-o", page.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.contains("<polyline") && html.contains("aten::linear"),
+        "{html}"
+    );
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, b"{\"traceEvents\": [1, 2").unwrap();
+    assert_bad_input(&["peak", bad.to_str().unwrap()], "bad.json");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -144,7 +144,43 @@ pub static ANALYSES: &[Analysis] = &[
             )?)
         },
     },
+    Analysis {
+        name: "lines",
+        run: |s, o| {
+            doc(&analysis::lines::lines(
+                one(s)?,
+                &line_options(o)?,
+                &memlens::source::SourceFinder::with_env(Vec::new()),
+            ))
+        },
+    },
+    Analysis {
+        name: "modules",
+        run: |s, _| {
+            let an = memlens::trace::Analysed::new(one(s)?);
+            let finder = memlens::source::SourceFinder::with_env(Vec::new());
+            doc(&analysis::modules::modules_at_peak(&an, &finder))
+        },
+    },
 ];
+
+/// The options of `lines`: `file` (required), `function`, `scope`,
+/// `first_line`, `last_line`.
+pub fn line_options(o: &Options) -> Result<analysis::lines::LineOptions> {
+    let file = o
+        .string("file")?
+        .ok_or_else(|| Error::usage("lines needs a file"))?;
+    let line = |k: &str| -> Result<Option<u32>> {
+        Ok(o.count(k)?.map(|n| u32::try_from(n).unwrap_or(u32::MAX)))
+    };
+    Ok(analysis::lines::LineOptions {
+        file,
+        function: o.string("function")?,
+        scope: o.string("scope")?,
+        first_line: line("first_line")?,
+        last_line: line("last_line")?,
+    })
+}
 
 /// `device_memory` given as bytes, a size (`"80GiB"`) or a GPU name (`"H100-80GB"`).
 fn device_memory(o: &Options) -> Result<Option<u64>> {

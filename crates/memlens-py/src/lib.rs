@@ -164,6 +164,21 @@ impl PySnapshot {
         .map_err(to_py_err)
     }
 
+    /// The text of the `lines` analysis (the per-line table `@memlens.profile`
+    /// prints); options as for `analyze("lines", ...)`.
+    #[pyo3(signature = (options = "{}"))]
+    fn lines_text(&self, py: Python<'_>, options: &str) -> PyResult<String> {
+        let opts = options::Options::parse(options).map_err(to_py_err)?;
+        let line_opts = analyses::line_options(&opts).map_err(to_py_err)?;
+        let snap = Arc::clone(&self.inner);
+        Ok(py.detach(move || {
+            let finder = memlens::source::SourceFinder::with_env(Vec::new());
+            memlens::render::lines::text(&memlens::analysis::lines::lines(
+                &snap, &line_opts, &finder,
+            ))
+        }))
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<memlens Snapshot {:?}: {} events, devices {:?}>",

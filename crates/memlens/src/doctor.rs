@@ -80,6 +80,8 @@ pub struct Diagnosis {
     pub tune: Option<TuneResult>,
     /// Why the allocation failed and what would fix it, when the trace holds an OOM.
     pub oom: Option<crate::oom::OomReport>,
+    /// What was live at the peak by module (last snapshot; `peak --by module`).
+    pub modules: Option<crate::analysis::modules::ModuleReport>,
 }
 
 /// Share of reserved memory at the peak that, when free but unusable,
@@ -307,6 +309,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         });
     }
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let modules = modules_at(last, &peak, opts);
     Diagnosis {
         findings,
         summary,
@@ -314,5 +317,27 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         leaks,
         tune,
         oom: oom_report,
+        modules,
     }
+}
+
+/// The module tree at the peak `peak` found (no second search for it), when
+/// the snapshot has a trace.
+fn modules_at(
+    snap: &Snapshot,
+    peak: &PeakReport,
+    opts: &DoctorOptions,
+) -> Option<crate::analysis::modules::ModuleReport> {
+    let trace = snap
+        .traces
+        .iter()
+        .position(|t| t.device == peak.device && !t.events.is_empty())?;
+    let an = crate::trace::Analysed::new(snap);
+    let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
+    Some(crate::analysis::modules::modules_live_at(
+        &an,
+        trace,
+        peak.peak_event_index,
+        &finder,
+    ))
 }

@@ -25,6 +25,45 @@ pub enum Container {
     Json,
 }
 
+/// What kind of input a file is, whatever its container.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InputKind {
+    /// A `torch.cuda.memory` snapshot (pickle or JSON).
+    Snapshot,
+    /// A Chrome trace exported by `torch.profiler` ([`crate::profiler`]).
+    ProfilerTrace,
+}
+
+/// How far into the decompressed bytes [`kind`] looks for `"traceEvents"`
+/// (torch.profiler writes it after a short header of device properties).
+const SNIFF_BYTES: usize = 64 << 10;
+
+/// Whether `path` is a snapshot or a profiler trace: a JSON object (in any
+/// container) with a `"traceEvents"` key near its start is a trace.
+/// A file that cannot be opened is an error (the same one loading it gives);
+/// one whose start cannot be decompressed reads as a snapshot, so the
+/// snapshot reader reports what is wrong with it, as it always did.
+pub fn kind(path: &Path) -> Result<InputKind> {
+    let (_, mut reader) = open(path)?;
+    let mut head = vec![0u8; SNIFF_BYTES];
+    match read_up_to(&mut reader, &mut head) {
+        Ok(n) => Ok(kind_of(&head[..n])),
+        Err(_) => Ok(InputKind::Snapshot),
+    }
+}
+
+/// [`kind`] of the first decompressed bytes.
+pub fn kind_of(head: &[u8]) -> InputKind {
+    let json = head.iter().find(|b| !b.is_ascii_whitespace()) == Some(&b'{');
+    let needle = b"\"traceEvents\"";
+    if json && head.windows(needle.len()).any(|w| w == needle) {
+        InputKind::ProfilerTrace
+    } else {
+        InputKind::Snapshot
+    }
+}
+
 /// Size of the chunks the decompression thread hands over.
 const CHUNK: usize = 1 << 20;
 
@@ -232,5 +271,11 @@ mod tests {
         assert_eq!(detect(b"  {\"segments\""), Some(Container::Json));
         assert_eq!(detect(b"PK\x03\x04"), None);
         assert!(describe_unknown(b"PK\x03\x04").contains("torch.save"));
+        assert_eq!(
+            kind_of(b"{\n \"schemaVersion\": 1, \"traceEvents\": []}"),
+            InputKind::ProfilerTrace
+        );
+        assert_eq!(kind_of(b"{\"segments\": []}"), InputKind::Snapshot);
+        assert_eq!(kind_of(&[0x80, 4, 0x95]), InputKind::Snapshot);
     }
 }

@@ -32,6 +32,7 @@ pub mod input;
 pub mod live;
 pub mod oom;
 pub mod pickle;
+pub mod profiler;
 pub mod render;
 pub mod replay;
 pub mod report;

@@ -21,7 +21,7 @@ mod python;
 
 use crate::analysis::leaks::LeakReport;
 use crate::doctor::Finding;
-use python::{find_keeper, KeptAt};
+use python::{enclosing_class, find_keeper, KeptAt};
 use serde::{Deserialize, Serialize};
 use std::path::{Component, Path, PathBuf};
 
@@ -128,6 +128,17 @@ pub fn split_site(site: &str) -> Option<(&str, u32)> {
     (!file.is_empty()).then_some((file, n))
 }
 
+/// The class whose method holds line `line` (from 1) of a Python file's
+/// `lines` (`GPT2Attention` for a line of its `forward`); `None` outside a
+/// class, or in a function nested in a method.
+pub fn class_of_line(lines: &[String], line: u32) -> Option<String> {
+    let at = (line as usize).checked_sub(1)?;
+    if at >= lines.len() {
+        return None;
+    }
+    enclosing_class(lines, at)
+}
+
 /// Finds and reads the user's source files.
 #[derive(Clone, Debug, Default)]
 pub struct SourceFinder {
@@ -185,6 +196,11 @@ impl SourceFinder {
         let bytes = std::fs::read(&path).ok()?;
         let text = String::from_utf8_lossy(&bytes);
         Some((path, text.lines().map(str::to_string).collect()))
+    }
+
+    /// The lines of the file a frame's path names, when it is readable.
+    pub fn lines(&self, frame_path: &str) -> Option<Vec<String>> {
+        self.read(frame_path).map(|(_, lines)| lines)
     }
 
     /// The line a `file:line` site names, when the file is readable.

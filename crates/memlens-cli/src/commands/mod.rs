@@ -6,6 +6,7 @@ pub mod diff;
 pub mod doctor;
 pub mod estimate;
 pub mod leaks;
+pub mod lines;
 pub mod oom;
 pub mod peak;
 pub mod report;
@@ -32,4 +33,15 @@ pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snaps
 /// The loaded snapshots as the library's analyses of several snapshots take them.
 pub fn named(snaps: &[(String, memlens::Snapshot)]) -> Vec<(String, &memlens::Snapshot)> {
     snaps.iter().map(|(n, s)| (n.clone(), s)).collect()
+}
+
+/// The profiler trace at `path` when it is one (a Chrome trace exported by
+/// torch.profiler), else `None` (a snapshot, read by [`load`]).
+pub fn profiler_trace(path: &Path) -> anyhow::Result<Option<memlens::profiler::ProfilerTrace>> {
+    match memlens::input::kind(path)? {
+        memlens::input::InputKind::ProfilerTrace => {
+            Ok(Some(memlens::profiler::ProfilerTrace::load(path)?))
+        }
+        memlens::input::InputKind::Snapshot => Ok(None),
+    }
 }

@@ -4,6 +4,8 @@ pub mod categories;
 pub mod check;
 pub mod diff;
 pub mod leaks;
+pub mod lines;
+pub mod modules;
 pub mod peak;
 pub mod sites;
 pub mod steps;

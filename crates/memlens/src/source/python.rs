@@ -369,6 +369,59 @@ fn is_ident_byte(c: u8) -> bool {
     c.is_ascii_alphanumeric() || c == b'_'
 }
 
+/// The class whose method holds line `at` (0-based): the nearest `def` above
+/// it with less indentation, then the nearest `class` above that one with less
+/// indentation than the `def`. `None` for a function outside a class, or one
+/// nested in another function (its class is not the module's). Read by
+/// indentation, like the rest of this module: a multi-line string that
+/// starts at column 0 inside the method can mislead it.
+pub(super) fn enclosing_class(lines: &[String], at: usize) -> Option<String> {
+    let mut limit = lines.get(at).map(|l| indent(l))?;
+    let mut def_indent: Option<usize> = None;
+    for line in lines[..=at].iter().rev() {
+        let c = code(line);
+        let t = c.trim_start();
+        if t.is_empty() {
+            continue;
+        }
+        let ind = indent(c);
+        let header = |kw: &str| t.strip_prefix(kw).filter(|r| r.starts_with([' ', '\t']));
+        match def_indent {
+            None => {
+                if ind < limit || header("def").is_some() || header("async").is_some() {
+                    let is_def = header("def").is_some()
+                        || header("async").is_some_and(|r| r.trim_start().starts_with("def "));
+                    if is_def && ind <= limit {
+                        def_indent = Some(ind);
+                        limit = ind;
+                    } else if ind < limit {
+                        // A block header (if/for/with) of the function body.
+                        limit = ind;
+                    }
+                }
+            }
+            Some(d) => {
+                if ind < d {
+                    if let Some(rest) = header("class") {
+                        let name: String = rest
+                            .trim_start()
+                            .chars()
+                            .take_while(|c| c.is_alphanumeric() || *c == '_')
+                            .collect();
+                        return (!name.is_empty()).then_some(name);
+                    }
+                    // A def or anything else at a smaller indent: not a method.
+                    return None;
+                }
+            }
+        }
+        if def_indent.is_none() && ind == 0 && limit == 0 {
+            return None;
+        }
+    }
+    None
+}
+
 /// Leading whitespace, a tab counting 8.
 fn indent(line: &str) -> usize {
     line.chars()
@@ -496,6 +549,29 @@ fn matching_paren(s: &str, open: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enclosing_class_of_a_method_line() {
+        let src: Vec<String> = [
+            "import torch",
+            "class GPT2Attention(nn.Module):",
+            "    def __init__(self):",
+            "        pass",
+            "",
+            "    def forward(self, x):",
+            "        if x is None:",
+            "            y = x * 2",
+            "        return y",
+            "def helper():",
+            "    return 1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(enclosing_class(&src, 7).as_deref(), Some("GPT2Attention"));
+        assert_eq!(enclosing_class(&src, 8).as_deref(), Some("GPT2Attention"));
+        assert_eq!(enclosing_class(&src, 10), None);
+    }
 
     fn lines(text: &str) -> Vec<String> {
         text.lines().map(str::to_string).collect()
