@@ -352,7 +352,7 @@ fn generate(seed: u64, n: usize) -> Vec<u8> {
         strings: Vec::new(),
         frames: Vec::new(),
         lists: Vec::new(),
-        errors: seed % 10 == 0,
+        errors: seed.is_multiple_of(10),
     };
     p.out.push(b'}');
     p.put(&mut rng);
