@@ -345,7 +345,9 @@
       }
       ooms.forEach(function (i) { vline(i, '#c62828', 'OOM', []); });
       if (peak != null) vline(peak, INK, 'peak ' + fmtBytes(T.allocated[peak]), [4, 3]);
-      if (ML.momentIndex != null && ML.momentIndex < n) vline(ML.momentIndex, '#6f42c1', 'shown below', [1, 3]);
+      // The moment shown below, unless it is the peak or an OOM (already marked: two labels would overlap).
+      var mi = ML.momentIndex;
+      if (mi != null && mi < n && mi !== peak && ooms.indexOf(mi) < 0) vline(mi, '#6f42c1', 'shown below', [1, 3]);
       ctx.restore();
     }
 
