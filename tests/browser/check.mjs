@@ -132,7 +132,8 @@ try {
     if (matches < 1) fail(`flame search for ${JSON.stringify(expectedSite)}: no match`);
     state.flame.matches = matches;
     // Bring the top of the graph below the sticky navigation bar, then hover its second row.
-    await page.evaluate(() => { document.getElementById('flame-box').scrollIntoView({ block: 'center', behavior: 'instant' }); });
+    // (Its top, 100 px down: a deep graph is taller than the window, and centring it would put its top above.)
+    await page.evaluate(() => { const b = document.getElementById('flame-box'); window.scrollTo({ top: b.getBoundingClientRect().top + window.scrollY - 100, behavior: 'instant' }); });
     const box = await page.locator('#flame-canvas').boundingBox();
     await page.mouse.move(box.x + box.width / 3, box.y + 30);
     const tipShown = await page.evaluate(() => !document.getElementById('tip').hidden);
@@ -193,6 +194,11 @@ async function issue18(page, theme) {
     r.oomRects = document.querySelectorAll('#oom-bars svg rect').length;
     r.oomFixRows = document.querySelectorAll('#oom-fixes tbody tr').length;
     r.expectedFixes = D.oom ? D.oom.fixes.length : 0;
+    // "other sites" can be opened: at the peak it lists the sites it holds.
+    const T = D.timeline, tl = ML.timeline;
+    if (T && tl && tl.peak != null && ML.otherSitesAt && T.other && T.other[tl.peak] > 0) {
+      r.otherOpened = ML.otherSitesAt(tl.events[tl.peak], T.sites).querySelectorAll('tr').length;
+    }
     return r;
   });
   if (out.zeroLegend.length) fail(`${theme}: timeline legend entries that are always 0 B: ${out.zeroLegend.join(', ')}`);
@@ -204,6 +210,7 @@ async function issue18(page, theme) {
     if (out.oomFixRows !== out.expectedFixes) fail(`${theme}: OOM fixes: ${out.oomFixRows} rows, ${out.expectedFixes} in the data`);
   }
   if (expect.has('moments') && !out.present.moments) fail(`${theme}: no moments data`);
+  if (out.otherOpened === 0) fail(`${theme}: "other sites" holds bytes at the peak but opens to no site`);
   // Click the timeline at the peak and at each OOM: the flame graph and the
   // segment map must then show that event.
   out.clicks = [];

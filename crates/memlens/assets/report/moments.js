@@ -122,6 +122,9 @@
       show(idx);
     });
 
+    // A run that ended in an OOM opens on the OOM: that is the moment to explain.
+    if (tl.ooms && tl.ooms.length) show(tl.ooms[tl.ooms.length - 1]);
+
     // "other sites" opened: the largest kept sites outside the bands at event e.
     ML.otherSitesAt = function (e, bandSites) {
       var inBand = {};
