@@ -194,8 +194,8 @@
       if (f.evidence && f.evidence.length) {
         card.appendChild(el('ul', { class: 'small' }, f.evidence.map(function (e) {
           // A long series (hundreds of values) is summarised; the whole of it one click away.
-          if (String(e).length <= 240) return el('li', { text: e });
-          return el('li', null, [String(e).slice(0, 200) + '… ', el('details', { class: 'inline' }, [el('summary', { text: 'all ' + String(e).length + ' characters' }), el('div', { class: 'stack', text: e })])]);
+          if (String(e).length <= 600) return el('li', { text: e });
+          return el('li', null, [String(e).slice(0, 400) + '… ', el('details', { class: 'inline' }, [el('summary', { text: 'all ' + String(e).length + ' characters' }), el('div', { class: 'stack', text: e })])]);
         })));
       }
       if (f.stack && f.stack.length) {
