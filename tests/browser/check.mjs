@@ -136,7 +136,10 @@ try {
     await page.evaluate(() => { const b = document.getElementById('flame-box'); window.scrollTo({ top: b.getBoundingClientRect().top + window.scrollY - 100, behavior: 'instant' }); });
     const box = await page.locator('#flame-canvas').boundingBox();
     await page.mouse.move(box.x + box.width / 3, box.y + 30);
-    const tipShown = await page.evaluate(() => !document.getElementById('tip').hidden);
+    await page.mouse.move(box.x + box.width / 3 + 2, box.y + 31);
+    // Under load the event may land after the call returns: wait for the tooltip a moment.
+    const tipShown = await page.waitForFunction(() => !document.getElementById('tip').hidden, null, { timeout: 3000 })
+      .then(() => true, () => false);
     if (!tipShown) fail('flame: hovering shows no tooltip');
     await page.mouse.move(0, 0);
   }
