@@ -133,13 +133,17 @@ try {
     state.flame.matches = matches;
     // Bring the top of the graph below the sticky navigation bar, then hover its second row.
     // (Its top, 100 px down: a deep graph is taller than the window, and centring it would put its top above.)
-    await page.evaluate(() => { const b = document.getElementById('flame-box'); window.scrollTo({ top: b.getBoundingClientRect().top + window.scrollY - 100, behavior: 'instant' }); });
-    const box = await page.locator('#flame-canvas').boundingBox();
-    await page.mouse.move(box.x + box.width / 3, box.y + 30);
-    await page.mouse.move(box.x + box.width / 3 + 2, box.y + 31);
-    // Under load the event may land after the call returns: wait for the tooltip a moment.
-    const tipShown = await page.waitForFunction(() => !document.getElementById('tip').hidden, null, { timeout: 3000 })
-      .then(() => true, () => false);
+    // Under load an event can land late or the layout move: up to three tries.
+    let tipShown = false;
+    for (let attempt = 0; attempt < 3 && !tipShown; attempt++) {
+      await page.evaluate(() => { const b = document.getElementById('flame-box'); window.scrollTo({ top: b.getBoundingClientRect().top + window.scrollY - 100, behavior: 'instant' }); });
+      await page.waitForTimeout(100);
+      const box = await page.locator('#flame-canvas').boundingBox();
+      await page.mouse.move(box.x + box.width / 3, box.y + 30);
+      await page.mouse.move(box.x + box.width / 3 + 2, box.y + 31);
+      tipShown = await page.waitForFunction(() => !document.getElementById('tip').hidden, null, { timeout: 2000 })
+        .then(() => true, () => false);
+    }
     if (!tipShown) fail('flame: hovering shows no tooltip');
     await page.mouse.move(0, 0);
   }
