@@ -203,6 +203,33 @@ class Snapshot:
     def __repr__(self) -> str:
         return repr(self._native)
 
+    def _repr_html_(self) -> str:
+        """Jupyter's view: a compact summary (figures and findings)."""
+        from ._notebook import summary_html
+
+        return summary_html(self.path, self.summary().to_dict(), self.doctor().to_dict())
+
+    def report_html(self, *others: SnapshotLike) -> str:
+        """The self-contained HTML report of this snapshot (and ``others``,
+        later snapshots of the run) as text."""
+        from ._notebook import write_report_text
+
+        return write_report_text(self, others)
+
+    def show_report(self, *others: SnapshotLike, height: int = 900) -> Any:
+        """Shows the HTML report inline in a Jupyter notebook (an
+        ``IPython.display.HTML`` of an ``<iframe srcdoc>``; no server, no
+        network). Needs IPython."""
+        from ._notebook import iframe_html
+
+        try:
+            from IPython.display import HTML
+        except ImportError:
+            raise ImportError(
+                "show_report() needs IPython (Jupyter); report_html() gives the page as text"
+            ) from None
+        return HTML(iframe_html(self.report_html(*others), height))
+
     def _run(self, name: str, *others: SnapshotLike, **options: Any) -> Result:
         natives = [load(o)._native for o in others]
         opts = {k: _plain(v) for k, v in options.items() if v is not None}

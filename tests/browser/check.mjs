@@ -3,8 +3,17 @@
 // whose data is present drew, and the flame graph holds the expected site.
 // Saves a full-page screenshot.
 //
+// Issue 18's points too, on every report: no zero-byte legend entry; a click
+// on the timeline at the peak and at each OOM redraws the flame graph and the
+// segment map at that event; the OOM section draws the request against the
+// largest free piece; no horizontal overflow at 800 px; the same checks in the
+// dark theme, with a second screenshot (OUT-dark.png).
+//
 // usage: node check.mjs REPORT.html EXPECTED_SITE OUT.png
 // env:   CHROMIUM (default /usr/bin/chromium)
+//        MEMLENS_EXPECT  comma list of what the report must show: leak, oom,
+//                        overview (a per-snapshot table), moments
+//        MEMLENS_MAX_LOAD_MS  fail when the page takes longer to be ready
 import { chromium } from 'playwright-core';
 import { mkdtempSync, rmSync, existsSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
@@ -123,10 +132,18 @@ try {
     if (matches < 1) fail(`flame search for ${JSON.stringify(expectedSite)}: no match`);
     state.flame.matches = matches;
     // Bring the top of the graph below the sticky navigation bar, then hover its second row.
-    await page.evaluate(() => { document.getElementById('flame-box').scrollIntoView({ block: 'center', behavior: 'instant' }); });
-    const box = await page.locator('#flame-canvas').boundingBox();
-    await page.mouse.move(box.x + box.width / 3, box.y + 30);
-    const tipShown = await page.evaluate(() => !document.getElementById('tip').hidden);
+    // (Its top, 100 px down: a deep graph is taller than the window, and centring it would put its top above.)
+    // Under load an event can land late or the layout move: up to three tries.
+    let tipShown = false;
+    for (let attempt = 0; attempt < 3 && !tipShown; attempt++) {
+      await page.evaluate(() => { const b = document.getElementById('flame-box'); window.scrollTo({ top: b.getBoundingClientRect().top + window.scrollY - 100, behavior: 'instant' }); });
+      await page.waitForTimeout(100);
+      const box = await page.locator('#flame-canvas').boundingBox();
+      await page.mouse.move(box.x + box.width / 3, box.y + 30);
+      await page.mouse.move(box.x + box.width / 3 + 2, box.y + 31);
+      tipShown = await page.waitForFunction(() => !document.getElementById('tip').hidden, null, { timeout: 2000 })
+        .then(() => true, () => false);
+    }
     if (!tipShown) fail('flame: hovering shows no tooltip');
     await page.mouse.move(0, 0);
   }
@@ -150,13 +167,95 @@ try {
     await page.evaluate(() => window.memlens.timeline.showPeak());
   }
   await page.fill('#flame-search', '').catch(() => {});
+  const extra = await issue18(page, 'light');
   await page.evaluate(() => window.scrollTo({ top: 0, behavior: 'instant' }));
   await page.waitForTimeout(200);
   await page.screenshot({ path: outPng, fullPage: true });
-  summary = { report, bytes: statSync(report).size, load_ms: loadMs, ...state };
+  // The dark theme: the same page as the system's dark mode shows it.
+  await page.emulateMedia({ colorScheme: 'dark' });
+  await page.reload({ waitUntil: 'load' });
+  await page.waitForFunction(() => window.memlens && window.memlens.ready === true, null, { timeout: 15000 });
+  const dark = await issue18(page, 'dark');
+  await page.evaluate(() => window.scrollTo({ top: 0, behavior: 'instant' }));
+  await page.waitForTimeout(200);
+  await page.screenshot({ path: outPng.replace(/\.png$/, '') + '-dark.png', fullPage: true });
+  const maxLoad = Number(process.env.MEMLENS_MAX_LOAD_MS || 0);
+  if (maxLoad && loadMs > maxLoad) fail(`load: ${loadMs} ms, over ${maxLoad} ms`);
+  summary = { report, bytes: statSync(report).size, load_ms: loadMs, ...state, issue18: extra, dark_theme: dark.theme };
 } finally {
   await context.close();
   rmSync(profile, { recursive: true, force: true });
+}
+
+/** Issue 18's checks on the page as it stands (light or dark). */
+async function issue18(page, theme) {
+  const expect = new Set((process.env.MEMLENS_EXPECT || '').split(',').filter(Boolean));
+  const out = await page.evaluate(() => {
+    const ML = window.memlens, D = ML.data;
+    const r = { theme: ML.theme, present: { oom: D.oom != null, overview: D.overview != null, moments: D.moments != null, leaks: D.leaks != null } };
+    r.zeroLegend = (ML.timeline && ML.timeline.layers || []).filter((l) => !(l.max > 0)).map((l) => l.label);
+    r.leakCharts = (ML.charts.leaks || []).length;
+    r.overviewRows = document.querySelectorAll('#overview-table tbody tr').length;
+    r.expectedOverviewRows = D.overview ? D.overview.rows.length : 0;
+    r.oom = ML.oom || null;
+    r.oomRects = document.querySelectorAll('#oom-bars svg rect').length;
+    r.oomFixRows = document.querySelectorAll('#oom-fixes tbody tr').length;
+    r.expectedFixes = D.oom ? D.oom.fixes.length : 0;
+    // "other sites" can be opened: at the peak it lists the sites it holds.
+    const T = D.timeline, tl = ML.timeline;
+    if (T && tl && tl.peak != null && ML.otherSitesAt && T.other && T.other[tl.peak] > 0) {
+      r.otherOpened = ML.otherSitesAt(tl.events[tl.peak], T.sites).querySelectorAll('tr').length;
+    }
+    return r;
+  });
+  if (out.zeroLegend.length) fail(`${theme}: timeline legend entries that are always 0 B: ${out.zeroLegend.join(', ')}`);
+  if (expect.has('leak') && !(out.present.leaks && out.leakCharts > 0)) fail(`${theme}: no leak shown`);
+  if (expect.has('overview') && (out.overviewRows < 2 || out.overviewRows !== out.expectedOverviewRows)) fail(`${theme}: overview has ${out.overviewRows} rows, ${out.expectedOverviewRows} snapshots`);
+  if (expect.has('oom') && !out.present.oom) fail(`${theme}: no OOM section data`);
+  if (out.present.oom) {
+    if (!out.oom || out.oom.bars < 2 || out.oomRects < 2) fail(`${theme}: OOM section draws no request against a free piece (${out.oomRects} bars)`);
+    if (out.oomFixRows !== out.expectedFixes) fail(`${theme}: OOM fixes: ${out.oomFixRows} rows, ${out.expectedFixes} in the data`);
+  }
+  if (expect.has('moments') && !out.present.moments) fail(`${theme}: no moments data`);
+  if (out.otherOpened === 0) fail(`${theme}: "other sites" holds bytes at the peak but opens to no site`);
+  // Click the timeline at the peak and at each OOM: the flame graph and the
+  // segment map must then show that event.
+  out.clicks = [];
+  const targets = await page.evaluate(() => {
+    const tl = window.memlens.timeline;
+    if (!tl || !window.memlens.showMoment) return [];
+    const t = [];
+    if (tl.peak != null) t.push(['peak', tl.peak]);
+    (tl.ooms || []).forEach((i) => t.push(['OOM', i]));
+    return t;
+  });
+  for (const [what, idx] of targets) {
+    await page.evaluate(() => { document.getElementById('timeline-chart').scrollIntoView({ block: 'center', behavior: 'instant' }); });
+    const pos = await page.evaluate((i) => {
+      const u = window.memlens.charts.timeline, xs = window.memlens.timeline.xs();
+      const r = u.over.getBoundingClientRect();
+      return { x: r.left + u.valToPos(xs[i], 'x'), y: r.top + r.height * 0.6 };
+    }, idx);
+    await page.mouse.click(pos.x, pos.y);
+    const got = await page.evaluate(() => ({ m: window.memlens.moment || null, flame: window.memlens.flame && window.memlens.flame.title, seg: window.memlens.segments && window.memlens.segments.when,
+      event: (i) => 0 }));
+    const ev = await page.evaluate((i) => window.memlens.timeline.events[i], idx);
+    const evText = Number(ev).toLocaleString('en-US');
+    const ok = got.m && got.m.index === idx && (got.flame || '').includes('event ' + evText) && (got.seg == null || String(got.seg).includes('event'));
+    if (!ok) fail(`${theme}: a click on the ${what} (event ${ev}) did not redraw the flame graph and segment map there: ${JSON.stringify(got)}`);
+    if (got.m && got.m.segmentEvent !== ev && (what === 'peak' || what === 'OOM')) fail(`${theme}: the segment map at the ${what} is not the one saved at event ${ev} (${got.m.segmentEvent})`);
+    out.clicks.push({ what, event: ev, flame: got.flame, segments: got.seg });
+  }
+  await page.mouse.move(0, 0);
+  // No horizontal overflow at 800 px.
+  await page.setViewportSize({ width: 800, height: 900 });
+  await page.waitForTimeout(300);
+  out.scrollWidth800 = await page.evaluate(() => document.documentElement.scrollWidth);
+  if (out.scrollWidth800 > 800) fail(`${theme}: horizontal overflow at 800 px (${out.scrollWidth800} px wide)`);
+  if (process.env.MEMLENS_SHOTS_800) await page.screenshot({ path: `${process.env.MEMLENS_SHOTS_800}-${theme}-800.png`, fullPage: false });
+  await page.setViewportSize({ width: 1400, height: 900 });
+  await page.waitForTimeout(300);
+  return out;
 }
 
 console.log(JSON.stringify(summary));

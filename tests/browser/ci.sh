@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The browser part of tests/run_all.sh (issue 7's acceptance): `memlens report`
+# The browser part of tests/run_all.sh (issues 7 and 18's acceptance): `memlens report`
 # on real snapshots (gpt2_eval_leak, varlen, oom, and the 1 GB benchmark
 # snapshot made from long.pickle.zst), each opened in headless Chromium by
 # tests/browser/run.sh, which fails on any console error or network request,
@@ -19,11 +19,21 @@ fx=${MEMLENS_FIXTURES:-$root/../shared/fixtures}
 ml="$root/target/release/memlens"
 
 # name : expected site in the flame graph (lines of fixtures/gen/workloads.py)
-for case in gpt2_eval_leak:workloads.py:55 varlen:workloads.py:99 oom:workloads.py:112; do
-  name=${case%%:*}; site=${case#*:}
+# : what the page must show (MEMLENS_EXPECT of check.mjs). Every case also
+# clicks the timeline at the peak (and the OOM), checks the legend, 800 px and
+# the dark theme, and saves NAME.png and NAME-dark.png.
+for case in gpt2_eval_leak:workloads.py:55:moments varlen:workloads.py:99:moments oom:workloads.py:112:oom,moments; do
+  name=${case%%:*}; rest=${case#*:}; site=${rest%:*}; expect=${rest##*:}
   "$ml" report "$fx/$name.pickle.zst" -o "$out/$name.html" >/dev/null
-  "$here/run.sh" "$out/$name.html" "$site" "$out/$name.png"
+  MEMLENS_EXPECT=$expect "$here/run.sh" "$out/$name.html" "$site" "$out/$name.png"
 done
+
+# Three periodic snapshots of one leaking run (tests/corpus): the leak found
+# across them (as `memlens leaks` finds it on the same files) and one row per
+# snapshot in the overview.
+corpus="$root/tests/corpus"
+"$ml" report "$corpus"/leak_losses.step{2,4,6}.pickle.zst -o "$out/leak_losses-3.html" >/dev/null
+MEMLENS_EXPECT=leak,overview,moments "$here/run.sh" "$out/leak_losses-3.html" "model.py:121" "$out/leak_losses-3.png"
 
 if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
   big="$root/bench/data/large-1gb.pickle"
@@ -32,5 +42,7 @@ if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
   start=$(date +%s.%N)
   "$ml" report "$big" -o "$out/large-1gb.html" >/dev/null
   echo "report of $(basename "$big") ($(( $(stat -c %s "$big") / 1000000 )) MB): $(echo "$(date +%s.%N) - $start" | bc) s, $(stat -c %s "$out/large-1gb.html") bytes"
-  "$here/run.sh" "$out/large-1gb.html" "workloads.py:148" "$out/large-1gb.png"
+  size=$(stat -c %s "$out/large-1gb.html")
+  if [ "$size" -ge 10000000 ]; then echo "FAIL: the 1 GB snapshot's report is $size bytes (limit 10 MB)" >&2; exit 1; fi
+  MEMLENS_EXPECT=moments MEMLENS_MAX_LOAD_MS=3000 "$here/run.sh" "$out/large-1gb.html" "workloads.py:148" "$out/large-1gb.png"
 fi

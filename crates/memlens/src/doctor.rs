@@ -226,12 +226,19 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     };
     if fragmented {
         let best = tune.as_ref().and_then(|t| t.candidates.first());
+        // Compare with the simulation of the recorded settings, as the tune
+        // table does: the trace's own peak may differ from its simulation, and
+        // a verdict against one above a table against the other contradicts.
+        let current = tune
+            .as_ref()
+            .and_then(|t| t.candidates.iter().find(|c| c.recorded))
+            .map_or(peak.peak_reserved_bytes, |c| c.peak_reserved_bytes);
         let fix = match best {
-            Some(b) if b.peak_reserved_bytes + (64 << 20) < peak.peak_reserved_bytes && !b.config.is_empty() => format!(
-                "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (simulated)",
+            Some(b) if b.peak_reserved_bytes + (64 << 20) < current && !b.config.is_empty() => format!(
+                "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (both simulated)",
                 b.config,
                 format_bytes(b.peak_reserved_bytes),
-                format_bytes(peak.peak_reserved_bytes)
+                format_bytes(current)
             ),
             _ => "no allocator setting simulated here does better; reduce the variety of tensor shapes (pad or bucket sequence lengths)".into(),
         };

@@ -133,6 +133,7 @@ fn sample() -> ReportData {
                 },
             ],
         }),
+        ..ReportData::default()
     }
 }
 
@@ -183,8 +184,9 @@ fn a_site_name_cannot_break_out_of_the_data_script() {
         f.names.push(evil.to_string());
     }
     let html = render_html(&data);
-    // Three scripts (data, uPlot, report.js), each closed once; nothing else.
-    assert_eq!(html.matches("</script>").count(), 3);
+    // Five scripts (data, uPlot, views.js, moments.js, report.js), each
+    // closed once; nothing else.
+    assert_eq!(html.matches("</script>").count(), 5);
     assert!(!html.contains("<script>alert(1)"));
     // No raw line separators in the data (they end lines in old JavaScript).
     let open = "id=\"memlens-data\">";

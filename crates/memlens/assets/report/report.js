@@ -16,8 +16,32 @@
     temporary: '#edc948', input: '#76b7b2', other: '#9c755f'
   };
   var STATE_NAMES = ['allocated', 'pending free', 'free'];
-  var FREE_COLOR = '#e8ecf0';
-  var FREE_EDGE = '#c3cad2';
+  var DARK = !!(window.matchMedia && window.matchMedia('(prefers-color-scheme: dark)').matches);
+  var FREE_COLOR = DARK ? '#2b323b' : '#e8ecf0';
+  var FREE_EDGE = DARK ? '#46505c' : '#c3cad2';
+  var INK = DARK ? '#e6edf3' : '#1f2328';
+  var AXIS = DARK ? '#9aa5b1' : '#57606a';
+  var GRID = DARK ? '#2d333b' : '#eef1f4';
+  var SEP = DARK ? 'rgba(13,17,23,.9)' : 'rgba(255,255,255,.9)';
+  ML.theme = DARK ? 'dark' : 'light';
+  /* One colour per category in every chart: a site's band is a shade of its
+   * category's colour (the k-th site of a category the k-th shade). */
+  function shade(hexColor, k) {
+    if (!k) return hexColor;
+    var v = parseInt(hexColor.slice(1), 16), r = v >> 16, g = (v >> 8) & 255, b = v & 255;
+    var t = [0, 0.35, -0.3, 0.6, -0.5][k % 5];
+    function m(c) { return Math.round(t > 0 ? c + (255 - c) * t : c * (1 + t)); }
+    return '#' + ((1 << 24) + (m(r) << 16) + (m(g) << 8) + m(b)).toString(16).slice(1);
+  }
+  ML.shade = shade;
+  /* A site for a label: paths inside pseudo-sites ("<cuBLAS workspace: first
+   * matmul at /a/b/w.py:34>") shortened to their file, the brackets kept. */
+  function siteLabel(s) {
+    s = String(s || '');
+    if (s.charAt(0) === '<') return s.replace(/[^\s<>]*\/([^\/\s<>]+:\d+)/g, '$1');
+    return basename(s);
+  }
+  ML.siteLabel = siteLabel;
 
   // ---------- helpers ----------
   function $(id) { return document.getElementById(id); }
@@ -119,9 +143,9 @@
   })();
 
   // ---------- header, verdict, about ----------
-  var SECTION_TITLES = { verdict: 'Verdict', timeline: 'Timeline', flame: 'Flame graph', segments: 'Segments',
+  var SECTION_TITLES = { verdict: 'Verdict', overview: 'Snapshots', oom: 'OOM', timeline: 'Timeline', flame: 'Flame graph', segments: 'Segments',
     leaks: 'Leaks', tune: 'Tune', about: 'About' };
-  var KIND_SECTION = { leak: 'leaks', leaks: 'leaks', peak: 'flame', fragmentation: 'segments', oom: 'segments',
+  var KIND_SECTION = { leak: 'leaks', leaks: 'leaks', peak: 'flame', fragmentation: 'segments', oom: 'oom',
     tune: 'tune', settings: 'tune', growth: 'timeline' };
 
   function renderHeader() {
@@ -145,7 +169,8 @@
     var list = $('findings-list');
     var fs = (D.findings || []).slice();
     var rank = { critical: 0, warning: 1, info: 2 };
-    fs.sort(function (a, b) { return (rank[a.severity] || 2) - (rank[b.severity] || 2); });
+    function sevRank(f) { return Object.prototype.hasOwnProperty.call(rank, f.severity) ? rank[f.severity] : 3; }
+    fs.sort(function (a, b) { return sevRank(a) - sevRank(b); });
     if (!fs.length) {
       list.appendChild(el('p', { class: 'none', text: 'No findings in this report.' }));
     }
@@ -167,7 +192,11 @@
         card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Change it: ' }), richText(f.keeper.fix)]));
       }
       if (f.evidence && f.evidence.length) {
-        card.appendChild(el('ul', { class: 'small' }, f.evidence.map(function (e) { return el('li', { text: e }); })));
+        card.appendChild(el('ul', { class: 'small' }, f.evidence.map(function (e) {
+          // A long series (hundreds of values) is summarised; the whole of it one click away.
+          if (String(e).length <= 600) return el('li', { text: e });
+          return el('li', null, [String(e).slice(0, 400) + '… ', el('details', { class: 'inline' }, [el('summary', { text: 'all ' + String(e).length + ' characters' }), el('div', { class: 'stack', text: e })])]);
+        })));
       }
       if (f.stack && f.stack.length) {
         card.appendChild(el('details', null, [el('summary', { text: 'stack (' + f.stack.length + ' frames, innermost first)' }), stackBlock(f.stack)]));
@@ -202,7 +231,8 @@
   function renderNav() {
     var nav = $('nav-links');
     var missing = [];
-    ['verdict', 'timeline', 'flame', 'segments', 'leaks', 'tune', 'about'].forEach(function (id) {
+    ['verdict', 'overview', 'oom', 'timeline', 'flame', 'segments', 'leaks', 'tune', 'about'].forEach(function (id) {
+      if (!$(id)) return;
       if (!$(id).hidden) {
         var a = el('a', { href: '#' + id, text: SECTION_TITLES[id] });
         if (id === 'verdict') {
@@ -245,8 +275,16 @@
     var other = T.other && T.other.length === n ? T.other : null;
 
     // Cumulative sums: cum[0] = band 0, cum[k] = band 0 + ... + band k; the last is "other" on top.
-    var layers = bands.map(function (b, k) { return { label: sites[k].site || ('site ' + (k + 1)), raw: b, color: PALETTE[k % PALETTE.length], site: sites[k] }; });
-    if (hasBands && other) layers.push({ label: 'other sites', raw: other, color: OTHER_COLOR, site: null });
+    var perCat = {};
+    var layers = bands.map(function (b, k) {
+      var cat = CAT_COLOR[sites[k].category] ? sites[k].category : 'other';
+      var j = perCat[cat] = (perCat[cat] == null ? 0 : perCat[cat] + 1);
+      return { label: sites[k].site || ('site ' + (k + 1)), raw: b, color: shade(CAT_COLOR[cat], j), site: sites[k] };
+    });
+    // "other sites" only when they ever hold something: a legend entry of 0 B everywhere says nothing.
+    var otherMax = 0;
+    if (other) for (var oi = 0; oi < n; oi++) if (other[oi] > otherMax) otherMax = other[oi];
+    if (hasBands && other && otherMax > 0) layers.push({ label: 'other sites', raw: other, color: OTHER_COLOR, site: null });
     if (!hasBands) layers.push({ label: 'allocated', raw: T.allocated, color: '#9fbfdf', site: null });
     var cum = [], acc = new Float64Array(n);
     layers.forEach(function (L) {
@@ -264,7 +302,7 @@
       series.push({ label: layers[k].label, stroke: layers[k].color, fill: layers[k].color, width: 0, points: { show: false } });
     }
     data.push(T.allocated);
-    series.push({ label: 'allocated', stroke: '#1f2328', width: 1.25, points: { show: false } });
+    series.push({ label: 'allocated', stroke: INK, width: 1.25, points: { show: false } });
     var idxReserved = data.length;
     data.push(T.reserved && T.reserved.length === n ? T.reserved : T.allocated.map(function () { return null; }));
     series.push({ label: 'reserved', stroke: '#c62828', width: 1.5, dash: [6, 4], points: { show: false } });
@@ -298,14 +336,18 @@
         ctx.setLineDash([]);
         ctx.font = 'bold ' + Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
         var tw = ctx.measureText(label).width;
-        var lx = Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4);
-        ctx.fillStyle = 'rgba(255,255,255,.85)';
+        // Inside the plot at both edges: a peak at the far left or right keeps its label whole.
+        var lx = Math.max(u.bbox.left + 4, Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4));
+        ctx.fillStyle = DARK ? 'rgba(13,17,23,.85)' : 'rgba(255,255,255,.85)';
         ctx.fillRect(lx - 2, top + 2, tw + 4, 15 * devicePixelRatio);
         ctx.fillStyle = color;
         ctx.fillText(label, lx, top + 13 * devicePixelRatio);
       }
       ooms.forEach(function (i) { vline(i, '#c62828', 'OOM', []); });
-      if (peak != null) vline(peak, '#1f2328', 'peak ' + fmtBytes(T.allocated[peak]), [4, 3]);
+      if (peak != null) vline(peak, INK, 'peak ' + fmtBytes(T.allocated[peak]), [4, 3]);
+      // The moment shown below, unless it is the peak or an OOM (already marked: two labels would overlap).
+      var mi = ML.momentIndex;
+      if (mi != null && mi < n && mi !== peak && ooms.indexOf(mi) < 0) vline(mi, '#6f42c1', 'shown below', [1, 3]);
       ctx.restore();
     }
 
@@ -338,17 +380,20 @@
       if (hasActive) trow(null, 'active', T.active[i]);
       if (hasBands) {
         for (var k2 = layers.length - 1; k2 >= 0; k2--) {
-          trow(layers[k2].color, layers[k2].site ? basename(layers[k2].label) : layers[k2].label, layers[k2].raw[i], k2 === hot ? 'hot' : null, true);
+          trow(layers[k2].color, layers[k2].site ? siteLabel(layers[k2].label) : layers[k2].label, layers[k2].raw[i], k2 === hot ? 'hot' : null, true);
         }
       }
       panel.appendChild(tb);
       var L = hot >= 0 ? layers[hot] : null;
       if (L && L.site) {
-        panel.appendChild(el('h3', { text: 'Stack of ' + basename(L.label), style: 'margin-top:8px' }));
+        panel.appendChild(el('h3', { text: 'Stack of ' + siteLabel(L.label), style: 'margin-top:8px' }));
         if (L.site.function) panel.appendChild(el('div', { class: 'muted', text: 'in ' + L.site.function + (L.site.category ? ' · ' + L.site.category.replace('_', ' ') : '') + ' · at most ' + fmtBytes(L.site.peak_bytes) }));
         if (L.site.stack && L.site.stack.length) panel.appendChild(stackBlock(L.site.stack));
+      } else if (L && ML.otherSitesAt) {
+        // "other sites" opened: the largest sites in it at this event.
+        panel.appendChild(ML.otherSitesAt(events ? events[i] : i, sites));
       } else if (hasBands) {
-        panel.appendChild(el('p', { class: 'muted', text: 'Point at a band to see its stack.' }));
+        panel.appendChild(el('p', { class: 'muted', text: 'Point at a band to see its stack; click the chart to show that moment below.' }));
       }
     }
 
@@ -364,9 +409,9 @@
         cursor: { drag: { x: true, y: false, setScale: true }, points: { show: false } },
         scales: { x: { time: false }, y: { range: function (u, mn, mx) { return [0, mx > 0 ? mx * 1.06 : 1]; } } },
         axes: [
-          { label: isTime ? 'seconds since the first event' : 'event index in the trace', labelSize: 22, stroke: '#57606a',
-            grid: { stroke: '#eef1f4' }, ticks: { stroke: '#d0d7de' } },
-          { stroke: '#57606a', size: 72, incrs: BYTE_INCRS, grid: { stroke: '#eef1f4' }, ticks: { stroke: '#d0d7de' },
+          { label: isTime ? 'seconds since the first event' : 'event index in the trace', labelSize: 22, stroke: AXIS,
+            grid: { stroke: GRID }, ticks: { stroke: GRID }, space: 80 },
+          { stroke: AXIS, size: 72, incrs: BYTE_INCRS, grid: { stroke: GRID }, ticks: { stroke: GRID },
             values: function (u, vals) { return vals.map(fmtShort); } }
         ],
         series: series,
@@ -388,7 +433,8 @@
       updatePanel(u);
     }
     build();
-    ML.timeline = { points: n, series: data.length - 1, showPeak: showPeak };
+    ML.timeline = { points: n, series: data.length - 1, showPeak: showPeak, xs: function () { return xs; }, events: events, peak: peak, ooms: ooms,
+      layers: layers.map(function (L) { return { label: L.label, color: L.color, max: Math.max.apply(null, Array.prototype.slice.call(L.raw, 0, 100000)) }; }) };
     $('timeline-reset').addEventListener('click', function () { u.setScale('x', fullRange()); });
     var modeSel = $('timeline-x');
     if (hasTime && events) {
@@ -407,34 +453,45 @@
 
   // ---------- flame graph (icicle) ----------
   function renderFlame() {
-    var F = D.flame;
-    if (!F || !F.parent || !F.parent.length) return;
+    var F0 = D.flame;
+    if (!F0 || !F0.parent || !F0.parent.length) return;
     section('flame');
-    var n = Math.min(F.parent.length, F.name.length, F.value.length);
-    var names = F.names || [];
-    var parent = F.parent, value = F.value;
-    var label = new Array(n), depth = new Int32Array(n), kids = new Array(n), x0 = new Float64Array(n);
-    for (var i = 0; i < n; i++) { label[i] = names[F.name[i]] || '?'; kids[i] = []; }
-    for (i = 1; i < n; i++) {
-      var p = parent[i];
-      if (p >= i) { n = i; break; } // malformed: stop at the first bad node
-      kids[p].push(i);
-      depth[i] = depth[p] + 1;
-    }
-    for (i = 0; i < n; i++) {
-      kids[i].sort(function (a, b) { return value[b] - value[a]; });
-      var off = x0[i];
-      for (var j = 0; j < kids[i].length; j++) { x0[kids[i][j]] = off; off += value[kids[i][j]]; }
-    }
-    var total = value[0] || 0;
-    $('flame-sub').textContent = (F.title ? F.title + ': ' : '') + fmtBytes(total) + ' in ' + fmtInt(n) + ' frames.';
-
+    var n, parent, value, label, depth, kids, x0, total;
     var ROW = 20;
     var canvas = $('flame-canvas'), box = $('flame-box');
     var ctx = canvas.getContext('2d');
     var focus = 0, query = '', matched = null, hover = -1;
     var rows = []; // rows[d] = flat [x, w, node, ...] drawn at depth d
-    ML.flame = { nodes: n, names: label, drawn: 0, focus: function () { return focus; } };
+    ML.flame = { nodes: 0, names: [], drawn: 0, focus: function () { return focus; } };
+    /* Takes a flame graph (the model's form) as the one drawn: the page's own
+     * at first, one computed for a clicked moment later (ML.showFlame). */
+    function load(F) {
+      n = Math.min(F.parent.length, F.name.length, F.value.length);
+      var names = F.names || [];
+      parent = F.parent; value = F.value;
+      label = new Array(n); depth = new Int32Array(n); kids = new Array(n); x0 = new Float64Array(n);
+      for (var i = 0; i < n; i++) { label[i] = names[F.name[i]] || '?'; kids[i] = []; }
+      for (i = 1; i < n; i++) {
+        var p = parent[i];
+        if (p >= i) { n = i; break; } // malformed: stop at the first bad node
+        kids[p].push(i);
+        depth[i] = depth[p] + 1;
+      }
+      for (i = 0; i < n; i++) {
+        kids[i].sort(function (a, b) { return value[b] - value[a]; });
+        var off = x0[i];
+        for (var j = 0; j < kids[i].length; j++) { x0[kids[i][j]] = off; off += value[kids[i][j]]; }
+      }
+      total = value[0] || 0;
+      $('flame-sub').textContent = (F.title ? F.title + ': ' : '') + fmtBytes(total) + ' in ' + fmtInt(n) + ' frames.';
+      focus = 0; hover = -1;
+      if (query) {
+        matched = new Uint8Array(n);
+        for (var k = 1; k < n; k++) if (label[k].toLowerCase().indexOf(query) >= 0) matched[k] = 1;
+      }
+      ML.flame.nodes = n; ML.flame.names = label; ML.flame.title = F.title || ''; ML.flame.total = total;
+    }
+    load(F0);
 
     /* Frames of libraries (and of Python itself) are drawn in cool colours, user code in warm ones. */
     function isLibrary(s) {
@@ -484,7 +541,7 @@
         drawn++;
         ctx.fillStyle = color(node);
         ctx.fillRect(x, y, Math.max(w - (w > 3 ? 1 : 0), 0.5), ROW - 1);
-        if (node === hover) { ctx.strokeStyle = '#1f2328'; ctx.lineWidth = 1.5; ctx.strokeRect(x + 0.75, y + 0.75, Math.max(w - 2.5, 0.5), ROW - 2.5); }
+        if (node === hover) { ctx.strokeStyle = INK; ctx.lineWidth = 1.5; ctx.strokeRect(x + 0.75, y + 0.75, Math.max(w - 2.5, 0.5), ROW - 2.5); }
         if (w > 28) {
           var t = node === 0 ? label[0] + ' · ' + fmtBytes(value[0]) : shortLabel(label[node]);
           var maxc = Math.floor((w - 8) / 6.6);
@@ -572,17 +629,29 @@
     });
     draw();
     status();
+    ML.showFlame = function (F) { load(F); draw(); status(); };
     var lastW = box.clientWidth;
     window.addEventListener('resize', function () { if (box.clientWidth !== lastW) { lastW = box.clientWidth; draw(); } });
   }
 
   // ---------- segment map ----------
   function renderSegments() {
-    var S = D.segments;
-    if (!S || !S.segments || !S.segments.length) return;
+    if (!D.segments || !D.segments.segments || !D.segments.segments.length) return;
     section('segments');
-    var segs = S.segments, sites = S.sites || [];
-    var tot = 0, alloc = 0, free = 0, pend = 0, largestFree = 0, maxSize = 0;
+    var S, segs, sites, maxSize, tracks = [];
+    var container = $('segments-rows');
+    var legend = $('segments-legend');
+    CATEGORIES.forEach(function (c) {
+      legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:' + CAT_COLOR[c] }), c.replace('_', ' ')]));
+    });
+    legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:repeating-linear-gradient(135deg,#9c755f 0 2px,' + FREE_COLOR + ' 2px 4px)' }), 'pending free']));
+    legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:' + FREE_COLOR + ';box-shadow:inset 0 0 0 1px ' + FREE_EDGE }), 'free']));
+    /* Takes a segment map (the model's form) as the one drawn: the page's own
+     * at first, a saved one for a clicked moment later (ML.showSegments). */
+    function load(S1) {
+    S = S1; segs = S.segments || []; sites = S.sites || [];
+    var tot = 0, alloc = 0, free = 0, pend = 0, largestFree = 0;
+    maxSize = 0;
     segs.forEach(function (s) {
       tot += s.size; if (s.size > maxSize) maxSize = s.size;
       (s.blocks || []).forEach(function (b) {
@@ -597,16 +666,11 @@
       p.textContent = fmtInt(o.count) + ' smaller segments not drawn: ' + fmtBytes(o.bytes) + ' reserved, ' + fmtBytes(o.allocated_bytes) + ' allocated, ' +
         (o.pending_free_bytes ? fmtBytes(o.pending_free_bytes) + ' pending free, ' : '') + fmtBytes(o.free_bytes) + ' free.';
       p.hidden = false;
+    } else {
+      $('segments-omitted').hidden = true;
     }
-    var legend = $('segments-legend');
-    CATEGORIES.forEach(function (c) {
-      legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:' + CAT_COLOR[c] }), c.replace('_', ' ')]));
-    });
-    legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:repeating-linear-gradient(135deg,#9c755f 0 2px,#fff 2px 4px)' }), 'pending free']));
-    legend.appendChild(el('span', null, [el('span', { class: 'sw', style: 'background:' + FREE_COLOR + ';box-shadow:inset 0 0 0 1px ' + FREE_EDGE }), 'free']));
-
-    var container = $('segments-rows');
-    var tracks = [];
+    container.textContent = '';
+    tracks = [];
     segs.forEach(function (s, si) {
       var label = el('div', { class: 'seg-label', title: hex(s.address) + ' · ' + fmtBytes(s.size) + ' · stream ' + s.stream + ' · ' + s.pool }, [
         el('span', { class: 'sz', text: fmtBytes(s.size) }), ' ', hex(s.address) + ' · ' + (s.stream ? 's' + hex(s.stream) : 'stream 0') + ' · ' + (s.pool || '')]);
@@ -616,14 +680,16 @@
       container.appendChild(row);
       tracks.push({ seg: s, canvas: canvas, track: track });
     });
-    ML.segments = { rows: segs.length };
+    ML.segments = { rows: segs.length, when: S.when || '' };
+    }
+    load(D.segments);
 
     var patterns = {};
     function pendingPattern(ctx, color) {
       if (patterns[color]) return patterns[color];
       var c = document.createElement('canvas'); c.width = 6; c.height = 6;
       var g = c.getContext('2d');
-      g.fillStyle = '#ffffff'; g.fillRect(0, 0, 6, 6);
+      g.fillStyle = FREE_COLOR; g.fillRect(0, 0, 6, 6);
       g.strokeStyle = color; g.lineWidth = 2;
       g.beginPath(); g.moveTo(-1, 7); g.lineTo(7, -1); g.moveTo(-1, 1); g.lineTo(1, -1); g.moveTo(5, 7); g.lineTo(7, 5); g.stroke();
       return (patterns[color] = ctx.createPattern(c, 'repeat'));
@@ -653,7 +719,7 @@
           } else {
             ctx.fillStyle = CAT_COLOR[cat]; ctx.fillRect(x, 0, w, H);
           }
-          if (w > 3) { ctx.fillStyle = 'rgba(255,255,255,.9)'; ctx.fillRect(x + w - 1, 0, 1, H); }
+          if (w > 3) { ctx.fillStyle = SEP; ctx.fillRect(x + w - 1, 0, 1, H); }
         });
         ctx.strokeStyle = FREE_EDGE; ctx.lineWidth = 1; ctx.strokeRect(0.5, 0.5, W - 1, H - 1);
       });
@@ -688,6 +754,7 @@
     container.addEventListener('scroll', hideTip);
     $('segments-proportional').addEventListener('change', function (e) { proportional = e.target.checked; drawAll(); });
     drawAll();
+    ML.showSegments = function (S2) { load(S2); drawAll(); };
     var lastW = container.clientWidth;
     window.addEventListener('resize', function () { if (container.clientWidth !== lastW) { lastW = container.clientWidth; drawAll(); } });
   }
@@ -708,23 +775,24 @@
       var chart = el('div');
       var card = el('div', { class: 'leak' }, [
         el('div', { class: 'site', text: s.site || '?' }),
-        el('div', { class: 'small muted' }, [(s.function ? 'in ' + s.function + ' · ' : ''), el('span', { class: 'rate', text: (s.bytes_per_step >= 0 ? '+' : '') + fmtBytes(s.bytes_per_step) + ' per ' + xl }),
+        // bytes_per_step is growth per training step (as `memlens leaks` prints it), whatever the points are.
+        el('div', { class: 'small muted' }, [(s.function ? 'in ' + s.function + ' · ' : ''), el('span', { class: 'rate', text: (s.bytes_per_step >= 0 ? '+' : '') + fmtBytes(s.bytes_per_step) + ' per step' }),
           s.confidence ? ' · confidence ' + s.confidence : null]),
         chart]);
       if (s.suggestion) card.appendChild(el('div', { class: 'small', style: 'margin-top:4px' }, [el('b', { text: 'Fix: ' }), richText(s.suggestion)]));
       if (s.stack && s.stack.length) card.appendChild(el('details', null, [el('summary', { text: 'stack' }), stackBlock(s.stack)]));
       grid.appendChild(card);
       var xs = (s.bytes || []).map(function (_, i) { return i; });
-      var color = PALETTE[k % PALETTE.length];
+      var color = DARK ? '#ff7b72' : '#c62828';
       var u = new uPlot({
         width: Math.max(280, chart.clientWidth || 340), height: 150,
         legend: { show: false },
         cursor: { drag: { x: false, y: false }, points: { size: 7 } },
         scales: { x: { time: false }, y: { range: function (u, mn, mx) { return [0, mx > 0 ? mx * 1.1 : 1]; } } },
         axes: [
-          { stroke: '#57606a', size: 30, grid: { show: false }, incrs: [1, 2, 5, 10, 20, 50, 100],
+          { stroke: AXIS, size: 30, grid: { show: false }, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000], space: 70,
             values: function (u, vals) { return vals.map(function (v) { return pts[v] != null ? String(pts[v]) : ''; }); } },
-          { stroke: '#57606a', size: 64, incrs: BYTE_INCRS, grid: { stroke: '#eef1f4' }, values: function (u, vals) { return vals.map(fmtShort); } }
+          { stroke: AXIS, size: 64, incrs: BYTE_INCRS, grid: { stroke: GRID }, values: function (u, vals) { return vals.map(fmtShort); } }
         ],
         series: [{}, { label: s.site, stroke: color, fill: color + '33', width: 2, points: { show: true, size: 5, fill: color } }],
         hooks: {
@@ -761,7 +829,9 @@
       var d = r.delta_bytes || 0;
       var cfg = el('td', null, [el('code', { text: r.config || '(defaults)' })]);
       if (r.current) cfg.appendChild(el('span', { class: 'badge kind', style: 'margin-left:6px', text: 'current' }));
-      if (i === 0) cfg.appendChild(el('span', { class: 'badge info', style: 'margin-left:6px', text: 'best' }));
+      // "best" only where it beats the current settings: a table that marks a row best
+      // under a verdict saying nothing does better would contradict it.
+      if (i === 0 && !r.current && (r.delta_bytes || 0) < 0) cfg.appendChild(el('span', { class: 'badge info', style: 'margin-left:6px', text: 'best' }));
       body.appendChild(el('tr', { class: r.current ? 'current' : null }, [cfg,
         el('td', { class: 'num', text: fmtBytes(r.peak_reserved_bytes) }),
         el('td', { class: 'num ' + (r.current || d === 0 ? '' : d < 0 ? 'good' : 'bad'), text: r.current ? '—' : (d > 0 ? '+' : '') + fmtBytes(d) }),
@@ -772,6 +842,8 @@
     tb.appendChild(body);
   }
 
+  ML.el = el; ML.fmtBytes = fmtBytes; ML.fmtInt = fmtInt; ML.section = section; ML.richText = richText;
+  ML.CATEGORIES = CATEGORIES; ML.CAT_COLOR = CAT_COLOR; ML.showTip = showTip; ML.hideTip = hideTip; ML.tipLine = tipLine;
   renderHeader();
   guard('verdict', renderVerdict);
   guard('timeline', renderTimeline);
@@ -780,6 +852,8 @@
   guard('leaks', renderLeaks);
   guard('tune', renderTune);
   guard('about', renderAbout);
+  // Sections drawn by the other scripts (moments.js, views.js) before the nav is made.
+  (window.memlensLater || []).forEach(function (f) { guard(f[0], function () { f[1](ML, D); }); });
   renderNav();
   ML.ready = true;
 })();

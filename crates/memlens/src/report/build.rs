@@ -20,6 +20,7 @@ use crate::doctor::Diagnosis;
 use crate::replay::{state_at, Delta, Replay, ReplayOptions, ReplayState};
 use crate::sim::BlockStatus;
 use crate::snapshot::{Action, Snapshot, StackId};
+use crate::trace::Analysed;
 use hashbrown::HashMap;
 
 /// Sites drawn as their own band in the timeline; the rest are "other".
@@ -34,13 +35,16 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         findings: d.findings.clone(),
         leaks: leaks(d),
         tune: tune(d),
+        oom: super::views::oom_view(d),
+        overview: super::views::overview(snaps, d),
         ..ReportData::default()
     };
     let Some((_, snap)) = snaps.last() else {
         return data;
     };
     let snap: &Snapshot = snap;
-    let index = SiteIndex::new(snap);
+    let an = Analysed::new(snap);
+    let index = &an.sites;
     // Category of a site, from what was live at the peak (the largest group of
     // the site wins); blocks of other sites are "other".
     let mut site_category: HashMap<String, (u64, Category)> = HashMap::default();
@@ -55,25 +59,25 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
     let category_of = |site: &str| site_category.get(site).map_or(Category::Other, |e| e.1);
 
     let device = d.peak.device;
-    let events = snap
+    let trace = snap
         .traces
         .iter()
-        .find(|t| t.device == device && !t.events.is_empty())
-        .map(|t| t.events.as_slice());
-    let Some(events) = events else {
+        .position(|t| t.device == device && !t.events.is_empty());
+    let events = trace.map(|t| snap.traces[t].events.as_slice());
+    let (Some(events), Some(trace)) = (events, trace) else {
         // No trace: what the dump holds.
         data.flame = Some(flame_of_dump(snap));
         data.segments = Some(segment_map(
             snap,
             &snap.segments,
             "at dump time",
-            |s| Some(Site::of(snap, &index, s).site),
-            |s| category_of(&Site::of(snap, &index, s).site),
+            |s| Some(Site::of(snap, index, s).site),
+            |s| category_of(&Site::of(snap, index, s).site),
         ));
         return data;
     };
     let opts = ReplayOptions::default();
-    data.timeline = Some(timeline(snap, device, d, &index, &category_of, &opts));
+    data.timeline = Some(timeline(snap, device, d, (&an, trace), &category_of, &opts));
 
     let peak_index = d.peak.peak_event_index;
     let peak_state = peak_index.map(|i| state_at(snap, device, i, &opts));
@@ -85,6 +89,18 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         data.flame = Some(fb.finish());
     }
     let oom = events.iter().position(|e| e.action == Action::Oom);
+    data.moments = Some(super::moments::build_moments(
+        snap,
+        &super::moments::MomentInput {
+            an: &an,
+            trace,
+            device,
+            events,
+            must: peak_index.into_iter().chain(oom).collect(),
+            category_of: &category_of,
+            index,
+        },
+    ));
     let (state, when) = match (oom, peak_state) {
         (Some(i), _) => (
             Some(state_at(snap, device, i, &opts)),
@@ -102,7 +118,7 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
             events,
             &st,
             &when,
-            &index,
+            index,
             &category_of,
         ));
     }
@@ -231,10 +247,12 @@ fn timeline(
     snap: &Snapshot,
     device: u32,
     d: &Diagnosis,
-    index: &SiteIndex,
+    (an, trace): (&Analysed, usize),
     category_of: &dyn Fn(&str) -> Category,
     opts: &ReplayOptions,
 ) -> Timeline {
+    let index = &an.sites;
+    let facts = an.trace(trace);
     let mut sites: Vec<TimelineSite> = Vec::new();
     for l in &d.peak.live_at_peak {
         if sites.len() == TIMELINE_TOP_SITES {
@@ -250,12 +268,25 @@ fn timeline(
             });
         }
     }
-    let mut band_of_stack: HashMap<StackId, Option<usize>> = HashMap::default();
-    let mut band_of = |stack: StackId| -> Option<usize> {
-        *band_of_stack.entry(stack).or_insert_with(|| {
+    // The band of a stack, and whether its blocks may belong to a pseudo-site
+    // (no stack: the backward pass or before recording) that the peak lists
+    // under its own name: those are placed block by block, as the peak does,
+    // so that their band holds their bytes rather than "other sites".
+    let mut band_of_stack: HashMap<StackId, (Option<usize>, bool)> = HashMap::default();
+    let mut band_of = |stack: StackId, alloc: usize| -> Option<usize> {
+        let (band, no_stack) = *band_of_stack.entry(stack).or_insert_with(|| {
             let site = Site::of(snap, index, stack).site;
-            sites.iter().position(|s| s.site == site)
-        })
+            (
+                sites.iter().position(|s| s.site == site),
+                site == crate::analysis::sites::NO_STACK,
+            )
+        });
+        let alloc = u32::try_from(alloc).ok();
+        if no_stack || facts.is_some_and(|f| f.is_cublas_workspace(alloc)) {
+            let site = an.block_site(trace, alloc, stack).site;
+            return sites.iter().position(|s| s.site == site);
+        }
+        band
     };
     let mut r = Replay::new(snap, device, opts);
     let events = r.events();
@@ -276,7 +307,7 @@ fn timeline(
     while let Some(s) = r.step() {
         let oom = match s.delta {
             Delta::Alloc { addr, size, .. } => {
-                let k = band_of(s.event.stack);
+                let k = band_of(s.event.stack, s.index);
                 if let Some(k) = k {
                     bands[k] = bands[k].saturating_add(size);
                     peaks[k] = peaks[k].max(bands[k]);
@@ -344,7 +375,7 @@ fn flame_of_dump(snap: &Snapshot) -> crate::report::Flame {
 
 /// The segment map of a replayed state. Block tags are `alloc` event indices,
 /// which give the stack.
-fn segments_of_state(
+pub(super) fn segments_of_state(
     snap: &Snapshot,
     events: &[crate::snapshot::TraceEvent],
     st: &ReplayState,

@@ -10,6 +10,10 @@ use std::path::PathBuf;
 const TEMPLATE: &str = include_str!("../../assets/report/template.html");
 const CSS: &str = include_str!("../../assets/report/report.css");
 const JS: &str = include_str!("../../assets/report/report.js");
+/// The overview and OOM sections (run by report.js, so included before it).
+const VIEWS_JS: &str = include_str!("../../assets/report/views.js");
+/// Any moment inspectable: clicks on the timeline (included before report.js).
+const MOMENTS_JS: &str = include_str!("../../assets/report/moments.js");
 const UPLOT_JS: &str = include_str!("../../assets/report/vendor/uPlot.iife.min.js");
 const UPLOT_CSS: &str = include_str!("../../assets/report/vendor/uPlot.min.css");
 
@@ -22,8 +26,15 @@ pub fn render_html(data: &ReportData) -> String {
     } else {
         data.meta.title.as_str()
     };
-    let mut out =
-        String::with_capacity(TEMPLATE.len() + UPLOT_JS.len() + JS.len() + json.len() + 4096);
+    let mut out = String::with_capacity(
+        TEMPLATE.len()
+            + UPLOT_JS.len()
+            + JS.len()
+            + VIEWS_JS.len()
+            + MOMENTS_JS.len()
+            + json.len()
+            + 4096,
+    );
     let mut rest = TEMPLATE;
     while let Some(start) = rest.find("{{") {
         let Some(len) = rest[start..].find("}}") else {
@@ -37,6 +48,8 @@ pub fn render_html(data: &ReportData) -> String {
             "UPLOT_CSS" => out.push_str(UPLOT_CSS),
             "UPLOT_JS" => out.push_str(UPLOT_JS),
             "JS" => out.push_str(JS),
+            "VIEWS_JS" => out.push_str(VIEWS_JS),
+            "MOMENTS_JS" => out.push_str(MOMENTS_JS),
             "DATA" => script_json_into(&json, &mut out),
             // Not a placeholder: keep the text as it is.
             _ => out.push_str(&rest[start..start + len + 2]),
@@ -111,7 +124,12 @@ mod tests {
 
     #[test]
     fn assets_cannot_close_their_tags() {
-        for (name, text) in [("report.js", JS), ("uPlot", UPLOT_JS)] {
+        for (name, text) in [
+            ("report.js", JS),
+            ("views.js", VIEWS_JS),
+            ("moments.js", MOMENTS_JS),
+            ("uPlot", UPLOT_JS),
+        ] {
             assert!(!text.to_ascii_lowercase().contains("</script"), "{name}");
         }
         for (name, text) in [("report.css", CSS), ("uPlot.css", UPLOT_CSS)] {

@@ -32,8 +32,10 @@ mod convert;
 mod flame;
 mod html;
 mod model;
+mod moments;
 mod segments;
 mod timeline;
+mod views;
 
 pub use build::{from_diagnosis, TIMELINE_TOP_SITES};
 pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
@@ -46,10 +48,12 @@ pub use model::{
     OmittedSegments, ReportData, SegmentBlock, SegmentMap, SegmentRow, Severity, Stat, Timeline,
     TimelineSite, Tune, TuneRow, XUnit,
 };
+pub use moments::{Moments, MAX_KEPT_ALLOCS, MAX_STACK_FRAMES, MOMENT_SEGMENT_MAPS};
 pub use segments::{
     cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS, MAX_BLOCK_STACK_FRAMES,
 };
 pub use timeline::{downsample_timeline, TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
+pub use views::{oom_view, overview, OomFixView, OomLive, OomPool, OomView, Overview, OverviewRow};
 
 impl ReportData {
     /// Applies every level-of-detail bound with its default: downsamples the

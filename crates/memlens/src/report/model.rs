@@ -33,6 +33,13 @@ pub struct ReportData {
     pub leaks: Option<Leaks>,
     /// The `memlens tune` table.
     pub tune: Option<Tune>,
+    /// Any moment of the trace: the largest allocations' lifetimes and saved
+    /// segment maps, for the page to draw the event the user clicks.
+    pub moments: Option<super::moments::Moments>,
+    /// The OOM drawn: request against free pieces, live memory, every fix.
+    pub oom: Option<super::views::OomView>,
+    /// One row per snapshot when several periodic snapshots were given.
+    pub overview: Option<super::views::Overview>,
 }
 
 /// Where the report comes from and the figures for its header.

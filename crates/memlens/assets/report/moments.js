@@ -1,0 +1,149 @@
+/* memlens report: any moment inspectable. A click on the timeline redraws the
+ * flame graph from the largest allocations live at that event (kept one by
+ * one with their stacks; the smaller rest is one node whose bytes are the
+ * timeline's allocated figure minus theirs) and the segment map saved nearest
+ * to that event. Registered in window.memlensLater (see views.js). */
+(function () {
+  'use strict';
+  var later = (window.memlensLater = window.memlensLater || []);
+
+  later.push(['timeline', function (ML, D) {
+    var M = D.moments, T = D.timeline;
+    if (!M || !T || !ML.timeline || !ML.charts.timeline) return;
+    var el = ML.el, fb = ML.fmtBytes;
+    var allocs = M.allocs || [], stacks = M.stacks || [], frames = M.frames || [], sites = M.sites || [];
+    var tl = ML.timeline;
+    var events = tl.events || T.x;
+
+    /* Kept allocations live right after event e, as the timeline counts them. */
+    function liveAt(e) {
+      var out = [];
+      for (var i = 0; i < allocs.length; i++) {
+        var a = allocs[i];
+        if (a[0] <= e && (a[1] < 0 || a[1] > e)) out.push(a);
+      }
+      return out;
+    }
+    /* A flame graph (the model's form) of the kept blocks live at point idx. */
+    function flameAt(idx, why) {
+      var e = events[idx], live = liveAt(e);
+      var names = ['all live memory'], nameId = { 'all live memory': 0 };
+      var parent = [0], name = [0], value = [0], child = {};
+      function nid(s) { if (!(s in nameId)) { nameId[s] = names.length; names.push(s); } return nameId[s]; }
+      function node(p, s) {
+        var key = p + '\u0000' + s;
+        var c = child[key];
+        if (c == null) { c = child[key] = parent.length; parent.push(p); name.push(nid(s)); value.push(0); }
+        return c;
+      }
+      var kept = 0;
+      live.forEach(function (a) {
+        var size = a[2], path;
+        if (a[4] >= 0 && stacks[a[4]]) path = stacks[a[4]].map(function (f) { return frames[f] || '?'; }).reverse();
+        else path = [sites[a[5]] || '<no stack>'];
+        kept += size;
+        value[0] += size;
+        var p = 0;
+        for (var k = 0; k < path.length; k++) { p = node(p, path[k]); value[p] += size; }
+      });
+      var rest = (T.allocated[idx] || 0) - kept;
+      if (rest > 0) {
+        var r = node(0, '…smaller allocations' + (M.min_kept_bytes ? ' (under ' + fb(M.min_kept_bytes) + ', not kept one by one)' : ''));
+        value[r] += rest; value[0] += rest;
+      }
+      return { title: 'live at event ' + ML.fmtInt(e) + (why ? ' (' + why + ')' : ''), names: names, parent: parent, name: name, value: value, kept: kept, rest: Math.max(rest, 0) };
+    }
+    /* The saved segment map nearest to event e. */
+    function segmentsAt(e) {
+      var ev = M.segment_events || [], best = -1;
+      for (var i = 0; i < ev.length; i++) if (best < 0 || Math.abs(ev[i] - e) < Math.abs(ev[best] - e)) best = i;
+      if (best < 0) return null;
+      var S = M.segment_maps[best];
+      var copy = {};
+      for (var k in S) if (Object.prototype.hasOwnProperty.call(S, k)) copy[k] = S[k];
+      copy.when = ev[best] === e ? 'at event ' + ML.fmtInt(e) : 'at event ' + ML.fmtInt(ev[best]) + ' (the nearest of ' + ev.length + ' saved moments to event ' + ML.fmtInt(e) + ')';
+      copy.event = ev[best];
+      return copy;
+    }
+    function why(idx) {
+      if (idx === tl.peak) return 'the peak';
+      if ((tl.ooms || []).indexOf(idx) >= 0) return 'the OOM';
+      return '';
+    }
+    function show(idx) {
+      if (idx == null || idx < 0 || idx >= events.length) return;
+      var w = why(idx);
+      var F = flameAt(idx, w);
+      if (ML.showFlame) ML.showFlame(F);
+      var S = segmentsAt(events[idx]);
+      if (S && ML.showSegments) ML.showSegments(S);
+      ML.momentIndex = idx;
+      ML.charts.timeline.redraw(false);
+      status.textContent = 'Shown below: event ' + ML.fmtInt(events[idx]) + (w ? ' (' + w + ')' : '') + ', ' + fb(T.allocated[idx]) + ' allocated; ' +
+        fb(F.kept) + ' in the ' + ML.fmtInt(allocs.length) + ' largest of ' + ML.fmtInt(M.total_allocs) + ' allocations, kept one by one' +
+        (F.rest ? ', ' + fb(F.rest) + ' in smaller ones' : '') + '.';
+      ML.moment = { index: idx, event: events[idx], flame: F.title, segments: S ? S.when : null, segmentEvent: S ? S.event : null };
+    }
+    ML.showMoment = show;
+
+    // The bar: where the moment is chosen, and what is shown.
+    var bar = el('div', { class: 'toolbar moment-bar', id: 'moment-bar' });
+    var status = el('span', { class: 'muted small', id: 'moment-status', text: 'Click the chart to show that moment in the flame graph and the segment map.' });
+    if (tl.peak != null) {
+      var bp = el('button', { type: 'button', id: 'moment-peak', text: 'Show the peak' });
+      bp.addEventListener('click', function () { show(tl.peak); });
+      bar.appendChild(bp);
+    }
+    if (tl.ooms && tl.ooms.length) {
+      var bo = el('button', { type: 'button', id: 'moment-oom', text: 'Show the OOM' });
+      bo.addEventListener('click', function () { show(tl.ooms[tl.ooms.length - 1]); });
+      bar.appendChild(bo);
+    }
+    bar.appendChild(status);
+    var chart = document.getElementById('timeline-chart');
+    var grid = chart.parentNode;
+    grid.parentNode.insertBefore(bar, grid.nextSibling);
+
+    // A click (not a drag, which zooms) picks the point under the cursor.
+    var down = null;
+    chart.addEventListener('mousedown', function (ev) { down = [ev.clientX, ev.clientY]; });
+    chart.addEventListener('click', function (ev) {
+      if (!down || Math.abs(ev.clientX - down[0]) > 3 || Math.abs(ev.clientY - down[1]) > 3) return;
+      var u = ML.charts.timeline;
+      if (!u || u.cursor.idx == null) return;
+      // A click on (or within 4 px of) the peak's or an OOM's line picks that
+      // event: a pixel may hold several points, and these are the ones asked for.
+      var xs = tl.xs(), idx = u.cursor.idx, best = 5;
+      [tl.peak].concat(tl.ooms || []).forEach(function (i) {
+        if (i == null) return;
+        var d = Math.abs(u.valToPos(xs[i], 'x') - u.cursor.left);
+        if (d < best) { best = d; idx = i; }
+      });
+      show(idx);
+    });
+
+    // A run that ended in an OOM opens on the OOM: that is the moment to explain.
+    if (tl.ooms && tl.ooms.length) show(tl.ooms[tl.ooms.length - 1]);
+
+    // "other sites" opened: the largest kept sites outside the bands at event e.
+    ML.otherSitesAt = function (e, bandSites) {
+      var inBand = {};
+      (bandSites || []).forEach(function (s) { inBand[s.site] = 1; });
+      var by = {};
+      liveAt(e).forEach(function (a) {
+        var s = sites[a[5]] || '?';
+        if (!inBand[s]) by[s] = (by[s] || 0) + a[2];
+      });
+      var list = Object.keys(by).sort(function (a, b) { return by[b] - by[a]; });
+      var box = el('div', { class: 'small' }, [el('h3', { text: 'In “other sites” at this event', style: 'margin-top:8px' })]);
+      if (!list.length) { box.appendChild(el('p', { class: 'muted', text: 'Only allocations too small to be kept one by one.' })); return box; }
+      var t = el('table');
+      list.slice(0, 10).forEach(function (s) {
+        t.appendChild(el('tr', null, [el('td', null, [el('span', { class: 'site', text: ML.siteLabel(s), title: s })]), el('td', { class: 'num', text: fb(by[s]) })]));
+      });
+      box.appendChild(t);
+      if (list.length > 10) box.appendChild(el('p', { class: 'muted', text: (list.length - 10) + ' more sites; allocations under ' + fb(M.min_kept_bytes) + ' are not listed.' }));
+      return box;
+    };
+  }]);
+})();

@@ -1,0 +1,241 @@
+//! Any moment of the trace, inspectable in the page: the largest allocations
+//! with their lifetimes and stacks (the page sums those live at a clicked
+//! event into a flame graph; the rest is one aggregated node whose bytes are
+//! the timeline's allocated figure minus the kept ones), and exact segment
+//! maps at a bounded number of events (the peak, the OOM and evenly spaced
+//! ones), of which the page shows the nearest to the click.
+//!
+//! The size is bounded whatever the trace: at most [`MAX_KEPT_ALLOCS`]
+//! allocations, [`MAX_STACK_FRAMES`] frames per stack and
+//! [`MOMENT_SEGMENT_MAPS`] segment maps, each capped by
+//! [`super::cap_segments`].
+
+use super::build::segments_of_state;
+use super::convert::stack_labels;
+use super::model::{Category, SegmentMap};
+use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT};
+use crate::analysis::sites::SiteIndex;
+use crate::replay::{Delta, Replay, ReplayOptions, ReplayState};
+use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
+use crate::trace::Analysed;
+use hashbrown::HashMap;
+use serde::{Deserialize, Serialize};
+
+/// Allocations kept individually (the largest); the rest are aggregated.
+pub const MAX_KEPT_ALLOCS: usize = 20_000;
+/// Frames kept per stack (innermost first).
+pub const MAX_STACK_FRAMES: usize = 32;
+/// Segment maps saved at chosen events (the peak and OOM included).
+pub const MOMENT_SEGMENT_MAPS: usize = 12;
+/// Segments per saved map (the largest; the rest summed).
+pub const MOMENT_MAX_SEGMENTS: usize = 96;
+
+/// The data behind "click the timeline to see that moment".
+///
+/// `allocs[i]` is `[alloc_event, free_event, size, address, stack, site,
+/// category]`: `alloc_event` is -1 for a block live before the trace starts,
+/// `free_event` -1 for one never freed (in the trace), `stack` an index into
+/// `stacks` (-1 when the allocation has none), `site` into `sites`, `category`
+/// a [`Category`] code. A block counts as allocated at event `e` when
+/// `alloc_event <= e < free_event`, as the timeline counts it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Moments {
+    /// Frame labels (`file:line in function`).
+    pub frames: Vec<String>,
+    /// Stacks as indices into `frames`, innermost first (cut to
+    /// [`MAX_STACK_FRAMES`]).
+    pub stacks: Vec<Vec<u32>>,
+    /// Site labels (`file:line`, or a pseudo-site such as `<backward pass>`).
+    pub sites: Vec<String>,
+    /// The allocations kept, largest first.
+    pub allocs: Vec<[i64; 7]>,
+    /// Allocations in the trace (plus those live at its start), kept or not.
+    pub total_allocs: u64,
+    /// The smallest size kept (0 when every allocation was kept).
+    pub min_kept_bytes: u64,
+    /// Segment maps at `segment_events` (same order).
+    pub segment_maps: Vec<SegmentMap>,
+    /// The event of each saved segment map.
+    pub segment_events: Vec<u64>,
+}
+
+/// What [`build_moments`] needs besides the snapshot.
+pub(super) struct MomentInput<'a> {
+    /// The snapshot analysed once.
+    pub an: &'a Analysed<'a>,
+    /// Index of the device's trace in `snap.traces`.
+    pub trace: usize,
+    /// The device.
+    pub device: u32,
+    /// Its events.
+    pub events: &'a [TraceEvent],
+    /// Events whose segment map must be saved (the peak, the OOM).
+    pub must: Vec<usize>,
+    /// The category of a site.
+    pub category_of: &'a dyn Fn(&str) -> Category,
+    /// Sites of stacks (for the segment maps).
+    pub index: &'a SiteIndex,
+}
+
+/// Replays the trace once, keeping the largest allocations' lifetimes and the
+/// segment maps at the chosen events.
+pub(super) fn build_moments(snap: &Snapshot, inp: &MomentInput<'_>) -> Moments {
+    let events = inp.events;
+    // The size threshold: the MAX_KEPT_ALLOCS-th largest allocation.
+    let mut sizes: Vec<u64> = events
+        .iter()
+        .filter(|e| e.action == Action::Alloc)
+        .map(|e| e.size)
+        .collect();
+    let threshold = if sizes.len() > MAX_KEPT_ALLOCS {
+        let (_, t, _) = sizes.select_nth_unstable_by(MAX_KEPT_ALLOCS - 1, |a, b| b.cmp(a));
+        *t
+    } else {
+        0
+    };
+    drop(sizes);
+
+    // Where to save segment maps: the must-haves and evenly spaced events.
+    let n = events.len();
+    let mut targets: Vec<usize> = inp.must.iter().copied().filter(|&i| i < n).collect();
+    let spaced = MOMENT_SEGMENT_MAPS.saturating_sub(targets.len()).max(1);
+    for k in 1..=spaced {
+        targets.push((n.saturating_sub(1) * k) / spaced);
+    }
+    targets.sort_unstable();
+    targets.dedup();
+
+    struct Interval {
+        alloc: i64,
+        free: i64,
+        size: u64,
+        addr: u64,
+        stack: StackId,
+        alloc_index: Option<u32>,
+    }
+    let opts = ReplayOptions::default();
+    let mut r = Replay::new(snap, inp.device, &opts);
+    let mut kept: Vec<Interval> = Vec::new();
+    let mut open: HashMap<u64, usize> = HashMap::default();
+    let mut total: u64 = 0;
+    for b in r.live_blocks().iter().filter(|b| !b.pending_free) {
+        total += 1;
+        if b.size >= threshold.max(1) && kept.len() < MAX_KEPT_ALLOCS {
+            open.insert(b.addr, kept.len());
+            kept.push(Interval {
+                alloc: -1,
+                free: -1,
+                size: b.size,
+                addr: b.addr,
+                stack: b.stack,
+                alloc_index: b.alloc_index,
+            });
+        }
+    }
+    let mut maps: Vec<(u64, SegmentMap)> = Vec::new();
+    let mut next = 0;
+    while let Some(s) = r.step() {
+        match s.delta {
+            Delta::Alloc { addr, size, .. } => {
+                total += 1;
+                if size >= threshold && kept.len() < MAX_KEPT_ALLOCS {
+                    open.insert(addr, kept.len());
+                    kept.push(Interval {
+                        alloc: s.index as i64,
+                        free: -1,
+                        size,
+                        addr,
+                        stack: s.event.stack,
+                        alloc_index: u32::try_from(s.index).ok(),
+                    });
+                }
+            }
+            Delta::FreeRequested { addr, .. }
+            | Delta::FreeCompleted {
+                addr,
+                also_requested: true,
+                ..
+            } => {
+                if let Some(j) = open.remove(&addr) {
+                    kept[j].free = s.index as i64;
+                }
+            }
+            _ => {}
+        }
+        while next < targets.len() && targets[next] <= s.index {
+            if targets[next] == s.index {
+                let st = ReplayState {
+                    index: s.index,
+                    totals: r.totals(),
+                    live: r.live_blocks(),
+                    segments: r.segments(),
+                };
+                let when = format!("at event {}", s.index);
+                let m = segments_of_state(snap, events, &st, &when, inp.index, inp.category_of);
+                maps.push((
+                    s.index as u64,
+                    cap_segments(&m, MOMENT_MAX_SEGMENTS, DEFAULT_MAX_BLOCKS_PER_SEGMENT),
+                ));
+            }
+            next += 1;
+        }
+    }
+
+    // Largest first, so that a reader of the JSON sees what matters first.
+    kept.sort_by(|a, b| b.size.cmp(&a.size).then(a.alloc.cmp(&b.alloc)));
+    let mut out = Moments {
+        total_allocs: total,
+        min_kept_bytes: if (kept.len() as u64) < total {
+            kept.last().map_or(0, |k| k.size)
+        } else {
+            0
+        },
+        ..Moments::default()
+    };
+    let mut frame_ids: HashMap<String, u32> = HashMap::default();
+    let mut stack_ids: HashMap<StackId, i64> = HashMap::default();
+    let mut site_ids: HashMap<String, i64> = HashMap::default();
+    for k in &kept {
+        let stack = *stack_ids.entry(k.stack).or_insert_with(|| {
+            let labels = stack_labels(snap, k.stack);
+            if labels.is_empty() {
+                return -1;
+            }
+            let ids = labels
+                .into_iter()
+                .take(MAX_STACK_FRAMES)
+                .map(|l| {
+                    let next = out.frames.len() as u32;
+                    *frame_ids.entry(l.clone()).or_insert_with(|| {
+                        out.frames.push(l);
+                        next
+                    })
+                })
+                .collect();
+            out.stacks.push(ids);
+            out.stacks.len() as i64 - 1
+        });
+        let site = inp.an.block_site(inp.trace, k.alloc_index, k.stack).site;
+        let category = (inp.category_of)(&site);
+        let next = out.sites.len() as i64;
+        let site = *site_ids.entry(site.clone()).or_insert_with(|| {
+            out.sites.push(site);
+            next
+        });
+        out.allocs.push([
+            k.alloc,
+            k.free,
+            i64::try_from(k.size).unwrap_or(i64::MAX),
+            i64::try_from(k.addr).unwrap_or(i64::MAX),
+            stack,
+            site,
+            i64::from(category.code()),
+        ]);
+    }
+    for (e, m) in maps {
+        out.segment_events.push(e);
+        out.segment_maps.push(m);
+    }
+    out
+}

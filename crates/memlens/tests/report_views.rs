@@ -1,0 +1,162 @@
+//! Issue 18's sections of the HTML report on real snapshots: any moment
+//! inspectable (the moments data), the OOM drawn, the per-snapshot overview of
+//! periodic snapshots and the pseudo-sites' bands. The browser half (clicks,
+//! drawing, dark theme, 800 px) is `tests/browser/check.mjs`.
+
+mod common;
+
+use common::{fixture, stats};
+use memlens::doctor::{diagnose, DoctorOptions};
+use memlens::report::*;
+use memlens::snapshot::Snapshot;
+use std::path::PathBuf;
+
+fn load(path: PathBuf) -> Snapshot {
+    Snapshot::load(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn corpus(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus")
+        .join(name)
+}
+
+/// Bytes of the kept allocations live right after event `e`, as the page sums them.
+fn kept_live_at(m: &Moments, e: i64) -> u64 {
+    m.allocs
+        .iter()
+        .filter(|a| a[0] <= e && (a[1] < 0 || a[1] > e))
+        .map(|a| a[2] as u64)
+        .sum()
+}
+
+#[test]
+fn oom_report_draws_the_request_the_free_pieces_and_every_fix() {
+    let snap = load(fixture("oom.pickle.zst"));
+    let refs = vec![("oom.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+    let st = stats("oom");
+    let at_oom = &st["stats_at_oom"];
+
+    let o = data.oom.as_ref().expect("oom section");
+    // "Tried to allocate 1000.00 MiB" in PyTorch's message.
+    assert_eq!(o.requested_bytes, 1000 << 20);
+    // Right before the failure, as PyTorch's message prints it (the stats
+    // were read after the exception unwound, so they hold less).
+    let msg = st["oom_message"].as_str().expect("message");
+    let fb = memlens::units::format_bytes;
+    assert!(msg.contains(&format!(
+        "{} is allocated by PyTorch",
+        fb(o.allocated_bytes)
+    )));
+    assert!(msg.contains(&format!(
+        "{} is reserved by PyTorch but unallocated",
+        fb(o.reserved_bytes - o.allocated_bytes)
+    )));
+    let r = d.oom.as_ref().expect("diagnosis has the OOM");
+    assert_eq!(o.fixes.len(), r.fixes.len() + r.not_helpful.len());
+    assert!(o.fixes.len() > 1, "every fix, not just one");
+    assert_eq!(o.pools.len(), r.pools.len());
+    let here = o
+        .pools
+        .iter()
+        .find(|p| p.requested_here)
+        .expect("request's pool");
+    assert_eq!(here.largest_free_bytes, r.largest_free_block_bytes);
+    assert!(here.largest_free_bytes < o.requested_bytes);
+    assert!(!o.live.is_empty());
+
+    // The moments: every allocation of the run is kept here (3,446, as
+    // PyTorch counted them), so the sum at the peak is the peak exactly.
+    let m = data.moments.as_ref().expect("moments");
+    assert_eq!(
+        m.total_allocs,
+        at_oom["allocation.all.allocated"].as_u64().unwrap()
+    );
+    assert_eq!(m.allocs.len() as u64, m.total_allocs);
+    assert_eq!(m.min_kept_bytes, 0);
+    let peak = d.peak.peak_event_index.expect("peak") as i64;
+    assert_eq!(kept_live_at(m, peak), d.peak.peak_allocated_bytes);
+    // Segment maps saved at the peak and at the OOM, at most MOMENT_SEGMENT_MAPS.
+    assert!(m.segment_events.contains(&(peak as u64)));
+    assert!(m.segment_events.contains(&o.event_index));
+    assert!(m.segment_maps.len() <= MOMENT_SEGMENT_MAPS);
+    let i = m
+        .segment_events
+        .iter()
+        .position(|&e| e == o.event_index)
+        .unwrap();
+    let s = &m.segment_maps[i];
+    let reserved: u64 =
+        s.segments.iter().map(|s| s.size).sum::<u64>() + s.omitted.map_or(0, |o| o.bytes);
+    assert_eq!(reserved, o.reserved_bytes);
+
+    // Pseudo-sites (no stack: the backward pass, cuBLAS workspaces) hold their
+    // real bytes in the timeline: no band is 0 B everywhere.
+    let t = data.timeline.as_ref().expect("timeline");
+    assert!(t.sites.iter().any(|s| s.site == "<backward pass>"));
+    for (s, band) in t.sites.iter().zip(&t.bands) {
+        assert!(s.peak_bytes > 0, "{} is 0 B", s.site);
+        assert!(band.iter().any(|&b| b > 0), "{} is 0 B", s.site);
+    }
+    let p = t.peak.expect("peak point");
+    for (s, band) in t.sites.iter().zip(&t.bands) {
+        let at_peak: u64 = d
+            .peak
+            .live_at_peak
+            .iter()
+            .filter(|l| l.site == s.site)
+            .map(|l| l.bytes)
+            .sum();
+        assert_eq!(band[p], at_peak, "{} at the peak", s.site);
+    }
+}
+
+#[test]
+fn periodic_snapshots_show_each_snapshot_and_the_leak_across_them() {
+    let names = [
+        "leak_losses.step2.pickle.zst",
+        "leak_losses.step4.pickle.zst",
+        "leak_losses.step6.pickle.zst",
+    ];
+    let snaps: Vec<(String, Snapshot)> = names
+        .iter()
+        .map(|n| (n.to_string(), load(corpus(n))))
+        .collect();
+    let refs: Vec<(String, &Snapshot)> = snaps.iter().map(|(n, s)| (n.clone(), s)).collect();
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+
+    // The leak: the verdict `memlens leaks` gives on the same files.
+    let cli = memlens::analysis::leaks::find(&refs);
+    let l = data.leaks.as_ref().expect("leaks");
+    assert_eq!(l.points.len(), 3);
+    assert_eq!(l.sites[0].site, cli.leaks[0].site);
+    assert_eq!(l.sites[0].bytes, cli.leaks[0].evidence);
+    assert!(l.sites[0].bytes.windows(2).all(|w| w[0] < w[1]));
+
+    // One row per snapshot, with each one's own peak and the growth between.
+    let o = data.overview.as_ref().expect("overview");
+    assert_eq!(o.rows.len(), 3);
+    for (row, (name, snap)) in o.rows.iter().zip(&refs) {
+        assert_eq!(&row.file, name);
+        let p = memlens::analysis::peak::peak(snap, 0);
+        assert_eq!(row.peak_allocated_bytes, p.peak_allocated_bytes);
+        assert_eq!(row.peak_reserved_bytes, p.peak_reserved_bytes);
+        let s = memlens::analysis::summary::summarize(snap);
+        assert_eq!(row.allocated_bytes, s.allocated_bytes);
+    }
+    assert_eq!(o.rows[0].growth_bytes, 0);
+    for w in o.rows.windows(2) {
+        assert_eq!(
+            w[1].growth_bytes,
+            w[1].allocated_bytes as i64 - w[0].allocated_bytes as i64
+        );
+        assert!(w[1].growth_bytes > 0, "a leaking run grows");
+    }
+    // One snapshot: no overview.
+    let one = vec![refs[2].clone()];
+    let d1 = diagnose(&one, &DoctorOptions::default());
+    assert!(from_diagnosis(&one, &d1).overview.is_none());
+}
