@@ -7,7 +7,7 @@ use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
-use crate::snapshot::{Action, Snapshot};
+use crate::snapshot::Snapshot;
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
 
@@ -140,12 +140,9 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     }
 
     // An OOM in the trace.
-    let oom = last
-        .traces
-        .iter()
-        .flat_map(|t| t.events.iter())
-        .find(|e| e.action == Action::Oom)
-        .copied();
+    // The same OOM `memlens oom` explains (the last one), so the finding's
+    // bytes and its title speak of one failure.
+    let oom = crate::oom::chosen_oom(last).map(|(t, i)| last.traces[t].events[i]);
     let oom_report = match oom {
         Some(_) => {
             let o = crate::oom::OomOptions {

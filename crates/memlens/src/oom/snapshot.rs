@@ -287,12 +287,7 @@ fn state_before(snap: &Snapshot, device: u32, index: usize) -> State {
 /// no `oom` event (the snapshot was not taken at or after an OOM, or the
 /// trace was not recorded).
 pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Option<OomReport>> {
-    let found = snap.traces.iter().enumerate().find_map(|(ti, t)| {
-        t.events
-            .iter()
-            .rposition(|e| e.action == Action::Oom)
-            .map(|i| (ti, i))
-    });
+    let found = super::chosen_oom(snap);
     let Some((trace, k)) = found else {
         return Ok(None);
     };
@@ -655,18 +650,26 @@ pub(super) struct Facts {
     pub cap: Option<u64>,
 }
 
-/// The cause, from the numbers, in order:
-/// 1. `memory_cap`: a cap applies, what PyTorch held plus the segment is over
+/// The cause, from the numbers, in order (the same rules as the message
+/// triage, [`super::triage`]):
+/// 1. `fragmentation`: the request's pool and stream (or another stream) had
+///    enough free memory in total, but no block large enough: also under a
+///    cap, since the cap would not have been reached had the cache been in
+///    one piece;
+/// 2. `memory_cap`: a cap applies, what PyTorch held plus the segment is over
 ///    it, and the device had room for the segment;
-/// 2. `private_pools`: private pools hold free memory (at least a tenth of
+/// 3. `private_pools`: private pools hold free memory (at least a tenth of
 ///    reserved) that, with the device's free memory, would have been enough;
-/// 3. `fragmentation`: the request's pool and stream (or another stream) had
-///    enough free memory in total, but no block large enough;
 /// 4. `other_processes`: memory outside this PyTorch allocator (other
 ///    processes when the message lists them) is at least a tenth of the
 ///    device, and without it the segment would have fitted;
 /// 5. `capacity`: this process's own tensors fill the memory.
 fn decide(f: &Facts) -> Cause {
+    if f.largest_free < f.request
+        && (f.free_here >= f.request || f.free_here + f.other_streams_free >= f.request)
+    {
+        return Cause::Fragmentation;
+    }
     if let Some(cap) = f.cap {
         if f.reserved + f.tried > cap && f.device_free >= f.tried {
             return Cause::MemoryCap;
@@ -677,9 +680,6 @@ fn decide(f: &Facts) -> Cause {
         && f.device_free + f.private_free >= f.tried
     {
         return Cause::PrivatePools;
-    }
-    if f.free_here >= f.request || f.free_here + f.other_streams_free >= f.request {
-        return Cause::Fragmentation;
     }
     let outside = f.others.or(f.outside).unwrap_or(0);
     let share_ok = f.total.is_some_and(|t| outside.saturating_mul(10) >= t);

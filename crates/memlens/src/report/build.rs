@@ -84,7 +84,8 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         }
         data.flame = Some(fb.finish());
     }
-    let oom = events.iter().position(|e| e.action == Action::Oom);
+    // The OOM `memlens oom` and doctor explain: the last one.
+    let oom = events.iter().rposition(|e| e.action == Action::Oom);
     let (state, when) = match (oom, peak_state) {
         (Some(i), _) => (
             Some(state_at(snap, device, i, &opts)),
