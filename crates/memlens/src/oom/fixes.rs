@@ -279,8 +279,24 @@ impl Prediction {
     }
 }
 
+/// The share of the cap a "fits" verdict keeps free. A rerun is not the
+/// replay: the CUDA context, cuBLAS workspaces made at other times, a batch
+/// that is not quite the modelled one all move the peak by a few percent; a
+/// prediction within this margin of the cap is reported as "may fit".
+pub const FIT_MARGIN: f64 = 0.03;
+
+/// `spec` with its cap lowered by [`FIT_MARGIN`], for the "fits" verdicts.
+fn with_margin(spec: &WhatIfSpec) -> WhatIfSpec {
+    WhatIfSpec {
+        memory_cap_bytes: spec
+            .memory_cap_bytes
+            .map(|c| (c as f64 * (1.0 - FIT_MARGIN)) as u64),
+        ..spec.clone()
+    }
+}
+
 fn run(w: &WhatIf, spec: &WhatIfSpec) -> Option<Prediction> {
-    let limited = w.simulate(spec).ok()?;
+    let limited = w.simulate(&with_margin(spec)).ok()?;
     let free = WhatIfSpec {
         memory_cap_bytes: None,
         device_memory_bytes: None,
@@ -296,7 +312,7 @@ fn run(w: &WhatIf, spec: &WhatIfSpec) -> Option<Prediction> {
 }
 
 fn fits_only(w: &WhatIf, spec: &WhatIfSpec) -> Option<(bool, u64)> {
-    let r = w.simulate(spec).ok()?;
+    let r = w.simulate(&with_margin(spec)).ok()?;
     Some((r.num_ooms == 0, r.peak_reserved_bytes))
 }
 
@@ -635,6 +651,12 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
                     "; the step was modelled only up to the failure, so it may need more",
                 );
             }
+            // What comes after the failure (the rest of the forward pass,
+            // backward, the optimizer) is not in the model: a lower bound
+            // cannot promise a fit.
+            if f.fits == Some(true) {
+                f.fits = None;
+            }
         }
     }
     fixes.extend(advice(ctx));
@@ -756,7 +778,8 @@ fn raise_cap(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<OomFix> {
     }
     let Some(total) = ctx.total else {
         // No device total: a cap in bytes, checked against itself only.
-        let cap = p.needed.div_ceil(64 << 20) * (64 << 20);
+        // Room for the margin a "fits" verdict keeps.
+        let cap = ((p.needed as f64 / (1.0 - FIT_MARGIN)) as u64).div_ceil(64 << 20) * (64 << 20);
         let spec = WhatIfSpec {
             memory_cap_bytes: Some(cap),
             ..base.clone()
