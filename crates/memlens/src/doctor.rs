@@ -212,6 +212,9 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             overhead: None,
             allowed_memory_maximum: None,
         };
+        // Under the limits the run had (inferred from its OOM), as `memlens
+        // tune` does: a setting that fails there is no fix.
+        let (sim, _) = crate::replay::limits::with_inferred(last, device, &sim, None);
         tune(last, device, &sim).ok()
     } else {
         None
@@ -219,6 +222,11 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     if fragmented {
         let best = tune.as_ref().and_then(|t| t.candidates.first());
         let fix = match best {
+            Some(b) if b.num_ooms > 0 => format!(
+                "no allocator setting simulated here avoids the OOM under the run's limits (the \
+                 best, {}, still fails); make the failing step smaller or raise the limit",
+                if b.config.is_empty() { "the defaults" } else { &b.config }
+            ),
             Some(b) if b.peak_reserved_bytes + (64 << 20) < peak.peak_reserved_bytes && !b.config.is_empty() => format!(
                 "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (simulated)",
                 b.config,

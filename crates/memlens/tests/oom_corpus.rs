@@ -77,7 +77,10 @@ fn the_cap_is_inferred_from_the_oom_event_and_read_from_the_message() {
     // "79.18 GiB" as printed: within the rounding of two decimals.
     let total = l.device_total.expect("printed total").bytes as f64;
     let real = u(&r["device_total_bytes"]) as f64;
-    assert!((total - real).abs() <= 0.005 * (1u64 << 30) as f64, "{total} vs {real}");
+    assert!(
+        (total - real).abs() <= 0.005 * (1u64 << 30) as f64,
+        "{total} vs {real}"
+    );
 }
 
 #[test]
@@ -93,7 +96,10 @@ fn fragmentation_under_a_cap_is_fragmentation_on_both_paths() {
         );
     }
     let text = std::fs::read_to_string(dir().join("frag_cap.message.txt")).expect("message");
-    assert_eq!(explain_message(&text).expect("parses").cause, Cause::Fragmentation);
+    assert_eq!(
+        explain_message(&text).expect("parses").cause,
+        Cause::Fragmentation
+    );
     // A cap with little cached memory stays memory_cap.
     assert_eq!(analyze("gpt_first", false, 16).cause, Cause::MemoryCap);
 }
@@ -119,10 +125,18 @@ fn simulate_with_no_flags_reproduces_the_oom_and_predicts_the_expandable_rerun()
     let sim = simulate(&snap, 0, &opts).expect("simulates");
     let real = rerun("frag_cap", "expandable_segments:True");
     assert_eq!(real["oom"], true);
-    assert!(sim.num_ooms > 0, "the rerun under expandable segments OOMed too");
+    assert!(
+        sim.num_ooms > 0,
+        "the rerun under expandable segments OOMed too"
+    );
     let peak = u(&real["peak_reserved_bytes"]) as f64;
     let err = (sim.peak_reserved_bytes as f64 - peak).abs() / peak;
-    assert!(err <= 0.02, "peak reserved {} vs rerun {peak} ({:.2}%)", sim.peak_reserved_bytes, err * 100.0);
+    assert!(
+        err <= 0.02,
+        "peak reserved {} vs rerun {peak} ({:.2}%)",
+        sim.peak_reserved_bytes,
+        err * 100.0
+    );
 }
 
 #[test]
@@ -135,13 +149,28 @@ fn tune_never_shows_zero_ooms_for_a_setting_whose_rerun_oomed() {
         if r["workload"] != "frag_cap" || r["oom"] != true {
             continue;
         }
-        if let Some(c) = t.candidates.iter().find(|c| c.config == r["conf"].as_str().unwrap_or("")) {
-            assert!(c.num_ooms > 0, "{} showed 0 OOMs; its rerun OOMed", c.config);
+        if let Some(c) = t
+            .candidates
+            .iter()
+            .find(|c| c.config == r["conf"].as_str().unwrap_or(""))
+        {
+            assert!(
+                c.num_ooms > 0,
+                "{} showed 0 OOMs; its rerun OOMed",
+                c.config
+            );
             checked += 1;
         }
     }
-    assert!(checked >= 2, "expandable_segments and max_split_size_mb:64 were checked");
-    assert!(!t.advice.contains("set PYTORCH_CUDA_ALLOC_CONF"), "{}", t.advice);
+    assert!(
+        checked >= 2,
+        "expandable_segments and max_split_size_mb:64 were checked"
+    );
+    assert!(
+        !t.advice.contains("set PYTORCH_CUDA_ALLOC_CONF"),
+        "{}",
+        t.advice
+    );
 }
 
 #[test]
@@ -162,8 +191,15 @@ fn two_ooms_in_one_trace_oom_and_doctor_speak_of_the_last() {
     // The first failed for 256 MiB in training, the last for 1 GiB in evaluation.
     assert_eq!(events[ooms[0]].size, 256 << 20);
     assert_eq!(rep.tried_to_allocate_bytes, 1 << 30);
-    let d = diagnose(&[("two_ooms".to_string(), &snap)], &DoctorOptions::default());
-    let f = d.findings.iter().find(|f| f.kind == "oom").expect("an oom finding");
+    let d = diagnose(
+        &[("two_ooms".to_string(), &snap)],
+        &DoctorOptions::default(),
+    );
+    let f = d
+        .findings
+        .iter()
+        .find(|f| f.kind == "oom")
+        .expect("an oom finding");
     assert_eq!(f.bytes, Some(1 << 30));
     assert!(f.title.contains(rep.cause.as_str()), "{}", f.title);
     let doc = d.oom.expect("doctor's OOM report");
@@ -183,10 +219,22 @@ fn fits_only_with_margin_and_never_from_a_step_cut_at_the_failure() {
     assert!(!fits.is_empty());
     for f in &fits {
         let peak = f.predicted_peak_reserved_bytes.expect("a simulated peak");
-        let limit = f.what_if.as_ref().and_then(|w| w.memory_cap_bytes).expect("a cap");
-        assert!(peak as f64 <= limit as f64 * 0.97, "{}: {peak} vs {limit}", f.action);
+        let limit = f
+            .what_if
+            .as_ref()
+            .and_then(|w| w.memory_cap_bytes)
+            .expect("a cap");
+        assert!(
+            peak as f64 <= limit as f64 * 0.97,
+            "{}: {peak} vs {limit}",
+            f.action
+        );
     }
-    let said = rep.batch.as_ref().and_then(|b| b.max_batch).expect("a batch");
+    let said = rep
+        .batch
+        .as_ref()
+        .and_then(|b| b.max_batch)
+        .expect("a batch");
     let real = u(&truth["workloads"]["gpt_warm"]["largest_batch"]);
     assert!(said <= real && real - said <= 1, "said {said}, true {real}");
     // gpt_first failed in its first step: the step is known only up to the

@@ -169,7 +169,9 @@ pub struct Leftover {
 
 /// Tensors live at the OOM that were made before the failing step and are not
 /// parameters, gradients or optimizer state: outputs, losses or batches a
-/// previous iteration left behind.
+/// previous iteration left behind. Workspaces (cuBLAS's, made on the first
+/// matmul and kept by the library) and blocks with no stack (made inside
+/// PyTorch) are [`Category::Other`] and left out: `del` cannot free them.
 pub fn leftovers(
     snap: &Snapshot,
     classifier: &BlockClassifier,
@@ -189,7 +191,7 @@ pub fn leftovers(
         let (cat, _) = classifier.classify(Some(ai), b.stack);
         if matches!(
             cat,
-            Category::Parameter | Category::Gradient | Category::OptimizerState
+            Category::Parameter | Category::Gradient | Category::OptimizerState | Category::Other
         ) {
             continue;
         }

@@ -2,10 +2,10 @@
 //! `tune`, `doctor`, `report` and `oom` print with `--json` and what Python's
 //! methods of the same names return. Built here once, for both.
 
-use crate::replay::limits::{with_inferred, RunLimits};
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::{diagnose, Diagnosis, DoctorOptions, Finding};
 use crate::oom::{OomOptions, OomReport};
+use crate::replay::limits::{with_inferred, RunLimits};
 use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
 use crate::replay::tune::{tune, TuneResult};
 use crate::replay::{replay_device, ReplayOptions};

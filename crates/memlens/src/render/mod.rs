@@ -58,12 +58,20 @@ pub(crate) fn limits_text(o: &mut String, l: &crate::replay::limits::RunLimits) 
         ("other processes", &l.other_processes),
     ];
     if l.is_empty() {
-        let _ = writeln!(o, "  limits: none known (no OOM in the trace, no flags): unlimited");
+        let _ = writeln!(
+            o,
+            "  limits: none known (no OOM in the trace, no flags): unlimited"
+        );
         return;
     }
     for (name, v) in rows {
         if let Some(v) = v {
-            let _ = writeln!(o, "  limit: {name} {} ({})", format_bytes(v.bytes), v.source);
+            let _ = writeln!(
+                o,
+                "  limit: {name} {} ({})",
+                format_bytes(v.bytes),
+                v.source
+            );
         }
     }
 }
