@@ -281,24 +281,41 @@ impl Prediction {
     }
 }
 
-/// The share of the cap a "fits" verdict keeps free. A rerun is not the
-/// replay: the CUDA context, cuBLAS workspaces made at other times, a batch
-/// that is not quite the modelled one all move the peak by a few percent; a
-/// prediction within this margin of the cap is reported as "may fit".
-pub const FIT_MARGIN: f64 = 0.03;
+/// The margin a "fits" verdict keeps: the step must still fit with this
+/// much more of what scales with the batch. A rerun is not the replay (the
+/// CUDA context, cuBLAS workspaces made at other times, a batch that is not
+/// quite the modelled one move the peak by a few percent); a prediction that
+/// fits only without the margin is reported as "may fit". The margin is on
+/// the step's own memory, not on the cap: the cache a run carries into the
+/// step can sit at the cap while the step still fits in it.
+pub const FIT_MARGIN: f64 = 0.05;
 
-/// `spec` with its cap lowered by [`FIT_MARGIN`], for the "fits" verdicts.
+/// `spec` with [`FIT_MARGIN`] more of the batch, for the margin half of a
+/// "fits" verdict.
 fn with_margin(spec: &WhatIfSpec) -> WhatIfSpec {
     WhatIfSpec {
-        memory_cap_bytes: spec
-            .memory_cap_bytes
-            .map(|c| (c as f64 * (1.0 - FIT_MARGIN)) as u64),
+        batch_fraction: spec.batch_fraction * (1.0 + FIT_MARGIN),
         ..spec.clone()
     }
 }
 
+/// The simulation under `spec`, with `num_ooms` counting a failure of the
+/// margin check (see [`with_margin`]) too: "fits" means fits under the
+/// limits as they are, and with the margin.
+pub(crate) fn simulate_fits(
+    w: &WhatIf,
+    spec: &WhatIfSpec,
+) -> crate::Result<crate::replay::simulate::SimulationResult> {
+    let mut r = w.simulate(spec)?;
+    if r.num_ooms == 0 {
+        let m = w.simulate(&with_margin(spec))?;
+        r.num_ooms = m.num_ooms;
+    }
+    Ok(r)
+}
+
 fn run(w: &WhatIf, spec: &WhatIfSpec) -> Option<Prediction> {
-    let limited = w.simulate(&with_margin(spec)).ok()?;
+    let limited = simulate_fits(w, spec).ok()?;
     let free = WhatIfSpec {
         memory_cap_bytes: None,
         device_memory_bytes: None,
@@ -314,7 +331,7 @@ fn run(w: &WhatIf, spec: &WhatIfSpec) -> Option<Prediction> {
 }
 
 fn fits_only(w: &WhatIf, spec: &WhatIfSpec) -> Option<(bool, u64)> {
-    let r = w.simulate(&with_margin(spec)).ok()?;
+    let r = simulate_fits(w, spec).ok()?;
     Some((r.num_ooms == 0, r.peak_reserved_bytes))
 }
 
@@ -781,12 +798,23 @@ fn raise_cap(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<OomFix> {
     let Some(total) = ctx.total else {
         // No device total: a cap in bytes, checked against itself only.
         // Room for the margin a "fits" verdict keeps.
-        let cap = ((p.needed as f64 / (1.0 - FIT_MARGIN)) as u64).div_ceil(64 << 20) * (64 << 20);
-        let spec = WhatIfSpec {
-            memory_cap_bytes: Some(cap),
-            ..base.clone()
-        };
-        let (fits, peak) = fits_only(w, &spec)?;
+        // The smallest cap in steps of 64 MiB from what the step needs that
+        // fits with the margin (up to half as much again).
+        let step = 64u64 << 20;
+        let mut cap = p.needed.div_ceil(step) * step;
+        let (mut spec, mut verdict);
+        loop {
+            spec = WhatIfSpec {
+                memory_cap_bytes: Some(cap),
+                ..base.clone()
+            };
+            verdict = fits_only(w, &spec)?;
+            if verdict.0 || cap > p.needed + p.needed / 2 {
+                break;
+            }
+            cap += step;
+        }
+        let (fits, peak) = verdict;
         return Some(OomFix {
             action: format!(
                 "Raise the per-process memory cap (set_per_process_memory_fraction{now}) to at \

@@ -33,6 +33,8 @@ pub fn chosen_oom(snap: &Snapshot) -> Option<(usize, usize)> {
 }
 pub use fixes::{BatchFit, FixKind, OomFix};
 pub use message::{parse, OomMessage};
-pub use snapshot::{analyze_snapshot, simulate_what_if, OomOptions, OomReport};
+pub use snapshot::{
+    analyze_snapshot, simulate_what_if, simulate_what_if_exact, OomOptions, OomReport,
+};
 pub use triage::{diagnose, explain_message, MessageDiagnosis};
 pub use whatif::WhatIfSpec;
