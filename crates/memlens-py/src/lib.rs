@@ -211,6 +211,21 @@ fn summary_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     .map_err(to_py_err)
 }
 
+/// The explanation of the OOM in the snapshot at `path`: the cause and the
+/// fixes, exactly what `memlens oom PATH` prints (the same library call), for
+/// the OOM hook of `memlens.record`.
+#[pyfunction]
+fn explain_oom_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    py.detach(|| {
+        let snap = Snapshot::load(&path)?;
+        let opts = memlens::oom::OomOptions::default();
+        let name = path.display().to_string();
+        let report = memlens::render::documents::oom_doc(&snap, &name, &opts)?;
+        Ok(memlens::render::oom::text(&report))
+    })
+    .map_err(to_py_err)
+}
+
 /// Parses a size such as `8GiB`, `512MiB`, `80GB` or a number of bytes.
 #[pyfunction]
 fn parse_size(text: &str) -> PyResult<u64> {
@@ -248,6 +263,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<PySnapshot>()?;
     m.add_function(wrap_pyfunction!(analysis_names, m)?)?;
     m.add_function(wrap_pyfunction!(summary_text, m)?)?;
+    m.add_function(wrap_pyfunction!(explain_oom_file, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(frame_kind, m)?)?;

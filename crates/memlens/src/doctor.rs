@@ -7,7 +7,7 @@ use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
-use crate::snapshot::{Action, Snapshot};
+use crate::snapshot::Snapshot;
 use crate::trace::Analysed;
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
@@ -145,12 +145,9 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     }
 
     // An OOM in the trace.
-    let oom = last
-        .traces
-        .iter()
-        .flat_map(|t| t.events.iter())
-        .find(|e| e.action == Action::Oom)
-        .copied();
+    // The same OOM `memlens oom` explains (the last one), so the finding's
+    // bytes and its title speak of one failure.
+    let oom = crate::oom::chosen_oom(last).map(|(t, i)| last.traces[t].events[i]);
     let oom_report = match oom {
         Some(_) => {
             let o = crate::oom::OomOptions {
@@ -220,6 +217,9 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             overhead: None,
             allowed_memory_maximum: None,
         };
+        // Under the limits the run had (inferred from its OOM), as `memlens
+        // tune` does: a setting that fails there is no fix.
+        let (sim, _) = crate::replay::limits::with_inferred(last, device, &sim, None);
         tune(last, device, &sim).ok()
     } else {
         None
@@ -234,6 +234,11 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             .and_then(|t| t.candidates.iter().find(|c| c.recorded))
             .map_or(peak.peak_reserved_bytes, |c| c.peak_reserved_bytes);
         let fix = match best {
+            Some(b) if b.num_ooms > 0 => format!(
+                "no allocator setting simulated here avoids the OOM under the run's limits (the \
+                 best, {}, still fails); make the failing step smaller or raise the limit",
+                if b.config.is_empty() { "the defaults" } else { &b.config }
+            ),
             Some(b) if b.peak_reserved_bytes + (64 << 20) < current && !b.config.is_empty() => format!(
                 "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (both simulated)",
                 b.config,

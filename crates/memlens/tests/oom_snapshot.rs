@@ -10,7 +10,8 @@ use memlens::analysis::summary::summarize;
 use memlens::oom::fixes::Basis;
 use memlens::oom::snapshot::CapSource;
 use memlens::oom::{
-    analyze_snapshot, simulate_what_if, Cause, FixKind, OomOptions, OomReport, WhatIfSpec,
+    analyze_snapshot, simulate_what_if, simulate_what_if_exact, Cause, FixKind, OomOptions,
+    OomReport, WhatIfSpec,
 };
 use memlens::snapshot::{Action, DeviceTrace};
 use memlens::Snapshot;
@@ -240,9 +241,12 @@ fn batch_must_halve() {
     assert!(model.agreement > 0.99, "{model:?}");
     let b = r.batch.as_ref().expect("batch search");
     assert_eq!(b.failing_batch, Some(32));
-    assert_eq!(b.max_batch, Some(16));
-    assert_eq!(b.power_of_two_batch, Some(16));
-    assert!((b.max_fraction - 0.5).abs() < 1e-9);
+    // Batch 16 ran (step 4), but at 7.87 of the 7.92 GiB cap: with the
+    // margin a "fits" keeps (5% more batch), 15 is the largest said to fit,
+    // within one of the truth.
+    assert_eq!(b.max_batch, Some(15));
+    assert_eq!(b.power_of_two_batch, Some(8));
+    assert!((b.max_fraction - 15.0 / 32.0).abs() < 1e-9);
     assert!(!b.lower_bound);
     let fix = r
         .fixes
@@ -251,7 +255,7 @@ fn batch_must_halve() {
         .expect("a smaller-batch fix");
     assert_eq!(fix.fits, Some(true));
     assert!(
-        fix.action.contains("from 32 to at most 16"),
+        fix.action.contains("from 32 to at most 15"),
         "{}",
         fix.action
     );
@@ -265,15 +269,21 @@ fn batch_must_halve() {
     // Without the batch: a fraction.
     let r = analyze(&snap, &OomOptions::default());
     let b = r.batch.as_ref().expect("batch search");
-    assert!((b.max_fraction - 0.5).abs() < 1e-9);
-    assert!((b.power_of_two_fraction - 0.5).abs() < 1e-9);
+    // Below half (batch 16 is "may fit"), by at most the 5% margin.
+    assert!(
+        b.max_fraction < 0.5 && b.max_fraction >= 0.5 / 1.05 - 0.01,
+        "{}",
+        b.max_fraction
+    );
+    assert!((b.power_of_two_fraction - 0.25).abs() < 1e-9);
     let fix = r
         .fixes
         .iter()
         .find(|f| f.kind == FixKind::SmallerBatch)
         .expect("a smaller-batch fix");
-    assert!(fix.action.contains("50%"), "{}", fix.action);
-    assert!(fix.action.contains("halving"), "{}", fix.action);
+    let pct = format!("{}%", (b.max_fraction * 100.0).round());
+    assert!(fix.action.contains(&pct), "{}", fix.action);
+    assert!(fix.action.contains("dividing it by 4"), "{}", fix.action);
 }
 
 /// The what-if model of the failing step reproduces the real failure: at
@@ -293,12 +303,12 @@ fn what_if_reproduces_the_real_oom() {
         empty_cache_at_step_start: false,
         free_blocks: Vec::new(),
     };
-    let sim = simulate_what_if(&snap, &r, &base).expect("simulates");
+    let sim = simulate_what_if_exact(&snap, &r, &base).expect("simulates");
     let oom = sim.first_oom.expect("the failing batch fails");
     assert_eq!(oom.alloc_size, 1000 * MIB);
     assert_eq!(oom.reserved_bytes, r.reserved_bytes);
     // Batch 16 (what the run did in step 4) fits; a hair more does not.
-    let half = simulate_what_if(
+    let half = simulate_what_if_exact(
         &snap,
         &r,
         &WhatIfSpec {
@@ -309,7 +319,7 @@ fn what_if_reproduces_the_real_oom() {
     .expect("simulates");
     assert_eq!(half.num_ooms, 0);
     assert!(half.peak_reserved_bytes <= cap.unwrap_or(0));
-    let more = simulate_what_if(
+    let more = simulate_what_if_exact(
         &snap,
         &r,
         &WhatIfSpec {
@@ -349,7 +359,7 @@ fn predicted_fixes_hold_in_the_simulator() {
                 seen.1 += 1;
             }
         }
-        assert!(seen.0 >= 2 && seen.1 >= 1, "{seen:?}");
+        assert!(seen.0 >= 1 && seen.1 >= 1, "{seen:?}");
         // Nothing the simulation rejects is recommended, and every rejected
         // one still fails.
         assert!(r.not_helpful.iter().all(|f| f.fits == Some(false)));
@@ -458,8 +468,13 @@ fn failing_step_alone_is_a_lower_bound() {
     assert!(b.lower_bound);
     assert!(r.warnings.iter().any(|w| w.contains("lower bounds")));
     for fix in r.fixes.iter().filter(|f| f.what_if.is_some()) {
+        // A step known only up to the failure promises nothing ("may fit");
+        // what it rejects fails in the simulator.
+        assert_ne!(fix.fits, Some(true), "{}", fix.action);
         let sim = simulate_what_if(&snap, &r, fix.what_if.as_ref().expect("spec")).expect("runs");
-        assert_eq!(Some(sim.num_ooms == 0), fix.fits, "{}", fix.action);
+        if fix.fits == Some(false) {
+            assert!(sim.num_ooms > 0, "{}", fix.action);
+        }
     }
 }
 

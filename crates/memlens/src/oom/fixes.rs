@@ -169,7 +169,9 @@ pub struct Leftover {
 
 /// Tensors live at the OOM that were made before the failing step and are not
 /// parameters, gradients or optimizer state: outputs, losses or batches a
-/// previous iteration left behind.
+/// previous iteration left behind. Workspaces (cuBLAS's, made on the first
+/// matmul and kept by the library) and blocks with no stack (made inside
+/// PyTorch) are [`Category::Other`] and left out: `del` cannot free them.
 pub fn leftovers(
     snap: &Snapshot,
     classifier: &BlockClassifier,
@@ -189,7 +191,7 @@ pub fn leftovers(
         let (cat, _) = classifier.classify(Some(ai), b.stack);
         if matches!(
             cat,
-            Category::Parameter | Category::Gradient | Category::OptimizerState
+            Category::Parameter | Category::Gradient | Category::OptimizerState | Category::Other
         ) {
             continue;
         }
@@ -279,8 +281,41 @@ impl Prediction {
     }
 }
 
+/// The margin a "fits" verdict keeps: the step must still fit with this
+/// much more of what scales with the batch. A rerun is not the replay (the
+/// CUDA context, cuBLAS workspaces made at other times, a batch that is not
+/// quite the modelled one move the peak by a few percent); a prediction that
+/// fits only without the margin is reported as "may fit". The margin is on
+/// the step's own memory, not on the cap: the cache a run carries into the
+/// step can sit at the cap while the step still fits in it.
+pub const FIT_MARGIN: f64 = 0.05;
+
+/// `spec` with [`FIT_MARGIN`] more of the batch, for the margin half of a
+/// "fits" verdict.
+fn with_margin(spec: &WhatIfSpec) -> WhatIfSpec {
+    WhatIfSpec {
+        batch_fraction: spec.batch_fraction * (1.0 + FIT_MARGIN),
+        ..spec.clone()
+    }
+}
+
+/// The simulation under `spec`, with `num_ooms` counting a failure of the
+/// margin check (see [`with_margin`]) too: "fits" means fits under the
+/// limits as they are, and with the margin.
+pub(crate) fn simulate_fits(
+    w: &WhatIf,
+    spec: &WhatIfSpec,
+) -> crate::Result<crate::replay::simulate::SimulationResult> {
+    let mut r = w.simulate(spec)?;
+    if r.num_ooms == 0 {
+        let m = w.simulate(&with_margin(spec))?;
+        r.num_ooms = m.num_ooms;
+    }
+    Ok(r)
+}
+
 fn run(w: &WhatIf, spec: &WhatIfSpec) -> Option<Prediction> {
-    let limited = w.simulate(spec).ok()?;
+    let limited = simulate_fits(w, spec).ok()?;
     let free = WhatIfSpec {
         memory_cap_bytes: None,
         device_memory_bytes: None,
@@ -296,7 +331,7 @@ fn run(w: &WhatIf, spec: &WhatIfSpec) -> Option<Prediction> {
 }
 
 fn fits_only(w: &WhatIf, spec: &WhatIfSpec) -> Option<(bool, u64)> {
-    let r = w.simulate(spec).ok()?;
+    let r = simulate_fits(w, spec).ok()?;
     Some((r.num_ooms == 0, r.peak_reserved_bytes))
 }
 
@@ -635,6 +670,12 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
                     "; the step was modelled only up to the failure, so it may need more",
                 );
             }
+            // What comes after the failure (the rest of the forward pass,
+            // backward, the optimizer) is not in the model: a lower bound
+            // cannot promise a fit.
+            if f.fits == Some(true) {
+                f.fits = None;
+            }
         }
     }
     fixes.extend(advice(ctx));
@@ -756,12 +797,24 @@ fn raise_cap(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<OomFix> {
     }
     let Some(total) = ctx.total else {
         // No device total: a cap in bytes, checked against itself only.
-        let cap = p.needed.div_ceil(64 << 20) * (64 << 20);
-        let spec = WhatIfSpec {
-            memory_cap_bytes: Some(cap),
-            ..base.clone()
-        };
-        let (fits, peak) = fits_only(w, &spec)?;
+        // Room for the margin a "fits" verdict keeps.
+        // The smallest cap in steps of 64 MiB from what the step needs that
+        // fits with the margin (up to half as much again).
+        let step = 64u64 << 20;
+        let mut cap = p.needed.div_ceil(step) * step;
+        let (mut spec, mut verdict);
+        loop {
+            spec = WhatIfSpec {
+                memory_cap_bytes: Some(cap),
+                ..base.clone()
+            };
+            verdict = fits_only(w, &spec)?;
+            if verdict.0 || cap > p.needed + p.needed / 2 {
+                break;
+            }
+            cap += step;
+        }
+        let (fits, peak) = verdict;
         return Some(OomFix {
             action: format!(
                 "Raise the per-process memory cap (set_per_process_memory_fraction{now}) to at \

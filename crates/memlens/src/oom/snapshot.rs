@@ -287,12 +287,7 @@ fn state_before(snap: &Snapshot, device: u32, index: usize) -> State {
 /// no `oom` event (the snapshot was not taken at or after an OOM, or the
 /// trace was not recorded).
 pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Option<OomReport>> {
-    let found = snap.traces.iter().enumerate().find_map(|(ti, t)| {
-        t.events
-            .iter()
-            .rposition(|e| e.action == Action::Oom)
-            .map(|i| (ti, i))
-    });
+    let found = super::chosen_oom(snap);
     let Some((trace, k)) = found else {
         return Ok(None);
     };
@@ -655,31 +650,36 @@ pub(super) struct Facts {
     pub cap: Option<u64>,
 }
 
-/// The cause, from the numbers, in order:
-/// 1. `memory_cap`: a cap applies, what PyTorch held plus the segment is over
-///    it, and the device had room for the segment;
-/// 2. `private_pools`: private pools hold free memory (at least a tenth of
+/// The cause, from the numbers, in order (the same rules as the message
+/// triage, [`super::triage`]):
+/// 1. `private_pools`: private pools hold free memory (at least a tenth of
 ///    reserved) that, with the device's free memory, would have been enough;
-/// 3. `fragmentation`: the request's pool and stream (or another stream) had
-///    enough free memory in total, but no block large enough;
+/// 2. `fragmentation`: the request's pool and stream (or another stream) had
+///    enough free memory in total, but no block large enough: also under a
+///    cap, since the cap would not have been reached had the cache been in
+///    one piece;
+/// 3. `memory_cap`: a cap applies, what PyTorch held plus the segment is over
+///    it, and the device had room for the segment;
 /// 4. `other_processes`: memory outside this PyTorch allocator (other
 ///    processes when the message lists them) is at least a tenth of the
 ///    device, and without it the segment would have fitted;
 /// 5. `capacity`: this process's own tensors fill the memory.
 fn decide(f: &Facts) -> Cause {
-    if let Some(cap) = f.cap {
-        if f.reserved + f.tried > cap && f.device_free >= f.tried {
-            return Cause::MemoryCap;
-        }
-    }
     if f.private_free > 0
         && f.private_free.saturating_mul(10) >= f.reserved
         && f.device_free + f.private_free >= f.tried
     {
         return Cause::PrivatePools;
     }
-    if f.free_here >= f.request || f.free_here + f.other_streams_free >= f.request {
+    if f.largest_free < f.request
+        && (f.free_here >= f.request || f.free_here + f.other_streams_free >= f.request)
+    {
         return Cause::Fragmentation;
+    }
+    if let Some(cap) = f.cap {
+        if f.reserved + f.tried > cap && f.device_free >= f.tried {
+            return Cause::MemoryCap;
+        }
     }
     let outside = f.others.or(f.outside).unwrap_or(0);
     let share_ok = f.total.is_some_and(|t| outside.saturating_mul(10) >= t);
@@ -835,12 +835,28 @@ fn explain(
 
 /// Replays the what-if run `spec` (a fix's `what_if`) of the OOM `report`
 /// describes: the recorded run up to the failing step, then the modelled
-/// step, through the allocator simulator.
+/// step, through the allocator simulator. `num_ooms` is the verdict the fix
+/// was given: it counts a failed margin check too (the step with 5% more of
+/// its batch, [`super::fixes::FIT_MARGIN`]); [`simulate_what_if_exact`]
+/// replays `spec` alone.
 pub fn simulate_what_if(
     snap: &Snapshot,
     report: &OomReport,
     spec: &WhatIfSpec,
 ) -> crate::Result<crate::replay::simulate::SimulationResult> {
+    what_if_of(snap, report).and_then(|w| super::fixes::simulate_fits(&w, spec))
+}
+
+/// [`simulate_what_if`] without the margin check: `spec` exactly.
+pub fn simulate_what_if_exact(
+    snap: &Snapshot,
+    report: &OomReport,
+    spec: &WhatIfSpec,
+) -> crate::Result<crate::replay::simulate::SimulationResult> {
+    what_if_of(snap, report).and_then(|w| w.simulate(spec))
+}
+
+fn what_if_of(snap: &Snapshot, report: &OomReport) -> crate::Result<WhatIf> {
     let trace = snap
         .traces
         .iter()
@@ -852,7 +868,7 @@ pub fn simulate_what_if(
             report.event_index, report.device
         ))
     })?;
-    w.simulate(spec)
+    Ok(w)
 }
 
 #[cfg(test)]
@@ -938,5 +954,14 @@ mod tests {
             ..facts()
         };
         assert_eq!(decide(&f), Cause::MemoryCap);
+        // Under a cap, with the cached free memory enough but in pieces:
+        // fragmentation (issue 16).
+        let f = Facts {
+            cap: Some(10 * GIB + 100 * MIB),
+            device_free: 40 * GIB,
+            free_here: GIB + MIB,
+            ..facts()
+        };
+        assert_eq!(decide(&f), Cause::Fragmentation);
     }
 }

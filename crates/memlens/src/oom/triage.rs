@@ -6,16 +6,17 @@
 //! reserved = allocated + reserved-but-unallocated (U), P the private pools'
 //! free memory and O the memory of other processes, the rules, in order:
 //!
-//! 1. **`memory_cap`**: a cap is printed ("allowed" below the capacity, or the
+//! 1. **`private_pools`**: P is at least a tenth of reserved and F + P >= R
+//!    (the pools' free memory would have been enough; U includes it).
+//! 2. **`fragmentation`**: U >= R: enough free memory sits in the cache, but
+//!    in pieces none of which is large enough (the allocator already returned
+//!    every wholly free segment to the device before raising). Also under a
+//!    cap: had the cache been in one piece, the cap would not have been hit.
+//! 3. **`memory_cap`**: a cap is printed ("allowed" below the capacity, or the
 //!    `cudaMallocAsync` limit), reserved + R is over it, and the device still
 //!    had F >= R free. Also when F >= R and no cap is printed by a form that
 //!    cannot print one (2.1 to 2.3, before 1.10): a cap is then the likely
 //!    reason, and the explanation says so.
-//! 2. **`private_pools`**: P is at least a tenth of reserved and F + P >= R
-//!    (the pools' free memory would have been enough).
-//! 3. **`fragmentation`**: U >= R: enough free memory sits in the cache, but
-//!    in pieces none of which is large enough (the allocator already returned
-//!    every wholly free segment to the device before raising).
 //! 4. **`other_processes`**: O >= R - F (without them it would fit) and O is at
 //!    least a tenth of the device (or at least R when T is not printed).
 //! 5. **`capacity`**: otherwise: this process's own tensors fill the memory.
@@ -136,6 +137,24 @@ fn prints_cap(m: &OomMessage) -> bool {
 
 /// The cause, and whether a cap was only inferred (not printed).
 fn classify(f: &Facts, m: &OomMessage) -> (Cause, bool) {
+    let r = f.requested.unwrap_or(0);
+    let free = f.free.unwrap_or(0);
+    // Private pools first: the message's unallocated figure includes their
+    // free memory, which this request cannot use (a snapshot tells the pools
+    // apart, a message does not).
+    if let Some(res) = f.reserved {
+        if f.private > 0 && f.private.saturating_mul(10) >= res && free + f.private >= r {
+            return (Cause::PrivatePools, false);
+        }
+    }
+    // Then fragmentation, also under a cap: the allocator failed although
+    // its cache held at least the request, so no free piece was large enough
+    // (the snapshot path applies the same rule, with the largest piece).
+    if let (Some(u), Some(r)) = (f.unallocated, f.requested) {
+        if u >= r {
+            return (Cause::Fragmentation, false);
+        }
+    }
     if let (Some(cap), Some(r)) = (f.cap, f.requested) {
         let held = f.reserved.unwrap_or(0);
         if held.saturating_add(r) > cap && (f.free.is_none() || f.device_had_room()) {
@@ -144,18 +163,6 @@ fn classify(f: &Facts, m: &OomMessage) -> (Cause, bool) {
     }
     if f.device_had_room() && f.cap.is_none() && !prints_cap(m) {
         return (Cause::MemoryCap, true);
-    }
-    let r = f.requested.unwrap_or(0);
-    let free = f.free.unwrap_or(0);
-    if let Some(res) = f.reserved {
-        if f.private > 0 && f.private.saturating_mul(10) >= res && free + f.private >= r {
-            return (Cause::PrivatePools, false);
-        }
-    }
-    if let Some(u) = f.unallocated {
-        if f.requested.is_some() && u >= r {
-            return (Cause::Fragmentation, false);
-        }
     }
     let share_ok = match f.total {
         Some(t) => f.others.saturating_mul(10) >= t,

@@ -5,6 +5,7 @@
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::{diagnose, Diagnosis, DoctorOptions, Finding};
 use crate::oom::{OomOptions, OomReport};
+use crate::replay::limits::{with_inferred, RunLimits};
 use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
 use crate::replay::tune::{tune, TuneResult};
 use crate::replay::{replay_device, ReplayOptions};
@@ -49,6 +50,9 @@ pub struct SimulateDoc {
     pub first_oom_site: Option<Site>,
     /// What the recorded run did, for comparison.
     pub recorded: Recorded,
+    /// The limits the simulation ran under: given by flags or inferred from
+    /// the run (value and source each).
+    pub limits: RunLimits,
 }
 
 /// What the recorded run did, beside a simulation.
@@ -71,7 +75,8 @@ pub fn simulate_doc(
     device: u32,
     opts: &SimulateOptions,
 ) -> Result<SimulateDoc> {
-    let result = simulate(snap, device, opts)?;
+    let (opts, limits) = with_inferred(snap, device, opts, None);
+    let result = simulate(snap, device, &opts)?;
     let recorded = replay_device(snap, device, &ReplayOptions::default());
     let site = result.first_oom.map(|o| {
         let index = SiteIndex::new(snap);
@@ -88,6 +93,7 @@ pub fn simulate_doc(
             num_ooms: recorded.stats.num_ooms,
         },
         result,
+        limits,
     })
 }
 
@@ -99,6 +105,9 @@ pub struct TuneDoc {
     /// The ranking.
     #[serde(flatten)]
     pub result: TuneResult,
+    /// The limits every candidate ran under: given by flags or inferred from
+    /// the run (value and source each).
+    pub limits: RunLimits,
 }
 
 /// Ranks the usual settings on `device` of `snap` (named `name`).
@@ -108,9 +117,11 @@ pub fn tune_doc(
     device: u32,
     opts: &SimulateOptions,
 ) -> Result<TuneDoc> {
+    let (opts, limits) = with_inferred(snap, device, opts, None);
     Ok(TuneDoc {
         snapshot: name.to_string(),
-        result: tune(snap, device, opts)?,
+        result: tune(snap, device, &opts)?,
+        limits,
     })
 }
 

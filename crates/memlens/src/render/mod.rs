@@ -50,6 +50,35 @@ pub fn json<T: Serialize>(body: &T, pretty: bool) -> Result<String> {
     text.map_err(|e| Error::usage(format!("cannot serialise the result: {e}")))
 }
 
+/// The limits a what-if run used (`simulate`, `tune`), one line each, for people.
+pub(crate) fn limits_text(o: &mut String, l: &crate::replay::limits::RunLimits) {
+    use crate::units::format_bytes;
+    use std::fmt::Write as _;
+    let rows = [
+        ("memory cap", &l.memory_cap),
+        ("device room", &l.device_room),
+        ("device total", &l.device_total),
+        ("other processes", &l.other_processes),
+    ];
+    if l.is_empty() {
+        let _ = writeln!(
+            o,
+            "  limits: none known (no OOM in the trace, no flags): unlimited"
+        );
+        return;
+    }
+    for (name, v) in rows {
+        if let Some(v) = v {
+            let _ = writeln!(
+                o,
+                "  limit: {name} {} ({})",
+                format_bytes(v.bytes),
+                v.source
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]

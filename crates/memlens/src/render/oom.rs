@@ -303,6 +303,7 @@ pub fn text(r: &OomReport) -> String {
             (Some(true), _) => "fits",
             (Some(false), _) => "helps, not enough",
             (None, Basis::Estimated) => "estimate",
+            (None, Basis::Simulated) if fix.predicted_peak_reserved_bytes.is_some() => "may fit",
             (None, _) => "advice",
         };
         let text = format!("[{tag}] {}", fix.action);

@@ -33,6 +33,7 @@ pub fn text(d: &SimulateDoc) -> String {
         show(&d.recorded.config),
         r.events
     );
+    super::limits_text(&mut o, &d.limits);
     if let Some(cap) = r.capacity_bytes {
         let _ = writeln!(
             o,

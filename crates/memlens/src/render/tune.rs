@@ -9,6 +9,7 @@ use std::fmt::Write;
 pub fn text(d: &TuneDoc) -> String {
     let mut o = String::new();
     let _ = writeln!(o, "{}", clip_end(&d.snapshot, 120));
+    super::limits_text(&mut o, &d.limits);
     let _ = writeln!(
         o,
         "  {:<72} {:>12} {:>6} {:>8}",

@@ -18,6 +18,7 @@
 
 pub mod config;
 pub mod initial;
+pub mod limits;
 pub mod simulate;
 mod trace_device;
 pub mod tune;

@@ -164,6 +164,17 @@ fn advise(c: &[Candidate]) -> String {
             format_bytes(rec.peak_reserved_bytes)
         );
     }
+    if best.num_ooms > 0 {
+        // A lower peak means nothing if the run still fails: say so rather
+        // than recommend a setting whose rerun would OOM too.
+        return format!(
+            "no setting tried avoids the OOM under the run's limits (the recorded settings ({}) \
+             fail {} time(s), the best {}); make the step smaller or raise the limit",
+            show(&rec.config),
+            rec.num_ooms,
+            best.num_ooms
+        );
+    }
     let saved = rec
         .peak_reserved_bytes
         .saturating_sub(best.peak_reserved_bytes);

@@ -88,7 +88,8 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         }
         data.flame = Some(fb.finish());
     }
-    let oom = events.iter().position(|e| e.action == Action::Oom);
+    // The OOM `memlens oom` and doctor explain: the last one.
+    let oom = events.iter().rposition(|e| e.action == Action::Oom);
     data.moments = Some(super::moments::build_moments(
         snap,
         &super::moments::MomentInput {
