@@ -1,7 +1,7 @@
 //! `memlens estimate`: memory a training step will need, before running it.
 
 use crate::output;
-use memlens::estimate::{load_model, Checkpointing, Dtype, Optimizer, Options};
+use memlens::estimate::{load_model, Checkpointing, Dtype, Optimizer, OptimizerImpl, Options};
 use memlens::render::{self, documents::estimate_doc};
 use memlens::units::parse_device_memory;
 use std::path::PathBuf;
@@ -33,6 +33,17 @@ pub enum OptimizerArg {
     SgdMomentum,
     /// Adafactor: factored second moment.
     Adafactor,
+}
+
+/// Optimizer-step implementations on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum OptimizerImplArg {
+    /// PyTorch's default on CUDA: multi-tensor kernels, temporaries for all parameters at once.
+    Foreach,
+    /// fused=True: in place, no temporaries.
+    Fused,
+    /// foreach=False: one tensor at a time.
+    ForLoop,
 }
 
 /// Checkpointing on the command line.
@@ -73,6 +84,10 @@ pub struct Args {
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerArg,
+    /// How the optimizer step is implemented (PyTorch's foreach=/fused=
+    /// arguments): it decides the step's temporaries.
+    #[arg(long, value_enum, default_value = "foreach")]
+    pub optimizer_impl: OptimizerImplArg,
     /// Activation checkpointing.
     #[arg(long, value_enum, default_value = "none")]
     pub checkpointing: CheckpointingArg,
@@ -122,6 +137,11 @@ impl Args {
                 OptimizerArg::Sgd => Optimizer::Sgd,
                 OptimizerArg::SgdMomentum => Optimizer::SgdMomentum,
                 OptimizerArg::Adafactor => Optimizer::Adafactor,
+            },
+            optimizer_impl: match self.optimizer_impl {
+                OptimizerImplArg::Foreach => OptimizerImpl::Foreach,
+                OptimizerImplArg::Fused => OptimizerImpl::Fused,
+                OptimizerImplArg::ForLoop => OptimizerImpl::ForLoop,
             },
             checkpointing: match self.checkpointing {
                 CheckpointingArg::None => Checkpointing::None,

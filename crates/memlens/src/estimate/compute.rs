@@ -51,6 +51,7 @@ pub fn estimate(
         dtype: opts.dtype,
         amp: opts.amp,
         optimizer: opts.optimizer,
+        optimizer_impl: opts.optimizer_impl,
         checkpointing: opts.checkpointing,
         flash_attention: opts.flash_attention,
         dropout,
@@ -101,7 +102,12 @@ pub fn estimate(
     }
     parts.push(states::workspaces(if training { 2 } else { 1 }));
     if training {
-        parts.push(states::step_temporaries(&sc, opts.optimizer, spec));
+        parts.push(states::step_temporaries(
+            &sc,
+            opts.optimizer,
+            opts.optimizer_impl,
+            spec,
+        ));
         if let Some(c) = states::comm_buffers(&sc, spec) {
             parts.push(c);
         }

@@ -549,10 +549,20 @@ fn bert(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Par
     }
     match head {
         Head::MaskedLm => {
-            // Transform, then the tied decoder with its own bias.
-            linear(&mut t, "cls.predictions.transform.dense", h, h, true, None);
-            norm(&mut t, "cls.predictions.transform.LayerNorm", h, true, None);
-            t.push(ParamTensor::new("cls.predictions.bias", &[v], true, None));
+            // Transform, then the tied decoder with its own bias (BERT's
+            // `cls.predictions`, RoBERTa's `lm_head`).
+            let (dense, ln, bias) = if roberta {
+                ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
+            } else {
+                (
+                    "cls.predictions.transform.dense",
+                    "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.bias",
+                )
+            };
+            linear(&mut t, dense, h, h, true, None);
+            norm(&mut t, ln, h, true, None);
+            t.push(ParamTensor::new(bias, &[v], true, None));
             if nsp {
                 linear(&mut t, "cls.seq_relationship", 2, h, true, None);
             }

@@ -117,6 +117,34 @@ impl Optimizer {
     }
 }
 
+/// How `optimizer.step()` walks the parameters, which decides its temporaries
+/// (PyTorch's `foreach=` and `fused=` arguments of Adam, AdamW, SGD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerImpl {
+    /// The default on CUDA: one multi-tensor kernel per operation over all
+    /// parameters, so each intermediate (Adam's `sqrt(exp_avg_sq)`) exists for
+    /// every parameter at once.
+    Foreach,
+    /// `fused=True`: one kernel per parameter group updates in place; no
+    /// temporaries.
+    Fused,
+    /// `foreach=False`: a Python loop over the tensors; temporaries of one
+    /// tensor at a time.
+    ForLoop,
+}
+
+impl OptimizerImpl {
+    /// Its name (`foreach`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerImpl::Foreach => "foreach",
+            OptimizerImpl::Fused => "fused",
+            OptimizerImpl::ForLoop => "for-loop",
+        }
+    }
+}
+
 /// Activation checkpointing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -148,6 +176,8 @@ pub struct Options {
     pub amp: bool,
     /// The optimizer.
     pub optimizer: Optimizer,
+    /// How its step is implemented.
+    pub optimizer_impl: OptimizerImpl,
     /// Activation checkpointing.
     pub checkpointing: Checkpointing,
     /// Fused attention (FlashAttention, or SDPA's flash/memory-efficient
@@ -171,6 +201,7 @@ impl Default for Options {
             dtype: Dtype::Fp32,
             amp: false,
             optimizer: Optimizer::Adamw,
+            optimizer_impl: OptimizerImpl::Foreach,
             checkpointing: Checkpointing::None,
             flash_attention: false,
             no_dropout: false,
@@ -276,6 +307,8 @@ pub struct Settings {
     pub amp: bool,
     /// Optimizer.
     pub optimizer: Optimizer,
+    /// Its step's implementation.
+    pub optimizer_impl: OptimizerImpl,
     /// Checkpointing.
     pub checkpointing: Checkpointing,
     /// Fused attention.
