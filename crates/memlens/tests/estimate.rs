@@ -42,6 +42,8 @@ fn gpt2_train_options() -> Options {
         amp: true,
         optimizer: Optimizer::Adamw,
         flash_attention: true,
+        // workloads.py keeps the output (`out = model(...)`) through backward.
+        keep_outputs: true,
         ..Options::default()
     }
 }

@@ -97,6 +97,11 @@ pub struct Args {
     /// Count no dropout masks even where the config has dropout.
     #[arg(long)]
     pub no_dropout: bool,
+    /// The training loop keeps the model's output through backward (`out =
+    /// model(**batch); out.loss.backward()`): the logits stay alive. The HF
+    /// Trainer and `loss = model(**batch).loss` free them after the forward.
+    #[arg(long)]
+    pub keep_outputs: bool,
     /// ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
@@ -150,6 +155,7 @@ impl Args {
             },
             flash_attention: self.flash_attention,
             no_dropout: self.no_dropout,
+            keep_outputs: self.keep_outputs,
             zero: self.zero,
             gpus: self.gpus,
             inference: self.inference,

@@ -185,6 +185,11 @@ pub struct Options {
     pub flash_attention: bool,
     /// Force dropout off (it is otherwise taken from the config).
     pub no_dropout: bool,
+    /// The training loop holds the model's output (and so the logits) through
+    /// backward (`out = model(**batch); out.loss.backward()`). The Trainer
+    /// and `loss = model(**batch).loss` drop it, freeing the logits after
+    /// the forward.
+    pub keep_outputs: bool,
     /// ZeRO stage (0-3).
     pub zero: u8,
     /// Data-parallel GPUs.
@@ -205,6 +210,7 @@ impl Default for Options {
             checkpointing: Checkpointing::None,
             flash_attention: false,
             no_dropout: false,
+            keep_outputs: false,
             zero: 0,
             gpus: 1,
             inference: false,
@@ -315,6 +321,8 @@ pub struct Settings {
     pub flash_attention: bool,
     /// Whether dropout is modelled.
     pub dropout: bool,
+    /// Whether the caller keeps the model's output (the logits) through backward.
+    pub keep_outputs: bool,
     /// ZeRO stage.
     pub zero: u8,
     /// GPUs.
