@@ -24,6 +24,7 @@
 pub mod activations;
 pub mod compare;
 pub mod compute;
+pub mod explain;
 pub mod hf_config;
 pub mod load;
 pub mod measured;
@@ -33,6 +34,7 @@ pub mod states;
 
 pub use compare::{compare, Comparison, MeasuredMemory};
 pub use compute::{estimate, fit, Fit};
+pub use explain::{explain, Explanation};
 pub use load::{load_model, Checkpoint};
 pub use model::{Architecture, Family, ModelSpec, ParamTensor};
 
