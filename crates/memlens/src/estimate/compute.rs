@@ -698,6 +698,14 @@ fn add_notes(notes: &mut Vec<String>, spec: &ModelSpec, o: &Options, dropout: bo
     if matches!(spec.family, super::Family::T5) {
         notes.push("T5's eager attention keeps some fp32 intermediates not modelled term by term: treat its activations as approximate".into());
     }
+    if !o.inference && matches!(arch.head, Head::Lm | Head::MaskedLm) {
+        let logits = sat_prod(&[s.batch, s.seq, arch.vocab, s.activation_bytes]);
+        notes.push(if o.keep_outputs {
+            format!("the model output is held through backward (--keep-outputs): the logits ({}) stay alive", crate::units::format_bytes(logits))
+        } else {
+            format!("the logits ({}) are freed with the model output after the forward, as the Trainer and `loss = model(**batch).loss` do; a loop that holds `out = model(...)` through backward keeps them: pass --keep-outputs", crate::units::format_bytes(logits))
+        });
+    }
     if !o.inference && arch.head == Head::None {
         notes.push("bare model without a head: the loss and what it keeps are not counted".into());
     }
