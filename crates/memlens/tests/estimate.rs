@@ -42,6 +42,8 @@ fn gpt2_train_options() -> Options {
         amp: true,
         optimizer: Optimizer::Adamw,
         flash_attention: true,
+        // workloads.py keeps the output (`out = model(...)`) through backward.
+        keep_outputs: true,
         ..Options::default()
     }
 }
@@ -571,4 +573,65 @@ fn every_family_estimates_in_every_mode() {
             }
         }
     }
+}
+
+/// The headline of a 7B Llama: bf16 weights with fp32 master weights peak
+/// above fp32 weights with autocast though both keep 16 bytes a parameter,
+/// and the explanation names the optimizer step's fp32 gradients as the
+/// difference.
+#[test]
+fn explanation_accounts_for_the_7b_headline() {
+    let spec = model("llama-2-7b.config.json");
+    let n = spec.parameters();
+    assert_eq!(n, 6_738_415_616);
+    let opts = |dtype| Options {
+        dtype,
+        amp: true,
+        ..Options::default()
+    };
+    let bf16 = opts(Dtype::Bf16);
+    let est = estimate(&spec, None, &bf16).unwrap();
+    let x = memlens::estimate::explain(&spec, &bf16, &est).unwrap();
+    let kept: f64 = x
+        .per_parameter
+        .iter()
+        .filter(|p| p.persistent)
+        .map(|p| p.bytes)
+        .sum();
+    assert_eq!(kept, 16.0);
+    assert_eq!(est.peak_phase, "optimizer_step");
+    // sqrt(exp_avg_sq) in fp32 and the fp32 gradients: 8 bytes a parameter.
+    let temps = est.part("optimizer_step_temporaries").unwrap();
+    assert_eq!(temps.bytes, n * 8);
+    assert!(temps
+        .terms
+        .iter()
+        .any(|t| t.name.contains("fp32 gradients") && t.bytes == n * 4));
+    let fp32 = x
+        .alternatives
+        .iter()
+        .find(|a| a.flags.starts_with("--dtype fp32 --amp"))
+        .unwrap();
+    let fp32_est = estimate(&spec, None, &opts(Dtype::Fp32)).unwrap();
+    assert_eq!(fp32.total_bytes, fp32_est.total_bytes);
+    assert!(fp32.total_bytes < est.total_bytes);
+    // At the optimizer step: weights 2 + gradients 2 + state 12 +
+    // temporaries 8 = 24 B a parameter, against 4 + 4 + 8 + 4 = 20 with fp32
+    // weights: 4 B a parameter more, 25.1 GiB for 7B.
+    let step = |e: &memlens::estimate::Estimate| {
+        e.phases
+            .iter()
+            .find(|p| p.name == "optimizer_step")
+            .unwrap()
+            .bytes
+    };
+    assert_eq!(step(&est) - step(&fp32_est), 4 * n);
+    assert!(fp32.why.contains("optimizer step temporaries"));
+    // A fused AdamW drops sqrt(exp_avg_sq): 4 B a parameter less.
+    let fused = x
+        .alternatives
+        .iter()
+        .find(|a| a.flags.starts_with("--optimizer-impl fused"))
+        .unwrap();
+    assert_eq!(est.total_bytes - fused.total_bytes, 4 * n);
 }

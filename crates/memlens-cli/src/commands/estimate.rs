@@ -1,7 +1,7 @@
 //! `memlens estimate`: memory a training step will need, before running it.
 
 use crate::output;
-use memlens::estimate::{load_model, Checkpointing, Dtype, Optimizer, Options};
+use memlens::estimate::{load_model, Checkpointing, Dtype, Optimizer, OptimizerImpl, Options};
 use memlens::render::{self, documents::estimate_doc};
 use memlens::units::parse_device_memory;
 use std::path::PathBuf;
@@ -33,6 +33,17 @@ pub enum OptimizerArg {
     SgdMomentum,
     /// Adafactor: factored second moment.
     Adafactor,
+}
+
+/// Optimizer-step implementations on the command line.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum OptimizerImplArg {
+    /// PyTorch's default on CUDA: multi-tensor kernels, temporaries for all parameters at once.
+    Foreach,
+    /// fused=True: in place, no temporaries.
+    Fused,
+    /// foreach=False: one tensor at a time.
+    ForLoop,
 }
 
 /// Checkpointing on the command line.
@@ -73,6 +84,10 @@ pub struct Args {
     /// The optimizer.
     #[arg(long, value_enum, default_value = "adamw")]
     pub optimizer: OptimizerArg,
+    /// How the optimizer step is implemented (PyTorch's foreach=/fused=
+    /// arguments): it decides the step's temporaries.
+    #[arg(long, value_enum, default_value = "foreach")]
+    pub optimizer_impl: OptimizerImplArg,
     /// Activation checkpointing.
     #[arg(long, value_enum, default_value = "none")]
     pub checkpointing: CheckpointingArg,
@@ -82,6 +97,11 @@ pub struct Args {
     /// Count no dropout masks even where the config has dropout.
     #[arg(long)]
     pub no_dropout: bool,
+    /// The training loop keeps the model's output through backward (`out =
+    /// model(**batch); out.loss.backward()`): the logits stay alive. The HF
+    /// Trainer and `loss = model(**batch).loss` free them after the forward.
+    #[arg(long)]
+    pub keep_outputs: bool,
     /// ZeRO stage: 1 shards optimizer state, 2 also gradients, 3 also weights.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u8).range(0..=3))]
     pub zero: u8,
@@ -123,6 +143,11 @@ impl Args {
                 OptimizerArg::SgdMomentum => Optimizer::SgdMomentum,
                 OptimizerArg::Adafactor => Optimizer::Adafactor,
             },
+            optimizer_impl: match self.optimizer_impl {
+                OptimizerImplArg::Foreach => OptimizerImpl::Foreach,
+                OptimizerImplArg::Fused => OptimizerImpl::Fused,
+                OptimizerImplArg::ForLoop => OptimizerImpl::ForLoop,
+            },
             checkpointing: match self.checkpointing {
                 CheckpointingArg::None => Checkpointing::None,
                 CheckpointingArg::Full => Checkpointing::Full,
@@ -130,6 +155,7 @@ impl Args {
             },
             flash_attention: self.flash_attention,
             no_dropout: self.no_dropout,
+            keep_outputs: self.keep_outputs,
             zero: self.zero,
             gpus: self.gpus,
             inference: self.inference,

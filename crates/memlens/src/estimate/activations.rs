@@ -109,6 +109,15 @@ pub(super) fn self_attention(a: &Architecture, c: &Ctx) -> Vec<Term> {
         "b·s·(q + 2·kv)·e",
         sat_prod(&[b, s, q + 2 * kv, e]),
     ));
+    if a.qk_norm {
+        // HF's RMSNorm over each head of Q and K: the fp32 input and the
+        // normalised output cast back, as for the layer norms.
+        t.push(term(
+            "Q, K per-head RMSNorm: fp32 input and normalised output",
+            "b·s·(q + kv)·(4 + e)",
+            sat_prod(&[b, s, q + kv, 4 + e]),
+        ));
+    }
     if c.training_cache {
         if a.fused_qkv {
             t.push(term(
@@ -150,11 +159,21 @@ fn attention_core(a: &Architecture, c: &Ctx) -> Vec<Term> {
         return t;
     }
     if !c.selective {
-        t.push(term(
-            "attention probabilities (softmax output)",
-            "b·a·s·s_kv·e",
-            sat_prod(&[b, heads, s, sk, e]),
-        ));
+        // Softmax keeps its output for backward. It is fp32 when autocast
+        // runs it (softmax is an fp32 autocast op) or the model upcasts the
+        // scores itself; the matmul with V then reads (and keeps) a copy
+        // cast back to `e`, or the dropout output when there is dropout
+        // (whose backward needs only its mask).
+        let sm = if c.amp || a.softmax_fp32 { 4 } else { e };
+        let (sm_name, sm_formula) = if sm == e {
+            ("attention probabilities (softmax output)", "b·a·s·s_kv·e")
+        } else {
+            (
+                "attention probabilities, fp32 (softmax output)",
+                "b·a·s·s_kv·4",
+            )
+        };
+        t.push(term(sm_name, sm_formula, sat_prod(&[b, heads, s, sk, sm])));
         if c.dropout && a.dropout.attention > 0.0 {
             t.push(term(
                 "attention dropout mask",
@@ -163,6 +182,12 @@ fn attention_core(a: &Architecture, c: &Ctx) -> Vec<Term> {
             ));
             t.push(term(
                 "attention dropout output",
+                "b·a·s·s_kv·e",
+                sat_prod(&[b, heads, s, sk, e]),
+            ));
+        } else if sm != e {
+            t.push(term(
+                "attention probabilities cast back (P·V matmul input)",
                 "b·a·s·s_kv·e",
                 sat_prod(&[b, heads, s, sk, e]),
             ));
@@ -358,6 +383,9 @@ mod tests {
                 mlp_inner: 0.0,
             },
             use_cache: false,
+            softmax_fp32: false,
+            qk_norm: false,
+            loss: crate::estimate::model::Loss::Upcast,
             tied_embeddings: true,
             head: Head::Lm,
             image: None,

@@ -3,7 +3,7 @@
 
 use super::activations::{self as act, Ctx};
 use super::load::Checkpoint;
-use super::model::{Architecture, Head, ModelSpec, Stack};
+use super::model::{Architecture, Head, Loss, ModelSpec, Stack};
 use super::states::{self, StateCtx};
 use super::{
     sat_prod, sat_sum, Checkpointing, Estimate, LayerActivations, ModelSummary, Options, Part,
@@ -51,9 +51,11 @@ pub fn estimate(
         dtype: opts.dtype,
         amp: opts.amp,
         optimizer: opts.optimizer,
+        optimizer_impl: opts.optimizer_impl,
         checkpointing: opts.checkpointing,
         flash_attention: opts.flash_attention,
         dropout,
+        keep_outputs: opts.keep_outputs,
         zero: sc.zero,
         gpus: opts.gpus,
         inference: opts.inference,
@@ -88,7 +90,7 @@ pub fn estimate(
             let (a, l) = training_activations(arch, &ctx, opts);
             parts.push(a);
             layers = l;
-            parts.extend(loss_parts(arch, &ctx));
+            parts.extend(loss_parts(arch, &ctx, opts.keep_outputs));
         } else {
             parts.extend(inference_parts(arch, &ctx, &mut notes));
         }
@@ -101,7 +103,12 @@ pub fn estimate(
     }
     parts.push(states::workspaces(if training { 2 } else { 1 }));
     if training {
-        parts.push(states::step_temporaries(&sc, opts.optimizer, spec));
+        parts.push(states::step_temporaries(
+            &sc,
+            opts.optimizer,
+            opts.optimizer_impl,
+            spec,
+        ));
         if let Some(c) = states::comm_buffers(&sc, spec) {
             parts.push(c);
         }
@@ -414,12 +421,20 @@ fn model_level_terms(arch: &Architecture, c: &Ctx) -> Vec<Term> {
     out
 }
 
-/// Logits and cross entropy. `logits.float()` (or autocast's fp32
-/// `log_softmax`) gives an fp32 copy that `log_softmax` turns into its fp32
-/// output, kept for backward; in backward `nll_loss` and `log_softmax` each
-/// make an fp32 gradient of the same size, alive together with the kept
-/// output: the usual peak of a language model step.
-fn loss_parts(arch: &Architecture, c: &Ctx) -> Vec<Part> {
+/// Logits and cross entropy. The logits themselves are not kept: the head's
+/// matmul keeps its input, and they are freed once the model's output is
+/// dropped (as the Trainer and `loss = model(**batch).loss` do). What the
+/// loss keeps depends on how the class computes it ([`Loss`]):
+///
+/// * `logits.float()` then cross entropy (causal LMs): the fp32 log-softmax
+///   output is kept; backward makes the fp32 gradients of `nll_loss` and
+///   `log_softmax`, alive together with it: the usual peak of a step;
+/// * `CrossEntropyLoss` on the logits as they are (masked LMs): the
+///   log-softmax runs in the logits' dtype (`cross_entropy` passes it
+///   explicitly, which autocast respects) and is kept; under autocast
+///   `nll_loss`, an fp32 autocast op, keeps an fp32 copy of it too, and its
+///   fp32 gradient is the largest tensor of backward.
+fn loss_parts(arch: &Architecture, c: &Ctx, keep_outputs: bool) -> Vec<Part> {
     let (rows, width, what) = match arch.head {
         Head::Lm | Head::MaskedLm => (sat_prod(&[c.b, c.s]), arch.vocab, "b·s·v"),
         Head::Classifier { labels } => (c.b, labels, "b·n_labels"),
@@ -439,37 +454,57 @@ fn loss_parts(arch: &Architecture, c: &Ctx) -> Vec<Part> {
             inputs.insert("v".into(), arch.vocab);
         }
     }
-    let saved = vec![
-        Term {
-            name: "logits".into(),
-            formula: format!("{what}·e"),
-            bytes: sat_prod(&[n, c.e]),
-        },
-        Term {
-            name: "log-softmax output, fp32 (kept for backward)".into(),
-            formula: format!("{what}·4"),
-            bytes: sat_prod(&[n, 4]),
-        },
-    ];
-    let grads = vec![
-        Term {
-            name: "nll_loss gradient, fp32".into(),
-            formula: format!("{what}·4"),
-            bytes: sat_prod(&[n, 4]),
-        },
-        Term {
-            name: "log_softmax gradient, fp32".into(),
-            formula: format!("{what}·4"),
-            bytes: sat_prod(&[n, 4]),
-        },
-    ];
+    let term = |name: &str, k: &str, bytes: u64| Term {
+        name: name.into(),
+        formula: format!("{what}·{k}"),
+        bytes: sat_prod(&[n, bytes]),
+    };
+    let (mut saved, grads) = match arch.loss {
+        Loss::Upcast => (
+            vec![term(
+                "log-softmax output, fp32 (logits.float() first)",
+                "4",
+                4,
+            )],
+            vec![
+                term("nll_loss gradient, fp32", "4", 4),
+                term("log_softmax gradient, fp32", "4", 4),
+            ],
+        ),
+        Loss::AsIs if c.amp => (
+            vec![
+                term("log-softmax output, in the logits' dtype", "e", c.e),
+                term("its fp32 copy kept by nll_loss (autocast)", "4", 4),
+            ],
+            vec![term("nll_loss gradient, fp32", "4", 4)],
+        ),
+        Loss::AsIs => (
+            vec![term("log-softmax output, in the logits' dtype", "e", c.e)],
+            vec![
+                term("nll_loss gradient", "e", c.e),
+                term("log_softmax gradient", "e", c.e),
+            ],
+        ),
+    };
+    if keep_outputs {
+        saved.insert(
+            0,
+            term("logits (the model output, held by the caller)", "e", c.e),
+        );
+    }
+    let formula = |t: &[Term]| {
+        t.iter()
+            .map(|t| t.formula.clone())
+            .collect::<Vec<_>>()
+            .join(" + ")
+    };
     vec![
         Part {
             key: "logits_and_loss",
-            name: "logits and loss".into(),
+            name: "loss (what cross entropy keeps)".into(),
             category: "activation",
             bytes: sat_sum(saved.iter().map(|t| t.bytes)),
-            formula: format!("{what}·(e + 4)"),
+            formula: formula(&saved),
             inputs: inputs.clone(),
             terms: saved,
         },
@@ -478,7 +513,7 @@ fn loss_parts(arch: &Architecture, c: &Ctx) -> Vec<Part> {
             name: "loss gradients (start of backward)".into(),
             category: "temporary",
             bytes: sat_sum(grads.iter().map(|t| t.bytes)),
-            formula: format!("{what}·(4 + 4)"),
+            formula: formula(&grads),
             inputs,
             terms: grads,
         },
@@ -662,6 +697,14 @@ fn add_notes(notes: &mut Vec<String>, spec: &ModelSpec, o: &Options, dropout: bo
     }
     if matches!(spec.family, super::Family::T5) {
         notes.push("T5's eager attention keeps some fp32 intermediates not modelled term by term: treat its activations as approximate".into());
+    }
+    if !o.inference && matches!(arch.head, Head::Lm | Head::MaskedLm) {
+        let logits = sat_prod(&[s.batch, s.seq, arch.vocab, s.activation_bytes]);
+        notes.push(if o.keep_outputs {
+            format!("the model output is held through backward (--keep-outputs): the logits ({}) stay alive", crate::units::format_bytes(logits))
+        } else {
+            format!("the logits ({}) are freed with the model output after the forward, as the Trainer and `loss = model(**batch).loss` do; a loop that holds `out = model(...)` through backward keeps them: pass --keep-outputs", crate::units::format_bytes(logits))
+        });
     }
     if !o.inference && arch.head == Head::None {
         notes.push("bare model without a head: the loss and what it keeps are not counted".into());

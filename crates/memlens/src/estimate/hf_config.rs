@@ -4,7 +4,8 @@
 //! `model.parameters()` counts it).
 
 use super::model::{
-    Activation, Architecture, Dropouts, Family, Head, Image, ModelSpec, Norm, ParamTensor, Stack,
+    Activation, Architecture, Dropouts, Family, Head, Image, Loss, ModelSpec, Norm, ParamTensor,
+    Stack,
 };
 use crate::error::{Error, Result};
 use serde_json::{Map, Value};
@@ -358,6 +359,9 @@ fn gpt2(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
             mlp_inner: 0.0,
         },
         use_cache: c.flag("use_cache", true),
+        softmax_fp32: false,
+        qk_norm: false,
+        loss: Loss::Upcast,
         tied_embeddings: tied,
         head,
         image: None,
@@ -461,6 +465,9 @@ fn llama(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Pa
             mlp_inner: 0.0,
         },
         use_cache: c.flag("use_cache", true),
+        softmax_fp32: true,
+        qk_norm: model_type == "qwen3",
+        loss: Loss::Upcast,
         tied_embeddings: tied,
         head,
         image: None,
@@ -549,10 +556,20 @@ fn bert(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Par
     }
     match head {
         Head::MaskedLm => {
-            // Transform, then the tied decoder with its own bias.
-            linear(&mut t, "cls.predictions.transform.dense", h, h, true, None);
-            norm(&mut t, "cls.predictions.transform.LayerNorm", h, true, None);
-            t.push(ParamTensor::new("cls.predictions.bias", &[v], true, None));
+            // Transform, then the tied decoder with its own bias (BERT's
+            // `cls.predictions`, RoBERTa's `lm_head`).
+            let (dense, ln, bias) = if roberta {
+                ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
+            } else {
+                (
+                    "cls.predictions.transform.dense",
+                    "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.bias",
+                )
+            };
+            linear(&mut t, dense, h, h, true, None);
+            norm(&mut t, ln, h, true, None);
+            t.push(ParamTensor::new(bias, &[v], true, None));
             if nsp {
                 linear(&mut t, "cls.seq_relationship", 2, h, true, None);
             }
@@ -592,6 +609,9 @@ fn bert(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Par
             mlp_inner: 0.0,
         },
         use_cache: false,
+        softmax_fp32: false,
+        qk_norm: false,
+        loss: Loss::AsIs,
         tied_embeddings: true,
         head,
         image: None,
@@ -732,6 +752,9 @@ fn t5(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
             mlp_inner: p,
         },
         use_cache: false,
+        softmax_fp32: true,
+        qk_norm: false,
+        loss: Loss::AsIs,
         tied_embeddings: tied,
         head,
         image: None,
@@ -847,6 +870,9 @@ fn vit(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
             mlp_inner: 0.0,
         },
         use_cache: false,
+        softmax_fp32: false,
+        qk_norm: false,
+        loss: Loss::AsIs,
         tied_embeddings: false,
         head,
         image: Some(image),

@@ -24,6 +24,7 @@
 pub mod activations;
 pub mod compare;
 pub mod compute;
+pub mod explain;
 pub mod hf_config;
 pub mod load;
 pub mod measured;
@@ -33,6 +34,7 @@ pub mod states;
 
 pub use compare::{compare, Comparison, MeasuredMemory};
 pub use compute::{estimate, fit, Fit};
+pub use explain::{explain, Explanation};
 pub use load::{load_model, Checkpoint};
 pub use model::{Architecture, Family, ModelSpec, ParamTensor};
 
@@ -117,6 +119,34 @@ impl Optimizer {
     }
 }
 
+/// How `optimizer.step()` walks the parameters, which decides its temporaries
+/// (PyTorch's `foreach=` and `fused=` arguments of Adam, AdamW, SGD).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptimizerImpl {
+    /// The default on CUDA: one multi-tensor kernel per operation over all
+    /// parameters, so each intermediate (Adam's `sqrt(exp_avg_sq)`) exists for
+    /// every parameter at once.
+    Foreach,
+    /// `fused=True`: one kernel per parameter group updates in place; no
+    /// temporaries.
+    Fused,
+    /// `foreach=False`: a Python loop over the tensors; temporaries of one
+    /// tensor at a time.
+    ForLoop,
+}
+
+impl OptimizerImpl {
+    /// Its name (`foreach`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerImpl::Foreach => "foreach",
+            OptimizerImpl::Fused => "fused",
+            OptimizerImpl::ForLoop => "for-loop",
+        }
+    }
+}
+
 /// Activation checkpointing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -148,6 +178,8 @@ pub struct Options {
     pub amp: bool,
     /// The optimizer.
     pub optimizer: Optimizer,
+    /// How its step is implemented.
+    pub optimizer_impl: OptimizerImpl,
     /// Activation checkpointing.
     pub checkpointing: Checkpointing,
     /// Fused attention (FlashAttention, or SDPA's flash/memory-efficient
@@ -155,6 +187,11 @@ pub struct Options {
     pub flash_attention: bool,
     /// Force dropout off (it is otherwise taken from the config).
     pub no_dropout: bool,
+    /// The training loop holds the model's output (and so the logits) through
+    /// backward (`out = model(**batch); out.loss.backward()`). The Trainer
+    /// and `loss = model(**batch).loss` drop it, freeing the logits after
+    /// the forward.
+    pub keep_outputs: bool,
     /// ZeRO stage (0-3).
     pub zero: u8,
     /// Data-parallel GPUs.
@@ -171,9 +208,11 @@ impl Default for Options {
             dtype: Dtype::Fp32,
             amp: false,
             optimizer: Optimizer::Adamw,
+            optimizer_impl: OptimizerImpl::Foreach,
             checkpointing: Checkpointing::None,
             flash_attention: false,
             no_dropout: false,
+            keep_outputs: false,
             zero: 0,
             gpus: 1,
             inference: false,
@@ -276,12 +315,16 @@ pub struct Settings {
     pub amp: bool,
     /// Optimizer.
     pub optimizer: Optimizer,
+    /// Its step's implementation.
+    pub optimizer_impl: OptimizerImpl,
     /// Checkpointing.
     pub checkpointing: Checkpointing,
     /// Fused attention.
     pub flash_attention: bool,
     /// Whether dropout is modelled.
     pub dropout: bool,
+    /// Whether the caller keeps the model's output (the logits) through backward.
+    pub keep_outputs: bool,
     /// ZeRO stage.
     pub zero: u8,
     /// GPUs.

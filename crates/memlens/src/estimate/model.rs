@@ -78,6 +78,20 @@ pub enum Head {
     None,
 }
 
+/// How the Hugging Face class computes the loss, which decides what the
+/// cross entropy keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Loss {
+    /// `self.loss_function` with `logits.float()` first (causal LMs): an fp32
+    /// log-softmax whatever the weights' dtype.
+    Upcast,
+    /// `nn.CrossEntropyLoss()` on the logits as they are (BERT, RoBERTa):
+    /// the log-softmax in the logits' dtype; under autocast `nll_loss` (an
+    /// fp32 autocast op) keeps an fp32 copy of it.
+    AsIs,
+}
+
 /// Dropout probabilities that apply in training.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct Dropouts {
@@ -153,6 +167,15 @@ pub struct Architecture {
     /// `use_cache` from the config: recent `transformers` build a `DynamicCache`
     /// even in a training forward, which can hold copies of K and V.
     pub use_cache: bool,
+    /// Whether the eager attention upcasts the scores to fp32 for the softmax
+    /// (`softmax(..., dtype=torch.float32)` in the Llama family, T5's
+    /// `scores.float()`): the fp32 probabilities are kept for backward
+    /// beside the copy cast back for the matmul.
+    pub softmax_fp32: bool,
+    /// Per-head RMSNorm of Q and K before RoPE (Qwen3's `q_norm`, `k_norm`).
+    pub qk_norm: bool,
+    /// How the loss is computed over the logits.
+    pub loss: Loss,
     /// Whether the LM head shares the input embedding matrix.
     pub tied_embeddings: bool,
     /// The output head.

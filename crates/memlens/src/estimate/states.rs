@@ -8,7 +8,7 @@
 //! stage 3 also the weights.
 
 use super::model::ModelSpec;
-use super::{sat_prod, sat_sum, Optimizer, Part, Term, CUBLAS_WORKSPACE_BYTES};
+use super::{sat_prod, sat_sum, Optimizer, OptimizerImpl, Part, Term, CUBLAS_WORKSPACE_BYTES};
 use super::{ZERO3_PREFETCH_BUCKET, ZERO_REDUCE_BUCKET};
 use std::collections::BTreeMap;
 
@@ -207,21 +207,37 @@ fn optimizer_part(
     )
 }
 
-/// What `optimizer.step()` allocates on top: PyTorch's foreach Adam/AdamW
-/// builds `sqrt(exp_avg_sq)` for all parameters at once; Adafactor its
-/// per-tensor variance estimate; with master weights, the fp32 copy of the
-/// gradients the step reads.
-pub(super) fn step_temporaries(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -> Part {
+/// What `optimizer.step()` allocates on top. Adam/AdamW: the foreach
+/// implementation (PyTorch's default on CUDA) builds `sqrt(exp_avg_sq)` for
+/// every parameter at once; the for-loop one builds `exp_avg_sq.sqrt()` and
+/// its quotient for one tensor at a time (the largest sets the peak); the
+/// fused one updates in place. Adafactor: its per-tensor variance estimate.
+/// With master weights, the fp32 copy of the gradients the step reads.
+pub(super) fn step_temporaries(
+    c: &StateCtx,
+    opt: Optimizer,
+    imp: OptimizerImpl,
+    spec: &ModelSpec,
+) -> Part {
     let s = c.s();
     let mut terms = Vec::new();
     let mut extra = vec![("s", s)];
-    match opt {
-        Optimizer::Adam | Optimizer::Adamw => terms.push(Term {
-            name: "sqrt(exp_avg_sq) (foreach implementation)".into(),
+    match (opt, imp) {
+        (Optimizer::Adam | Optimizer::Adamw, OptimizerImpl::Foreach) => terms.push(Term {
+            name: "sqrt(exp_avg_sq) of every parameter (foreach implementation)".into(),
             formula: "N·s".into(),
             bytes: sat_prod(&[c.n, s]),
         }),
-        Optimizer::Adafactor => {
+        (Optimizer::Adam | Optimizer::Adamw, OptimizerImpl::ForLoop) => {
+            let t = spec.largest_tensor();
+            extra.push(("T", t));
+            terms.push(Term {
+                name: "sqrt(exp_avg_sq) and its quotient of the largest tensor (for-loop)".into(),
+                formula: "2·T·s".into(),
+                bytes: sat_prod(&[2, t, s]),
+            });
+        }
+        (Optimizer::Adafactor, _) => {
             let t = spec.largest_tensor();
             extra.push(("T", t));
             terms.push(Term {
@@ -230,7 +246,7 @@ pub(super) fn step_temporaries(c: &StateCtx, opt: Optimizer, spec: &ModelSpec) -
                 bytes: sat_prod(&[2, t, s]),
             });
         }
-        Optimizer::Sgd | Optimizer::SgdMomentum => {}
+        _ => {}
     }
     if c.master {
         terms.push(Term {

@@ -204,6 +204,8 @@ pub struct EstimateDoc {
     /// The comparison with a measurement (`--compare`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compare: Option<crate::estimate::Comparison>,
+    /// Why the peak is what it is, and the other settings beside it.
+    pub explanation: crate::estimate::Explanation,
 }
 
 /// Estimates the model under `opts`, fits it on `device_memory` bytes when
@@ -220,9 +222,11 @@ pub fn estimate_doc(
         .map(|d| crate::estimate::fit(spec, opts, &estimate, d))
         .transpose()?;
     let compare = measured.map(|m| crate::estimate::compare(&estimate, m));
+    let explanation = crate::estimate::explain(spec, opts, &estimate)?;
     Ok(EstimateDoc {
         estimate,
         fit,
         compare,
+        explanation,
     })
 }

@@ -3,13 +3,14 @@
 
 use super::documents::EstimateDoc;
 use super::layout::push_wrapped;
-use crate::estimate::{Checkpointing, Comparison, Estimate, Fit, Part, Term};
+use crate::estimate::{Checkpointing, Comparison, Estimate, Explanation, Fit, Part, Term};
 use crate::units::{format_bytes, format_delta, group_digits as group};
 use std::fmt::Write;
 
 /// The whole text: the estimate, then the fit and the comparison when asked, then the notes.
 pub fn text(d: &EstimateDoc) -> String {
     let mut text = render(&d.estimate);
+    text.push_str(&render_explanation(&d.explanation));
     if let Some(f) = &d.fit {
         text.push_str(&render_fit(f, &d.estimate));
     }
@@ -117,8 +118,9 @@ fn render(est: &Estimate) -> String {
     if !s.inference {
         let _ = write!(
             setting,
-            ", {}, checkpointing {}",
+            ", {} ({}), checkpointing {}",
             s.optimizer.name(),
+            s.optimizer_impl.name(),
             match s.checkpointing {
                 Checkpointing::None => "none",
                 Checkpointing::Full => "full",
@@ -196,6 +198,27 @@ fn render(est: &Estimate) -> String {
         "on the device",
         format_bytes(est.device_bytes)
     );
+    o
+}
+
+/// Why the peak is what it is, then the other settings with what differs.
+fn render_explanation(x: &Explanation) -> String {
+    let mut o = String::new();
+    let _ = writeln!(o, "\n  why:");
+    for l in &x.lines {
+        push_wrapped(&mut o, "  - ", "    ", l);
+    }
+    if !x.alternatives.is_empty() {
+        let _ = writeln!(o, "\n  the same model and batch with:");
+        for a in &x.alternatives {
+            push_wrapped(
+                &mut o,
+                "  - ",
+                "    ",
+                &format!("{}: {}, {}", a.flags, format_bytes(a.total_bytes), a.why),
+            );
+        }
+    }
     o
 }
 
