@@ -168,3 +168,44 @@ fn unrelated_runs_are_split_and_periodic_snapshots_kept_together() {
         "step1, step5, step11, then the final dump"
     );
 }
+
+#[test]
+fn the_report_shows_both_ranks_side_by_side() {
+    let t = truth("ddp_ema");
+    let b = load("ddp_ema", 1);
+    let a = load("ddp_ema", 0);
+    let snaps: Vec<(String, &Snapshot)> = vec![(b.0.clone(), &b.1), (a.0.clone(), &a.1)];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("ranks.html");
+    let doc = memlens::render::documents::doctor_doc(&snaps, &Default::default(), Some(&path))
+        .expect("doctor");
+    assert_eq!(doc.findings[0].kind, "imbalance");
+    let html = std::fs::read_to_string(&path).expect("report");
+    let start = html.find("id=\"memlens-data\">").expect("data") + "id=\"memlens-data\">".len();
+    let end = start + html[start..].find("</script>").expect("end");
+    let data: serde_json::Value = serde_json::from_str(&html[start..end]).expect("json");
+    let ranks = data["ranks"]["ranks"]
+        .as_array()
+        .expect("ranks in the report");
+    assert_eq!(ranks.len(), 2);
+    for (row, tr) in ranks.iter().zip(t["ranks"].as_array().expect("ranks")) {
+        assert_eq!(row["peak_allocated_bytes"], tr["max_memory_allocated"]);
+    }
+    assert_eq!(data["ranks"]["imbalance_rank"], 0);
+    assert_eq!(data["ranks"]["imbalance_site"], t["planted"]["line"]);
+    let series = data["ranks"]["series"].as_array().expect("series");
+    assert_eq!(series.len(), 2, "one timeline per rank");
+    for (s, tr) in series.iter().zip(t["ranks"].as_array().expect("ranks")) {
+        // Bucket maxima keep each rank's exact peak.
+        let max = s["allocated"]
+            .as_array()
+            .expect("points")
+            .iter()
+            .filter_map(|v| v.as_u64())
+            .max();
+        assert_eq!(max, tr["max_memory_allocated"].as_u64());
+    }
+    // The one-snapshot sections say which file they show: rank 0's.
+    assert_eq!(data["shown_file"].as_str(), Some(a.0.as_str()));
+    assert!(html.contains("renderRanks"));
+}

@@ -133,6 +133,8 @@ fn sample() -> ReportData {
                 },
             ],
         }),
+        ranks: None,
+        shown_file: None,
     }
 }
 

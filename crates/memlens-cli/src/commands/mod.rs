@@ -5,6 +5,8 @@ pub mod check;
 pub mod diff;
 pub mod doctor;
 pub mod estimate;
+#[cfg(feature = "export")]
+pub mod export;
 pub mod leaks;
 pub mod oom;
 pub mod peak;

@@ -34,6 +34,8 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         findings: d.findings.clone(),
         leaks: leaks(d),
         tune: tune(d),
+        ranks: super::ranks::ranks_view(snaps, d),
+        shown_file: (snaps.len() > 1).then(|| d.files.last().cloned()).flatten(),
         ..ReportData::default()
     };
     // The snapshot the diagnosis's peak describes: with several ranks or

@@ -32,6 +32,7 @@ mod convert;
 mod flame;
 mod html;
 mod model;
+mod ranks;
 mod segments;
 mod timeline;
 
@@ -43,8 +44,8 @@ pub use flame::{
 pub use html::{render_html, render_html_from_json, script_json};
 pub use model::{
     utc_rfc3339, BlockSite, BlockState, Category, Finding, Flame, LeakSite, Leaks, Meta,
-    OmittedSegments, ReportData, SegmentBlock, SegmentMap, SegmentRow, Severity, Stat, Timeline,
-    TimelineSite, Tune, TuneRow, XUnit,
+    OmittedSegments, RankLine, RankSeries, RanksView, ReportData, SegmentBlock, SegmentMap,
+    SegmentRow, Severity, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 pub use segments::{
     cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS, MAX_BLOCK_STACK_FRAMES,
