@@ -22,7 +22,7 @@ echo "== cargo test"
 cargo test --workspace --no-fail-fast
 echo "== fuzz smoke run (60 s)"
 bash tests/fuzz_smoke.sh 60
-for part in python browser; do
+for part in python browser export; do
   if [ -f "tests/$part/ci.sh" ]; then
     echo "== tests/$part/ci.sh"
     bash "tests/$part/ci.sh"

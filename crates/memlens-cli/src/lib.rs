@@ -54,6 +54,9 @@ enum Command {
     Top(commands::top::Args),
     /// A memory gate for CI: fails when the peak exceeds a limit.
     Check(commands::check::Args),
+    /// Writes snapshots as Parquet tables (events, blocks, segments, frames) for DuckDB or Spark.
+    #[cfg(feature = "export")]
+    Export(commands::export::Args),
 }
 
 /// Runs the CLI on `argv` (program name first) and returns the exit code:
@@ -88,6 +91,8 @@ where
         Command::Estimate(a) => commands::estimate::run(a),
         Command::Top(a) => commands::top::run(a),
         Command::Check(a) => commands::check::run(a),
+        #[cfg(feature = "export")]
+        Command::Export(a) => commands::export::run(a),
     };
     match result {
         Ok(code) => code,

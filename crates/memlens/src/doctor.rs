@@ -1,8 +1,10 @@
 //! `memlens doctor`: every analysis that applies, reduced to the few findings
 //! that matter, most serious first, each with its `file:line` and its fix.
 
+use crate::analysis::inputs::{self as grouping, Group, GroupKind};
 use crate::analysis::leaks::{self, Confidence, LeakReport};
 use crate::analysis::peak::{peak_analysed, PeakReport};
+use crate::analysis::ranks::{self, RanksReport};
 use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
@@ -63,6 +65,9 @@ pub struct DoctorOptions {
     /// Where to look for the user's source files when the frames' own paths
     /// are not readable here (with `MEMLENS_SOURCE_ROOT`), to quote lines.
     pub source_roots: Vec<std::path::PathBuf>,
+    /// Take every input process to be a rank of one job (`--ranks`), whatever
+    /// their times and names say.
+    pub ranks: bool,
 }
 
 /// The whole diagnosis.
@@ -82,6 +87,43 @@ pub struct Diagnosis {
     pub oom: Option<crate::oom::OomReport>,
     /// What was live at the peak by module (last snapshot; `peak --by module`).
     pub modules: Option<crate::analysis::modules::ModuleReport>,
+    /// The files the fields above describe, oldest first (the last one's
+    /// peak, state and timeline).
+    pub files: Vec<String>,
+    /// How several inputs were taken (a time series, the ranks of one job,
+    /// unrelated runs) and why; absent for one file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<Inputs>,
+    /// The ranks side by side, when the inputs are the ranks of one job.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<RanksReport>,
+    /// Each rank's (or each unrelated run's) own diagnosis; the fields above
+    /// (summary, peak, leaks, tune, oom) are those of the rank closest to an
+    /// OOM, or of the first run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub parts: Vec<Part>,
+}
+
+/// What several inputs were taken to be.
+#[derive(Clone, Debug, Serialize)]
+pub struct Inputs {
+    /// `series`, `ranks` or `runs` (unrelated runs, analysed one by one).
+    pub kind: String,
+    /// One line for people: what and why.
+    pub reason: String,
+}
+
+/// The diagnosis of one rank, or of one of several unrelated runs.
+#[derive(Clone, Debug, Serialize)]
+pub struct Part {
+    /// `rank N`, or the run's (last) file name.
+    pub label: String,
+    /// The rank, for a part of a job.
+    pub rank: Option<u32>,
+    /// Its files, oldest first.
+    pub files: Vec<String>,
+    /// Its own diagnosis.
+    pub diagnosis: Diagnosis,
 }
 
 /// Share of reserved memory at the peak that, when free but unusable,
@@ -330,6 +372,10 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         tune,
         oom: oom_report,
         modules,
+        files: snaps.iter().map(|(n, _)| n.clone()).collect(),
+        inputs: None,
+        ranks: None,
+        parts: Vec::new(),
     }
 }
 
@@ -352,4 +398,179 @@ fn modules_at(
         peak.peak_event_index,
         &finder,
     ))
+}
+
+/// Diagnoses any inputs: tells periodic snapshots of one process (a time
+/// series), the ranks of one job and unrelated runs apart
+/// ([`crate::analysis::inputs`]) and diagnoses each accordingly. The result
+/// does not depend on the order of `snaps`.
+pub fn diagnose_inputs(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosis {
+    let g = grouping::group(snaps, opts.ranks);
+    if g.groups.len() > 1 {
+        // Unrelated runs: each on its own, in the grouping's order.
+        let parts: Vec<Part> = g
+            .groups
+            .iter()
+            .map(|grp| {
+                let files: Vec<String> = grp.files().iter().map(|&i| snaps[i].0.clone()).collect();
+                Part {
+                    label: files
+                        .last()
+                        .map(|f| base_name(f).to_string())
+                        .unwrap_or_default(),
+                    rank: None,
+                    files,
+                    diagnosis: diagnose_group(snaps, grp, opts),
+                }
+            })
+            .collect();
+        return combine(parts, "runs", g.reason, None);
+    }
+    let Some(first) = g.groups.first() else {
+        return diagnose(&[], opts);
+    };
+    let mut d = diagnose_group(snaps, first, opts);
+    if first.kind != GroupKind::Single {
+        d.inputs = Some(Inputs {
+            kind: match first.kind {
+                GroupKind::Ranks => "ranks",
+                _ => "series",
+            }
+            .into(),
+            reason: g.reason.clone(),
+        });
+    }
+    d
+}
+
+fn base_name(f: &str) -> &str {
+    f.rsplit(['/', '\\']).next().unwrap_or(f)
+}
+
+/// One group: a run (one snapshot or a series) or the ranks of a job.
+fn diagnose_group(snaps: &[(String, &Snapshot)], group: &Group, opts: &DoctorOptions) -> Diagnosis {
+    let pick = |files: &[usize]| -> Vec<(String, &Snapshot)> {
+        files
+            .iter()
+            .map(|&i| (snaps[i].0.clone(), snaps[i].1))
+            .collect()
+    };
+    if group.kind != GroupKind::Ranks {
+        return diagnose(&pick(&group.files()), opts);
+    }
+    let parts: Vec<Part> = group
+        .members
+        .iter()
+        .map(|m| {
+            let rank = m.rank.unwrap_or(0);
+            Part {
+                label: format!("rank {rank}"),
+                rank: Some(rank),
+                files: m.files.iter().map(|&i| snaps[i].0.clone()).collect(),
+                diagnosis: diagnose(&pick(&m.files), opts),
+            }
+        })
+        .collect();
+    let latest: Vec<(u32, String, &Snapshot)> = group
+        .members
+        .iter()
+        .filter_map(|m| {
+            let f = *m.files.last()?;
+            Some((m.rank.unwrap_or(0), snaps[f].0.clone(), snaps[f].1))
+        })
+        .collect();
+    let report = ranks::compare(&latest, opts.device_memory);
+    combine(parts, "ranks", String::new(), Some(report))
+}
+
+/// One diagnosis of several parts: their findings (each title prefixed with
+/// the part's label, an imbalance first), the fields of the rank closest to
+/// an OOM (or of the first run).
+fn combine(parts: Vec<Part>, kind: &str, reason: String, ranks: Option<RanksReport>) -> Diagnosis {
+    let main = ranks
+        .as_ref()
+        .and_then(|r| r.closest_to_oom)
+        .and_then(|c| parts.iter().position(|p| p.rank == Some(c)))
+        .unwrap_or(0);
+    let mut findings = Vec::new();
+    if let Some(im) = ranks.as_ref().and_then(imbalance_finding) {
+        findings.push(im);
+    }
+    for p in &parts {
+        for f in &p.diagnosis.findings {
+            let mut f = f.clone();
+            f.title = format!("{}: {}", p.label, f.title);
+            findings.push(f);
+        }
+    }
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let base = parts.get(main).map(|p| p.diagnosis.clone());
+    let Some(base) = base else {
+        return diagnose(&[], &DoctorOptions::default());
+    };
+    Diagnosis {
+        findings,
+        inputs: Some(Inputs {
+            kind: kind.into(),
+            reason,
+        }),
+        ranks,
+        parts,
+        ..base
+    }
+}
+
+/// The `imbalance` finding: the heaviest rank, its excess over the median
+/// rank, and the site holding most of it.
+fn imbalance_finding(r: &RanksReport) -> Option<Finding> {
+    let im = r.imbalance.as_ref()?;
+    let top = im.sites.first();
+    let oomed = r.ranks.iter().any(|x| x.rank == im.rank && x.oom);
+    Some(Finding {
+        kind: "imbalance".into(),
+        severity: if oomed {
+            Severity::Critical
+        } else {
+            Severity::Warning
+        },
+        title: match top {
+            Some(s) => format!(
+                "Imbalance: rank {} holds {} more than the median rank at its peak; {} of it at {}",
+                im.rank,
+                format_bytes(im.excess_bytes),
+                format_bytes(s.excess_bytes),
+                s.site
+            ),
+            None => format!(
+                "Imbalance: rank {} holds {} more than the median rank at its peak",
+                im.rank,
+                format_bytes(im.excess_bytes)
+            ),
+        },
+        site: top.map(|s| s.site.clone()),
+        bytes: Some(top.map_or(im.excess_bytes, |s| s.excess_bytes)),
+        suggestion: Some(im.suggestion.clone()),
+        evidence: std::iter::once(format!(
+            "peak allocated by rank: {}; median {}",
+            r.ranks
+                .iter()
+                .map(|x| format!("{} {}", x.rank, format_bytes(x.peak_allocated_bytes)))
+                .collect::<Vec<_>>()
+                .join(", "),
+            format_bytes(im.median_peak_bytes)
+        ))
+        .chain(im.sites.iter().take(5).map(|s| {
+            format!(
+                "{}: {} on rank {} vs median {} ({})",
+                s.site,
+                format_bytes(s.bytes),
+                im.rank,
+                format_bytes(s.median_bytes),
+                s.category
+            )
+        }))
+        .collect(),
+        stack: top.map(|s| s.stack.clone()).unwrap_or_default(),
+        quote: Default::default(),
+    })
 }

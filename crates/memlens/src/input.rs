@@ -6,7 +6,7 @@ use crate::error::{Error, Result};
 use serde::Serialize;
 use std::fs::File;
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
@@ -176,6 +176,103 @@ impl Read for Cancellable {
     }
 }
 
+/// Expands the inputs a user named: a folder stands for the snapshot files
+/// in it (names holding `.pickle` or `.pkl`, or ending `.zst` or `.gz`; JSON
+/// snapshots must be named one by one, as folders of runs hold other JSON),
+/// and a pattern with `*` or `?` in its file name (quoted, so the shell did
+/// not expand it) for the files it matches. Files are returned as given;
+/// those found in a folder or by a pattern sorted by name.
+pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    for p in paths {
+        if p.is_dir() {
+            let found = list(p, |name| {
+                name.contains(".pickle")
+                    || name.contains(".pkl")
+                    || name.ends_with(".zst")
+                    || name.ends_with(".gz")
+            })?;
+            if found.is_empty() {
+                return Err(Error::NotAFile {
+                    path: p.clone(),
+                    what: "a folder with no snapshot files (*.pickle, *.pkl, *.zst, *.gz)".into(),
+                });
+            }
+            out.extend(found);
+        } else if !p.exists() && p.file_name().is_some_and(|n| looks_like_glob(Path::new(n))) {
+            let pattern = p
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let dir = match p.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+                _ => PathBuf::from("."),
+            };
+            let found = if dir.is_dir() {
+                list(&dir, |name| wildcard(pattern.as_bytes(), name.as_bytes()))?
+            } else {
+                Vec::new()
+            };
+            if found.is_empty() {
+                return Err(Error::NotAFile {
+                    path: p.clone(),
+                    what: "the pattern matches no file".into(),
+                });
+            }
+            out.extend(found);
+        } else {
+            out.push(p.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// The files of `dir` whose names pass `keep`, sorted by name.
+fn list(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<PathBuf>> {
+    let io_err = |error| Error::Io {
+        path: dir.into(),
+        error,
+    };
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(io_err)? {
+        let entry = entry.map_err(io_err)?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.path().is_file() && keep(&name) {
+            found.push(entry.path());
+        }
+    }
+    found.sort();
+    Ok(found)
+}
+
+/// Matches `name` against `pattern`, where `*` is any run of characters and
+/// `?` any one character.
+fn wildcard(pattern: &[u8], name: &[u8]) -> bool {
+    let (mut p, mut n) = (0, 0);
+    let mut back: Option<(usize, usize)> = None;
+    while n < name.len() {
+        match pattern.get(p) {
+            Some(b'*') => {
+                back = Some((p, n));
+                p += 1;
+            }
+            Some(&c) if c == b'?' || c == name[n] => {
+                p += 1;
+                n += 1;
+            }
+            _ => match back {
+                Some((bp, bn)) => {
+                    p = bp + 1;
+                    n = bn + 1;
+                    back = Some((bp, bn + 1));
+                }
+                None => return false,
+            },
+        }
+    }
+    pattern[p..].iter().all(|&c| c == b'*')
+}
+
 fn looks_like_glob(path: &Path) -> bool {
     path.to_string_lossy().contains(['*', '?', '['])
 }
@@ -277,5 +374,32 @@ mod tests {
         );
         assert_eq!(kind_of(b"{\"segments\": []}"), InputKind::Snapshot);
         assert_eq!(kind_of(&[0x80, 4, 0x95]), InputKind::Snapshot);
+    }
+
+    #[test]
+    fn matches_wildcards() {
+        assert!(wildcard(b"rank*.pickle.zst", b"rank0.pickle.zst"));
+        assert!(wildcard(b"*.rank?.*", b"ddp.rank1.pickle"));
+        assert!(!wildcard(b"rank*.pickle", b"rank0.pickle.zst"));
+        assert!(wildcard(b"*", b""));
+    }
+
+    #[test]
+    fn expands_folders_and_patterns() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        for n in [
+            "b.rank1.pickle.zst",
+            "a.rank0.pickle",
+            "notes.txt",
+            "x.truth.json",
+        ] {
+            std::fs::write(dir.path().join(n), b"x").expect("write");
+        }
+        let got = expand(&[dir.path().to_path_buf()]).expect("folder");
+        let names: Vec<_> = got.iter().filter_map(|p| p.file_name()).collect();
+        assert_eq!(names, ["a.rank0.pickle", "b.rank1.pickle.zst"]);
+        let got = expand(&[dir.path().join("*.rank1.*")]).expect("pattern");
+        assert_eq!(got, [dir.path().join("b.rank1.pickle.zst")]);
+        assert!(expand(&[dir.path().join("*.nothing")]).is_err());
     }
 }

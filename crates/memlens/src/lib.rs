@@ -27,6 +27,8 @@ pub mod doctor;
 pub mod error;
 pub mod estimate;
 pub mod example;
+#[cfg(feature = "export")]
+pub mod export;
 pub mod frames;
 pub mod input;
 pub mod live;

@@ -15,8 +15,15 @@ use std::path::PathBuf;
     after_help = "Examples:\n  memlens doctor                 (the example built into memlens)\n  memlens doctor run.pickle.zst -v       (report: run.memlens.html)\n  memlens doctor run.pickle.zst -o report.html"
 )]
 pub struct Args {
-    /// Snapshots of one run, oldest first (none: the example built into memlens).
+    /// Snapshots, folders of snapshots or quoted patterns ('runs/*.pickle'):
+    /// periodic snapshots of one run, the ranks of one job (told apart by
+    /// their times, devices and `rank<N>` in names), or unrelated runs, each
+    /// diagnosed on its own (none: the example built into memlens).
     pub snapshots: Vec<PathBuf>,
+    /// The inputs are the ranks of one job (one process each), whatever
+    /// their times and names say.
+    #[arg(long)]
+    pub ranks: bool,
     /// Where to write the HTML report (default: beside the last snapshot,
     /// `NAME.memlens.html`; with --json, none unless given).
     #[arg(short, long)]
@@ -73,6 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     let opts = DoctorOptions {
         device_memory: args.device_memory,
         source_roots: args.source_root,
+        ranks: args.ranks,
     };
     // The report goes where asked; by default beside the input, never over
     // a file memlens did not write, and not at all for --json.

@@ -5,6 +5,8 @@ pub mod check;
 pub mod diff;
 pub mod doctor;
 pub mod estimate;
+#[cfg(feature = "export")]
+pub mod export;
 pub mod leaks;
 pub mod lines;
 pub mod oom;
@@ -22,11 +24,31 @@ pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
     Ok(memlens::Snapshot::load(path)?)
 }
 
-/// Loads the snapshots of one run, each under its file name.
+/// Loads snapshots, each under its file name: folders and quoted patterns
+/// stand for the files in them, files are read in parallel, with a progress
+/// bar on a terminal when there are several. The first bad file (in the
+/// order given) is the error.
 pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
-    paths
+    use std::io::IsTerminal;
+    let files = memlens::input::expand(paths)?;
+    let pb = if files.len() > 1 && std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new(files.len() as u64);
+        pb.set_style(
+            indicatif::ProgressStyle::with_template(
+                "reading snapshots {bar:30} {pos}/{len} {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        pb
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
+    let loaded = memlens::Snapshot::load_many_with(&files, || pb.inc(1));
+    pb.finish_and_clear();
+    files
         .iter()
-        .map(|p| Ok((p.display().to_string(), load(p)?)))
+        .zip(loaded)
+        .map(|(p, r)| Ok((p.display().to_string(), r?)))
         .collect()
 }
 

@@ -143,10 +143,10 @@
   })();
 
   // ---------- header, verdict, about ----------
-  var SECTION_TITLES = { verdict: 'Verdict', overview: 'Snapshots', oom: 'OOM', timeline: 'Timeline', flame: 'Flame graph', segments: 'Segments',
+  var SECTION_TITLES = { verdict: 'Verdict', ranks: 'Ranks', overview: 'Snapshots', oom: 'OOM', timeline: 'Timeline', flame: 'Flame graph', segments: 'Segments',
     leaks: 'Leaks', tune: 'Tune', about: 'About' };
   var KIND_SECTION = { leak: 'leaks', leaks: 'leaks', peak: 'flame', fragmentation: 'segments', oom: 'oom',
-    tune: 'tune', settings: 'tune', growth: 'timeline' };
+    tune: 'tune', settings: 'tune', growth: 'timeline', imbalance: 'ranks' };
 
   function renderHeader() {
     var m = D.meta || {};
@@ -231,7 +231,7 @@
   function renderNav() {
     var nav = $('nav-links');
     var missing = [];
-    ['verdict', 'overview', 'oom', 'timeline', 'flame', 'segments', 'leaks', 'tune', 'about'].forEach(function (id) {
+    ['verdict', 'ranks', 'overview', 'oom', 'timeline', 'flame', 'segments', 'leaks', 'tune', 'about'].forEach(function (id) {
       if (!$(id)) return;
       if (!$(id).hidden) {
         var a = el('a', { href: '#' + id, text: SECTION_TITLES[id] });
@@ -249,6 +249,101 @@
       p.textContent = 'Not available in this report: ' + missing.join(', ') + '.';
       p.hidden = false;
     }
+  }
+
+  // ---------- ranks ----------
+  // One chart per rank on a shared x axis and y range: allocated (solid),
+  // reserved (dashed), the imbalance site's bytes (filled), the peak marked.
+  function renderRanks() {
+    var R = D.ranks;
+    if (!R || !R.ranks || !R.ranks.length) return;
+    section('ranks');
+    $('ranks-sub').textContent = R.reason || '';
+    var table = $('ranks-table');
+    table.appendChild(el('tr', null, ['rank', 'file', 'peak allocated', 'exact bytes', 'peak reserved', 'headroom', ''].map(function (h, k) {
+      return el('th', { class: k >= 2 && k <= 5 ? 'num' : null, text: h });
+    })));
+    R.ranks.forEach(function (r) {
+      var note = r.oom ? 'ran out of memory' : (r.closest_to_oom && R.ranks.length > 1 ? 'closest to OOM' : '');
+      if (R.imbalance_rank === r.rank) note = (note ? note + '; ' : '') + 'holds ' + fmtBytes(R.imbalance_bytes) + ' more than the median rank';
+      table.appendChild(el('tr', { class: R.imbalance_rank === r.rank ? 'heavy' : null }, [
+        el('td', { text: String(r.rank) }),
+        el('td', { class: 'shown-file', text: basename(r.file), title: r.file }),
+        el('td', { class: 'num', text: fmtBytes(r.peak_allocated_bytes) }),
+        el('td', { class: 'num', text: fmtInt(r.peak_allocated_bytes) }),
+        el('td', { class: 'num', text: fmtBytes(r.peak_reserved_bytes) }),
+        el('td', { class: 'num', text: r.headroom_bytes != null ? fmtBytes(r.headroom_bytes) : '–' }),
+        el('td', { text: note })
+      ]));
+    });
+    if (R.imbalance_site) {
+      var p = $('ranks-imbalance');
+      p.hidden = false;
+      p.appendChild(el('span', { text: 'Imbalance site (filled in the charts): ' }));
+      p.appendChild(el('code', { text: R.imbalance_site }));
+      if (R.suggestion) p.appendChild(el('span', { text: ' — ' + R.suggestion }));
+    }
+    var S = R.series || [];
+    var xmin = Infinity, xmax = -Infinity, ymax = 1;
+    S.forEach(function (s) {
+      if (s.x.length) { xmin = Math.min(xmin, s.x[0]); xmax = Math.max(xmax, s.x[s.x.length - 1]); }
+      s.reserved.concat(s.allocated).forEach(function (v) { if (v > ymax) ymax = v; });
+    });
+    if (!(xmax > xmin)) { xmin = 0; xmax = 1; }
+    var box = $('ranks-charts');
+    var charts = [];
+    S.forEach(function (s) {
+      var holder = el('div', { class: 'rank-chart' });
+      holder.appendChild(el('h3', { text: 'rank ' + s.rank + (R.imbalance_rank === s.rank ? ' (the heavier rank)' : '') }));
+      var chartEl = el('div', { class: 'chart' });
+      holder.appendChild(chartEl);
+      box.appendChild(holder);
+      var pk = s.peak_point;
+      var opts = {
+        width: Math.max(320, box.clientWidth || 800), height: 170,
+        legend: { show: false },
+        cursor: { sync: { key: 'memlens-ranks' }, drag: { x: false, y: false }, points: { show: false } },
+        scales: { x: { time: false, range: function () { return [xmin, xmax]; } }, y: { range: function () { return [0, ymax * 1.06]; } } },
+        axes: [
+          { label: R.x_unit === 's' ? 'seconds since the job\'s first event' : 'event index', labelSize: 20, stroke: '#57606a', grid: { stroke: '#eef1f4' } },
+          { stroke: '#57606a', size: 72, incrs: BYTE_INCRS, grid: { stroke: '#eef1f4' }, values: function (u, vals) { return vals.map(fmtShort); } }
+        ],
+        series: [{},
+          { label: 'imbalance site', stroke: '#e15759', fill: 'rgba(225,87,89,.35)', width: 1 },
+          { label: 'allocated', stroke: '#4e79a7', width: 1.5 },
+          { label: 'reserved', stroke: '#8c959f', width: 1, dash: [5, 4] }],
+        hooks: { draw: [function (u) {
+          if (pk == null || pk >= s.x.length) return;
+          var ctx = u.ctx, px = u.valToPos(s.x[pk], 'x', true);
+          ctx.save();
+          ctx.strokeStyle = '#1f2328'; ctx.setLineDash([4, 3]); ctx.lineWidth = 1.5 * devicePixelRatio;
+          ctx.beginPath(); ctx.moveTo(px, u.bbox.top); ctx.lineTo(px, u.bbox.top + u.bbox.height); ctx.stroke();
+          ctx.setLineDash([]);
+          ctx.font = 'bold ' + Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
+          var label = 'peak ' + fmtBytes(R.ranks.filter(function (r) { return r.rank === s.rank; }).map(function (r) { return r.peak_allocated_bytes; })[0] || s.allocated[pk]);
+          var tw = ctx.measureText(label).width;
+          var lx = Math.max(u.bbox.left + 2, Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4));
+          ctx.fillStyle = '#1f2328'; ctx.fillText(label, lx, u.bbox.top + 13 * devicePixelRatio);
+          ctx.restore();
+        }] }
+      };
+      var data = [s.x, R.imbalance_site ? s.site_bytes : s.x.map(function () { return null; }), s.allocated, s.reserved];
+      charts.push(new uPlot(opts, data, chartEl));
+    });
+    ML.charts.ranks = charts;
+    window.addEventListener('resize', function () {
+      charts.forEach(function (u) { u.setSize({ width: Math.max(320, box.clientWidth || 800), height: 170 }); });
+    });
+  }
+
+  // Which file the one-snapshot sections show, when several were read.
+  function renderShownFile() {
+    if (!D.shown_file) return;
+    ['timeline-sub', 'flame-sub', 'segments-sub'].forEach(function (id) {
+      var p = $(id);
+      if (!p) return;
+      p.insertBefore(el('span', { class: 'shown-file', text: 'From ' + basename(D.shown_file) + '. ' }), p.firstChild);
+    });
   }
 
   // ---------- timeline ----------
@@ -851,6 +946,8 @@
   guard('segments', renderSegments);
   guard('leaks', renderLeaks);
   guard('tune', renderTune);
+  guard('ranks', renderRanks);
+  guard('shown', renderShownFile);
   guard('about', renderAbout);
   // Sections drawn by the other scripts (moments.js, views.js) before the nav is made.
   (window.memlensLater || []).forEach(function (f) { guard(f[0], function () { f[1](ML, D); }); });

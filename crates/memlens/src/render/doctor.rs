@@ -1,13 +1,41 @@
 //! The text of `memlens doctor`: the verdict first, the detail with `-v`.
 
 use super::layout::{clip, push_wrapped, MAX_WIDTH};
+use crate::analysis::ranks::RanksReport;
 use crate::doctor::{Diagnosis, Severity};
+use crate::units::{format_bytes, group_digits};
 use std::fmt::Write;
 
 /// The verdict, then (with `verbose`) the detail.
 pub fn text(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
     let mut o = String::new();
     push_wrapped(&mut o, "memlens doctor: ", "  ", &names.join(", "));
+    if let Some(inputs) = &d.inputs {
+        push_wrapped(&mut o, "Inputs: ", "  ", &inputs.reason);
+    }
+    if d.inputs.as_ref().is_some_and(|i| i.kind == "runs") {
+        // Unrelated runs: each its own verdict.
+        let serious = d
+            .findings
+            .iter()
+            .filter(|f| f.severity > Severity::Info)
+            .count();
+        let _ = writeln!(
+            o,
+            "\nVerdict: {serious} problem{} over {} runs; each run's own below.",
+            if serious == 1 { "" } else { "s" },
+            d.parts.len()
+        );
+        for p in &d.parts {
+            let _ = writeln!(o, "\n=== {} ===", p.label);
+            let files: Vec<&str> = p.files.iter().map(String::as_str).collect();
+            o.push_str(&text(&p.diagnosis, &files, verbose));
+        }
+        return super::layout::fit(o);
+    }
+    if let Some(r) = &d.ranks {
+        o.push_str(&ranks_table(r));
+    }
     let serious: Vec<_> = d
         .findings
         .iter()
@@ -67,4 +95,38 @@ pub fn text(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
         );
     }
     super::layout::fit(o)
+}
+
+/// The ranks side by side: exact peaks (bytes), headroom, the rank closest
+/// to an OOM.
+fn ranks_table(r: &RanksReport) -> String {
+    let mut o = String::from("\nRanks (peak allocated and reserved, exact bytes):\n");
+    for row in &r.ranks {
+        let headroom = match row.headroom_bytes {
+            Some(h) => format!("  headroom {}", format_bytes(h)),
+            None => String::new(),
+        };
+        let mark = if row.oom {
+            "  <- ran out of memory"
+        } else if r.closest_to_oom == Some(row.rank) && r.ranks.len() > 1 {
+            "  <- closest to OOM"
+        } else {
+            ""
+        };
+        let file = row.file.rsplit(['/', '\\']).next().unwrap_or(&row.file);
+        let _ = writeln!(
+            o,
+            "  rank {:<3} {} ({} B), reserved {} ({} B){headroom}  {}{mark}",
+            row.rank,
+            format_bytes(row.peak_allocated_bytes),
+            group_digits(row.peak_allocated_bytes),
+            format_bytes(row.peak_reserved_bytes),
+            group_digits(row.peak_reserved_bytes),
+            clip(file, 40),
+        );
+    }
+    if r.device_memory.is_none() {
+        o.push_str("  (headroom: pass --device-memory, e.g. H100-80GB)\n");
+    }
+    o
 }

@@ -3,7 +3,7 @@
 //! methods of the same names return. Built here once, for both.
 
 use crate::analysis::sites::{Site, SiteIndex};
-use crate::doctor::{diagnose, Diagnosis, DoctorOptions, Finding};
+use crate::doctor::{diagnose_inputs, Diagnosis, DoctorOptions, Finding};
 use crate::oom::{OomOptions, OomReport};
 use crate::replay::limits::{with_inferred, RunLimits};
 use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
@@ -144,7 +144,7 @@ pub fn doctor_doc(
     opts: &DoctorOptions,
     report: Option<&Path>,
 ) -> Result<DoctorDoc> {
-    let mut diagnosis = diagnose(snaps, opts);
+    let mut diagnosis = diagnose_inputs(snaps, opts);
     let sources = crate::source::SourceFinder::with_env(opts.source_roots.clone());
     sources.annotate_findings(&mut diagnosis.findings);
     sources.annotate_leaks(&mut diagnosis.leaks);
@@ -171,7 +171,7 @@ pub struct ReportDoc {
 
 /// Diagnoses the snapshots of one run and writes the HTML report to `path`.
 pub fn report_doc(snaps: &[(String, &Snapshot)], path: &Path) -> Result<ReportDoc> {
-    let d = diagnose(snaps, &DoctorOptions::default());
+    let d = diagnose_inputs(snaps, &DoctorOptions::default());
     crate::report::write_report(snaps, &d, path)?;
     Ok(ReportDoc {
         report: path.display().to_string(),

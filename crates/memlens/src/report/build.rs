@@ -37,9 +37,18 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         tune: tune(d),
         oom: super::views::oom_view(d),
         overview: super::views::overview(snaps, d),
+        ranks: super::ranks::ranks_view(snaps, d),
+        shown_file: (snaps.len() > 1).then(|| d.files.last().cloned()).flatten(),
         ..ReportData::default()
     };
-    let Some((_, snap)) = snaps.last() else {
+    // The snapshot the diagnosis's peak describes: with several ranks or
+    // runs, not necessarily the last given.
+    let shown = d
+        .files
+        .last()
+        .and_then(|f| snaps.iter().find(|(n, _)| n == f))
+        .or(snaps.last());
+    let Some((_, snap)) = shown else {
         return data;
     };
     let snap: &Snapshot = snap;

@@ -33,6 +33,7 @@ mod flame;
 mod html;
 mod model;
 mod moments;
+mod ranks;
 mod segments;
 mod timeline;
 mod views;
@@ -45,8 +46,8 @@ pub use flame::{
 pub use html::{render_html, render_html_from_json, script_json};
 pub use model::{
     utc_rfc3339, BlockSite, BlockState, Category, Finding, Flame, LeakSite, Leaks, Meta,
-    OmittedSegments, ReportData, SegmentBlock, SegmentMap, SegmentRow, Severity, Stat, Timeline,
-    TimelineSite, Tune, TuneRow, XUnit,
+    OmittedSegments, RankLine, RankSeries, RanksView, ReportData, SegmentBlock, SegmentMap,
+    SegmentRow, Severity, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 pub use moments::{Moments, MAX_KEPT_ALLOCS, MAX_STACK_FRAMES, MOMENT_SEGMENT_MAPS};
 pub use segments::{

@@ -40,6 +40,78 @@ pub struct ReportData {
     pub oom: Option<super::views::OomView>,
     /// One row per snapshot when several periodic snapshots were given.
     pub overview: Option<super::views::Overview>,
+    /// The ranks of one job side by side, when the inputs were ranks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<RanksView>,
+    /// Which file each section shows (the timeline, flame graph and segment
+    /// map show one snapshot: with several inputs, this one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shown_file: Option<String>,
+}
+
+/// The ranks of one job, for the side-by-side section.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RanksView {
+    /// Why the inputs were taken as ranks.
+    pub reason: String,
+    /// `s` (seconds from the job's first event) or `event`.
+    pub x_unit: String,
+    /// One line per rank.
+    pub ranks: Vec<RankLine>,
+    /// The rank holding more than the median rank, when one does.
+    pub imbalance_rank: Option<u32>,
+    /// Its excess at its peak.
+    pub imbalance_bytes: Option<u64>,
+    /// The site holding most of the excess, drawn on every rank.
+    pub imbalance_site: Option<String>,
+    /// The fix.
+    pub suggestion: Option<String>,
+    /// Each rank's memory over time.
+    pub series: Vec<RankSeries>,
+}
+
+/// One rank's figures.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RankLine {
+    /// The rank.
+    pub rank: u32,
+    /// Its (latest) snapshot file.
+    pub file: String,
+    /// Exact peak allocated bytes.
+    pub peak_allocated_bytes: u64,
+    /// Exact peak reserved bytes.
+    pub peak_reserved_bytes: u64,
+    /// Device memory minus the reserved peak, when known.
+    pub headroom_bytes: Option<u64>,
+    /// The rank ran out of memory.
+    pub oom: bool,
+    /// The rank that ran out of memory or is closest to it.
+    pub closest_to_oom: bool,
+}
+
+/// One rank's memory over time (bucket maxima).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RankSeries {
+    /// The rank.
+    pub rank: u32,
+    /// The shared x axis (see [`RanksView::x_unit`]).
+    pub x: Vec<f64>,
+    /// Event index of each point.
+    pub event: Vec<u64>,
+    /// Event times (µs), used to build `x`; empty in the page.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub time_us: Vec<i64>,
+    /// Allocated bytes.
+    pub allocated: Vec<u64>,
+    /// Reserved bytes.
+    pub reserved: Vec<u64>,
+    /// Bytes live at the imbalance site.
+    pub site_bytes: Vec<u64>,
+    /// The point holding the rank's peak.
+    pub peak_point: usize,
 }
 
 /// Where the report comes from and the figures for its header.

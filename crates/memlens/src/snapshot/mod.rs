@@ -310,6 +310,23 @@ impl Snapshot {
             .collect()
     }
 
+    /// [`Snapshot::load_many`] that calls `done` (from the reading thread)
+    /// as each file is read, e.g. to move a progress bar.
+    pub fn load_many_with<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        done: impl Fn() + Sync,
+    ) -> Vec<crate::Result<Snapshot>> {
+        use rayon::prelude::*;
+        paths
+            .par_iter()
+            .map(|p| {
+                let r = build::load_path(p.as_ref());
+                done();
+                r
+            })
+            .collect()
+    }
+
     /// [`Snapshot::load`] that gives up with [`crate::Error::Cancelled`] soon
     /// after `cancel` is set from another thread.
     pub fn load_cancellable(

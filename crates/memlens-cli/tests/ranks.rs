@@ -1,0 +1,166 @@
+//! `memlens doctor` on several inputs (issue 17): the ranks of one job
+//! (tests/corpus/ranks, recorded on one H100 by tests/gpu/ranks.sh) in either
+//! file order and from a folder, and unrelated runs analysed one by one.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn corpus(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/ranks")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn fixture(name: &str) -> String {
+    std::env::var("MEMLENS_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
+        })
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn memlens(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .args(args)
+        .output()
+        .expect("memlens runs")
+}
+
+fn truth() -> serde_json::Value {
+    let text = std::fs::read_to_string(corpus("ddp_ema.truth.json")).expect("truth");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn doctor_json(args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["doctor", "--json"];
+    all.extend_from_slice(args);
+    let out = memlens(&all);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The per-rank peaks equal each rank's own `torch.cuda.max_memory_*`, and the
+/// imbalance names rank 0, the planted line and its bytes within 5%.
+fn assert_planted(v: &serde_json::Value) {
+    let t = truth();
+    let d = &v["diagnosis"];
+    assert_eq!(d["inputs"]["kind"], "ranks");
+    let rows = d["ranks"]["ranks"].as_array().expect("rank rows");
+    assert_eq!(rows.len(), 2);
+    for (row, tr) in rows.iter().zip(t["ranks"].as_array().expect("ranks")) {
+        assert_eq!(row["rank"], tr["rank"]);
+        assert_eq!(row["peak_allocated_bytes"], tr["max_memory_allocated"]);
+        assert_eq!(row["peak_reserved_bytes"], tr["max_memory_reserved"]);
+    }
+    let f = &v["findings"][0];
+    assert_eq!(f["kind"], "imbalance", "{f}");
+    assert!(
+        f["title"].as_str().expect("title").contains("rank 0"),
+        "{f}"
+    );
+    assert_eq!(f["site"], t["planted"]["line"]);
+    let planted = t["planted"]["bytes"].as_f64().expect("bytes");
+    let found = f["bytes"].as_f64().expect("bytes");
+    assert!(
+        (found - planted).abs() <= 0.05 * planted,
+        "{found} vs {planted}"
+    );
+}
+
+#[test]
+fn doctor_on_two_ranks_finds_the_planted_copy_in_either_order() {
+    let (r0, r1) = (
+        corpus("ddp_ema.rank0.pickle.zst"),
+        corpus("ddp_ema.rank1.pickle.zst"),
+    );
+    let a = doctor_json(&[&r0, &r1]);
+    let b = doctor_json(&[&r1, &r0]);
+    assert_planted(&a);
+    assert_planted(&b);
+    assert_eq!(
+        a["findings"], b["findings"],
+        "the verdict does not depend on the file order"
+    );
+    // The text gives each rank's exact peak.
+    let out = memlens(&["doctor", "--no-report", &r1, &r0]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for tr in truth()["ranks"].as_array().expect("ranks") {
+        let exact = tr["max_memory_allocated"].as_u64().expect("bytes");
+        let grouped = exact
+            .to_string()
+            .as_bytes()
+            .rchunks(3)
+            .rev()
+            .map(|c| std::str::from_utf8(c).expect("digits"))
+            .collect::<Vec<_>>()
+            .join(",");
+        assert!(
+            text.contains(&format!("{grouped} B")),
+            "{grouped} missing from:\n{text}"
+        );
+    }
+    assert!(text.contains("Imbalance: rank 0"), "{text}");
+}
+
+#[test]
+fn doctor_takes_a_folder_and_a_pattern_of_ranks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for r in [0, 1] {
+        let name = format!("ddp_ema.rank{r}.pickle.zst");
+        std::fs::copy(corpus(&name), dir.path().join(&name)).expect("copy");
+    }
+    std::fs::copy(
+        corpus("ddp_ema.truth.json"),
+        dir.path().join("ddp_ema.truth.json"),
+    )
+    .expect("copy");
+    assert_planted(&doctor_json(&[dir.path().to_str().expect("utf-8")]));
+    let pattern = dir.path().join("*.rank?.pickle.zst");
+    assert_planted(&doctor_json(&[pattern.to_str().expect("utf-8")]));
+}
+
+#[test]
+fn unrelated_runs_each_get_their_own_verdict() {
+    let files = [
+        fixture("resnet.pickle.zst"),
+        fixture("varlen.pickle.zst"),
+        fixture("gpt2_eval_leak.pickle.zst"),
+    ];
+    let args: Vec<&str> = files.iter().map(String::as_str).collect();
+    let v = doctor_json(&args);
+    let d = &v["diagnosis"];
+    assert_eq!(d["inputs"]["kind"], "runs");
+    assert_eq!(d["parts"].as_array().expect("parts").len(), 3);
+    // The leak of the last file alone is not hidden by the others.
+    let leak = v["findings"]
+        .as_array()
+        .expect("findings")
+        .iter()
+        .find(|f| f["kind"] == "leak")
+        .expect("a leak finding");
+    assert!(
+        leak["title"]
+            .as_str()
+            .expect("title")
+            .starts_with("gpt2_eval_leak.pickle.zst: "),
+        "{leak}"
+    );
+    let out = memlens(&["doctor", "--no-report", &files[0], &files[1], &files[2]]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("unrelated runs"), "{text}");
+    assert_eq!(
+        text.matches("Verdict:").count(),
+        4,
+        "one overall, one per run:\n{text}"
+    );
+}

@@ -1,0 +1,130 @@
+//! `memlens export` (feature `export`): the Parquet tables of the 2-rank
+//! corpus job read back with the Parquet reader, rows and sums equal to the
+//! snapshots. (CI also queries two fixtures' tables with DuckDB:
+//! tests/export/ci.sh.)
+#![cfg(feature = "export")]
+
+use memlens::export::{export, ExportInput};
+use memlens::snapshot::{Action, BlockState};
+use memlens::Snapshot;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use std::path::{Path, PathBuf};
+
+fn corpus(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/ranks")
+        .join(name)
+}
+
+/// Every batch of a table, as (rows, the named u64 column summed where `keep`
+/// holds on the row's action/state string column).
+fn read(path: &Path) -> Vec<arrow_array::RecordBatch> {
+    let f = std::fs::File::open(path).expect("table written");
+    ParquetRecordBatchReaderBuilder::try_new(f)
+        .expect("parquet")
+        .build()
+        .expect("reader")
+        .map(|b| b.expect("batch"))
+        .collect()
+}
+
+#[test]
+fn tables_hold_every_event_block_segment_and_frame() {
+    let snaps: Vec<(String, Snapshot)> = (0..2)
+        .map(|r| {
+            let p = corpus(&format!("ddp_ema.rank{r}.pickle.zst"));
+            (p.display().to_string(), Snapshot::load(&p).expect("loads"))
+        })
+        .collect();
+    let inputs: Vec<ExportInput> = snaps
+        .iter()
+        .enumerate()
+        .map(|(r, (n, s))| ExportInput {
+            file: n.clone(),
+            rank: Some(r as u32),
+            snap: s,
+        })
+        .collect();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let counts = export(&inputs, dir.path()).expect("export");
+    let events: usize = snaps.iter().map(|(_, s)| s.event_count()).sum();
+    let blocks: usize = snaps
+        .iter()
+        .map(|(_, s)| s.segments.iter().map(|g| g.blocks.len()).sum::<usize>())
+        .sum();
+    let segments: usize = snaps.iter().map(|(_, s)| s.segments.len()).sum();
+    let frames: usize = snaps.iter().map(|(_, s)| s.stack_frames.len()).sum();
+    assert_eq!(counts.events as usize, events);
+    assert_eq!(counts.blocks as usize, blocks);
+    assert_eq!(counts.segments as usize, segments);
+    assert_eq!(counts.frames as usize, frames);
+
+    // Read back: rows, the alloc bytes and the allocated block bytes.
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::{Int32Type, UInt64Type};
+    let ev = read(&dir.path().join("events.parquet"));
+    let rows: usize = ev.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, events);
+    let mut alloc_bytes = 0u64;
+    let mut ranks = std::collections::BTreeSet::new();
+    for b in &ev {
+        let action = b.column_by_name("action").expect("action");
+        let action = arrow_cast_dict(action);
+        let size = b
+            .column_by_name("size")
+            .expect("size")
+            .as_primitive::<UInt64Type>();
+        let rank = b
+            .column_by_name("rank")
+            .expect("rank")
+            .as_primitive::<Int32Type>();
+        for (i, a) in action.iter().enumerate().take(b.num_rows()) {
+            if a == "alloc" {
+                alloc_bytes += size.value(i);
+            }
+            ranks.insert(rank.value(i));
+        }
+    }
+    let want: u64 = snaps
+        .iter()
+        .flat_map(|(_, s)| s.traces.iter().flat_map(|t| &t.events))
+        .filter(|e| e.action == Action::Alloc)
+        .map(|e| e.size)
+        .sum();
+    assert_eq!(alloc_bytes, want);
+    assert_eq!(ranks.into_iter().collect::<Vec<_>>(), [0, 1]);
+
+    let bl = read(&dir.path().join("blocks.parquet"));
+    let mut allocated = 0u64;
+    for b in &bl {
+        let state = arrow_cast_dict(b.column_by_name("state").expect("state"));
+        let size = b
+            .column_by_name("size")
+            .expect("size")
+            .as_primitive::<UInt64Type>();
+        for (i, st) in state.iter().enumerate().take(b.num_rows()) {
+            if st == "active_allocated" {
+                allocated += size.value(i);
+            }
+        }
+    }
+    let want: u64 = snaps
+        .iter()
+        .flat_map(|(_, s)| s.segments.iter().flat_map(|g| &g.blocks))
+        .filter(|b| b.state == BlockState::ActiveAllocated)
+        .map(|b| b.size)
+        .sum();
+    assert_eq!(allocated, want);
+}
+
+/// The strings of a dictionary column, row by row.
+fn arrow_cast_dict(a: &arrow_array::ArrayRef) -> Vec<String> {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::Int32Type;
+    let d = a.as_dictionary::<Int32Type>();
+    let values = d.values().as_string::<i32>();
+    d.keys()
+        .iter()
+        .map(|k| values.value(k.expect("no nulls") as usize).to_string())
+        .collect()
+}
