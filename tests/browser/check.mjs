@@ -12,7 +12,8 @@
 // usage: node check.mjs REPORT.html EXPECTED_SITE OUT.png
 // env:   CHROMIUM (default /usr/bin/chromium)
 //        MEMLENS_EXPECT  comma list of what the report must show: leak, oom,
-//                        overview (a per-snapshot table), moments
+//                        overview (a per-snapshot table), moments, ranks
+//                        (a row with the exact peak and a chart per rank)
 //        MEMLENS_MAX_LOAD_MS  fail when the page takes longer to be ready
 import { chromium } from 'playwright-core';
 import { mkdtempSync, rmSync, existsSync, statSync } from 'node:fs';
@@ -198,6 +199,14 @@ async function issue18(page, theme) {
     r.overviewRows = document.querySelectorAll('#overview-table tbody tr').length;
     r.expectedOverviewRows = D.overview ? D.overview.rows.length : 0;
     r.oom = ML.oom || null;
+    // Ranks side by side: one table row and one chart per rank, each rank's
+    // exact peak printed in its row.
+    r.ranks = D.ranks ? {
+      expected: D.ranks.ranks.map((x) => ({ rank: x.rank, peak: x.peak_allocated_bytes })),
+      rows: Array.from(document.querySelectorAll('#ranks-table tr')).slice(1).map((tr) => Array.from(tr.cells).map((c) => c.textContent)),
+      charts: (ML.charts.ranks || []).length,
+      visible: !document.getElementById('ranks').hidden,
+    } : null;
     r.oomRects = document.querySelectorAll('#oom-bars svg rect').length;
     r.oomFixRows = document.querySelectorAll('#oom-fixes tbody tr').length;
     r.expectedFixes = D.oom ? D.oom.fixes.length : 0;
@@ -217,6 +226,18 @@ async function issue18(page, theme) {
     if (out.oomFixRows !== out.expectedFixes) fail(`${theme}: OOM fixes: ${out.oomFixRows} rows, ${out.expectedFixes} in the data`);
   }
   if (expect.has('moments') && !out.present.moments) fail(`${theme}: no moments data`);
+  if (expect.has('ranks')) {
+    const R = out.ranks;
+    if (!R || !R.visible || R.expected.length < 2) fail(`${theme}: no ranks section with two or more ranks`);
+    else {
+      if (R.charts !== R.expected.length) fail(`${theme}: ${R.charts} rank charts for ${R.expected.length} ranks`);
+      for (const want of R.expected) {
+        const row = R.rows.find((cells) => cells[0] === String(want.rank));
+        const exact = Number(want.peak).toLocaleString('en-US');
+        if (!row || !row.includes(exact)) fail(`${theme}: rank ${want.rank}'s peak ${exact} not in its row: ${JSON.stringify(row)}`);
+      }
+    }
+  }
   if (out.otherOpened === 0) fail(`${theme}: "other sites" holds bytes at the peak but opens to no site`);
   // Click the timeline at the peak and at each OOM: the flame graph and the
   // segment map must then show that event.

@@ -314,13 +314,35 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
 
     // The peak, always.
     if peak.peak_allocated_bytes > 0 {
-        let top = peak.live_at_peak.first();
+        // The largest holder by its whole bytes: `live_at_peak` splits a site
+        // by category, and the report's timeline draws the site whole, so the
+        // verdict names the total (and the largest category in it).
+        let site_total = |t: &crate::analysis::peak::LiveSite| -> u64 {
+            peak.live_at_peak
+                .iter()
+                .filter(|s| s.site == t.site && s.path == t.path)
+                .map(|s| s.bytes)
+                .sum()
+        };
+        let top = peak
+            .live_at_peak
+            .iter()
+            .max_by_key(|t| (site_total(t), t.bytes));
         let mut cats: Vec<(&String, &u64)> = peak.categories.iter().collect();
         cats.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
         findings.push(Finding {
             kind: "peak".into(),
             severity: Severity::Info,
             title: match top {
+                Some(t) if site_total(t) > t.bytes => format!(
+                    "Peak: {} allocated ({} reserved); largest holder {} ({}, of which {} {})",
+                    format_bytes(peak.peak_allocated_bytes),
+                    format_bytes(peak.peak_reserved_bytes),
+                    t.site,
+                    format_bytes(site_total(t)),
+                    t.category.as_str(),
+                    format_bytes(t.bytes)
+                ),
                 Some(t) => format!(
                     "Peak: {} allocated ({} reserved); largest holder {} ({}, {})",
                     format_bytes(peak.peak_allocated_bytes),
