@@ -963,13 +963,16 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
         }
         _ => {
             let k = (1.0 / b.power_of_two_fraction).round() as u64;
+            // A step known only up to the failure gives a lower bound: "may".
+            let fits = if b.lower_bound { "may fit" } else { "fits" };
             match k {
-                0 | 1 => "a power of two below it does not fit".to_string(),
-                2 => "halving it fits".to_string(),
-                _ => format!("dividing it by {k} fits"),
+                0 | 1 => "a power of two below it does not fit either".to_string(),
+                2 => format!("halving it {fits}"),
+                _ => format!("dividing it by {k} {fits}"),
             }
         }
     };
+    let fits_at = if b.lower_bound { "may fit" } else { "fits" };
     let caveat = if b.lower_bound {
         "; the step was modelled only up to the failure, so allow a margin"
     } else {
@@ -977,7 +980,7 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
     };
     OomFix {
         action: format!(
-            "Lower the batch size: the failing step fits under {} at up to {pct}% of its batch: \
+            "Lower the batch size: the failing step {fits_at} under {} at up to {pct}% of its batch: \
              {how}; peak reserved {} there (simulated){caveat}",
             ctx.limit_text(),
             format_bytes(b.predicted_peak_reserved_bytes)

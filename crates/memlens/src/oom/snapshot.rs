@@ -751,7 +751,8 @@ fn explain(
                         "about {} (inferred: most likely set_per_process_memory_fraction({fr}))",
                         format_bytes(c.bytes)
                     ),
-                    None => format!("somewhere from {} (inferred)", format_bytes(c.bytes)),
+                    // The lowest cap the trace allows: what it held when it failed.
+                    None => format!("{} or a little more (inferred)", format_bytes(c.bytes)),
                 },
                 None => "a cap".into(),
             };
