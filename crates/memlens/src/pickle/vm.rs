@@ -17,7 +17,7 @@ pub struct Limits {
     pub max_item_bytes: usize,
     /// Largest memo index accepted beyond the current memo size.
     pub max_memo_gap: usize,
-    /// Read trace-entry dicts through the fast path ([`super::fast`]) when
+    /// Read trace-entry dicts through the fast path (module `pickle::fast`) when
     /// the builder asks for it. On by default; tests turn it off to prove
     /// both paths give the same snapshot.
     pub fast_path: bool,
