@@ -37,7 +37,7 @@ MEMLENS_EXPECT=leak,overview,moments "$here/run.sh" "$out/leak_losses-3.html" "m
 
 # The two ranks of one DDP job (tests/corpus/ranks, rank 0 keeps an EMA copy at
 # train_ddp.py:61): both ranks' exact peaks and charts, in either file order.
-"$ml" report "$corpus"/ddp_ema.rank{1,0}.pickle.zst -o "$out/ddp_ema.html" >/dev/null
+"$ml" report "$corpus"/ranks/ddp_ema.rank{1,0}.pickle.zst -o "$out/ddp_ema.html" >/dev/null
 MEMLENS_EXPECT=ranks "$here/run.sh" "$out/ddp_ema.html" "train_ddp.py:61" "$out/ddp_ema.png"
 
 if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
