@@ -3,14 +3,13 @@
 
 use crate::analysis::inputs::{self as grouping, Group, GroupKind};
 use crate::analysis::leaks::{self, Confidence, LeakReport};
-use crate::analysis::peak::{peak_analysed, PeakReport};
+use crate::analysis::peak::{peak_and_live_later, AnalysedLater, PeakReport};
 use crate::analysis::ranks::{self, RanksReport};
 use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
 use crate::snapshot::Snapshot;
-use crate::trace::Analysed;
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
 
@@ -135,11 +134,23 @@ const FRAGMENTATION_SHARE: f64 = 0.20;
 pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosis {
     let none = Snapshot::default();
     let last = snaps.last().map_or(&none, |(_, s)| *s);
-    let summary = summarize(last);
-    // One analysis of the last snapshot serves the peak and the leak search.
-    let analysed = Analysed::new(last);
-    let peak = peak_analysed(&analysed, 20);
-    let leaks = leaks::find_analysed(snaps, &analysed);
+    // One analysis of the last snapshot serves the peak, the leak search and
+    // the module tree. The peak's replay (the allocator model over the whole
+    // trace) is the longest part: it runs on a thread of its own from the
+    // start, while this one builds the analysed trace (which the replay
+    // picks up when it is ready), the summary and the leak search.
+    let later = AnalysedLater::new();
+    let ((peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
+        let replay = scope.spawn(|| peak_and_live_later(last, &later, 20));
+        let analysed = later.build(last);
+        let summary = summarize(last);
+        let leaks = leaks::find_analysed(snaps, analysed);
+        let peak = replay
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (peak, summary, leaks)
+    });
+    let analysed = later.build(last);
     let mut findings = Vec::new();
 
     // Leaks.
@@ -385,7 +396,17 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         });
     }
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
-    let modules = modules_at(last, &peak, opts);
+    let modules = live_at_peak.map(|live| {
+        let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
+        crate::analysis::modules::modules_of_live(
+            analysed,
+            live.trace,
+            peak.peak_event_index,
+            &live.blocks,
+            live.allocated,
+            &finder,
+        )
+    });
     Diagnosis {
         findings,
         summary,
@@ -399,27 +420,6 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         ranks: None,
         parts: Vec::new(),
     }
-}
-
-/// The module tree at the peak `peak` found (no second search for it), when
-/// the snapshot has a trace.
-fn modules_at(
-    snap: &Snapshot,
-    peak: &PeakReport,
-    opts: &DoctorOptions,
-) -> Option<crate::analysis::modules::ModuleReport> {
-    let trace = snap
-        .traces
-        .iter()
-        .position(|t| t.device == peak.device && !t.events.is_empty())?;
-    let an = crate::trace::Analysed::new(snap);
-    let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
-    Some(crate::analysis::modules::modules_live_at(
-        &an,
-        trace,
-        peak.peak_event_index,
-        &finder,
-    ))
 }
 
 /// Diagnoses any inputs: tells periodic snapshots of one process (a time

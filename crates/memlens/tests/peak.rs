@@ -126,3 +126,53 @@ fn cublas_workspaces_are_not_activations_or_gradients() {
     let r = peak(&load("gpt2_train.pickle.zst"), 10);
     assert_eq!(cat(&r, "gradient"), 0.0, "{:?}", r.categories);
 }
+
+/// A source whose analysed trace comes only when the replay has finished:
+/// every event's totals wait in the replay's buffer (the slowest case of
+/// doctor's two threads).
+struct ComesLast<'a, 's>(&'a memlens::trace::Analysed<'s>);
+
+impl<'s> memlens::analysis::peak::AnalysedSource<'s> for ComesLast<'_, 's> {
+    fn ready(&self) -> Option<&memlens::trace::Analysed<'s>> {
+        None
+    }
+    fn wait(&self) -> &memlens::trace::Analysed<'s> {
+        self.0
+    }
+}
+
+#[test]
+fn peak_is_the_same_whenever_the_analysed_trace_arrives() {
+    use memlens::analysis::peak::{peak_and_live, peak_and_live_later, AnalysedLater};
+    for name in FIXTURES {
+        let snap = load(&format!("{name}.pickle.zst"));
+        let an = memlens::trace::Analysed::new(&snap);
+        let (at_once, live_at_once) = peak_and_live(&an, 10);
+        assert!(
+            at_once.steps.len() > 1 || name.contains("oom"),
+            "{name}: steps"
+        );
+        let (last, live_last) = peak_and_live_later(&snap, &ComesLast(&an), 10);
+        assert_eq!(at_once, last, "{name}");
+        // On two threads, as doctor runs it.
+        let later = AnalysedLater::new();
+        let (threaded, live_threaded) = std::thread::scope(|s| {
+            let replay = s.spawn(|| peak_and_live_later(&snap, &later, 10));
+            later.build(&snap);
+            replay.join().expect("replay thread")
+        });
+        assert_eq!(at_once, threaded, "{name}");
+        for live in [&live_last, &live_threaded] {
+            let (a, b) = (live_at_once.as_ref(), live.as_ref());
+            assert_eq!(a.map(|l| l.allocated), b.map(|l| l.allocated), "{name}");
+            assert_eq!(
+                a.map(|l| l.blocks.len()),
+                b.map(|l| l.blocks.len()),
+                "{name}"
+            );
+        }
+        // The live blocks hold the peak's bytes.
+        let live = live_at_once.expect("a trace");
+        assert_eq!(live.allocated, at_once.peak_allocated_bytes, "{name}");
+    }
+}

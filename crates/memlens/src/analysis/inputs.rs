@@ -246,8 +246,8 @@ struct Process {
 /// Groups `snaps` (name, snapshot); `force_ranks` takes every process to be
 /// a rank of one job (`--ranks`).
 pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
-    let facts: Vec<Facts> = snaps.iter().map(|(n, s)| facts(n, s)).collect();
     let n = snaps.len();
+    // One input is one group: its facts (a walk over its events) are not needed.
     if n <= 1 {
         return Grouping {
             groups: vec![Group {
@@ -260,6 +260,7 @@ pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
             reason: String::new(),
         };
     }
+    let facts: Vec<Facts> = snaps.iter().map(|(n, s)| facts(n, s)).collect();
     // Processes: connected components of "same process".
     let mut parent: Vec<usize> = (0..n).collect();
     fn root(p: &mut [usize], mut i: usize) -> usize {

@@ -129,18 +129,35 @@ pub fn modules_live_at(
     event: Option<usize>,
     finder: &SourceFinder,
 ) -> ModuleReport {
-    let snap = an.snap;
-    let t = &snap.traces[trace];
-    let mut r = Replay::new(snap, t.device, &ReplayOptions::default());
+    let t = &an.snap.traces[trace];
+    let mut r = Replay::new(an.snap, t.device, &ReplayOptions::default());
     if let Some(i) = event {
         r.run_to(i);
     }
-    let allocated = r.totals().all.allocated;
-    let live: Vec<LiveBlock> = r
-        .live_blocks()
-        .into_iter()
-        .filter(|b| !b.pending_free)
-        .collect();
+    modules_of_live(
+        an,
+        trace,
+        event,
+        &r.live_blocks(),
+        r.totals().all.allocated,
+        finder,
+    )
+}
+
+/// The module tree of the blocks `live` (pending frees left out) of trace
+/// `trace`, live right after event `event` with `allocated` bytes allocated:
+/// for a caller that replayed to that event already (doctor's peak).
+pub fn modules_of_live(
+    an: &Analysed,
+    trace: usize,
+    event: Option<usize>,
+    live: &[LiveBlock],
+    allocated: u64,
+    finder: &SourceFinder,
+) -> ModuleReport {
+    let snap = an.snap;
+    let t = &snap.traces[trace];
+    let live: Vec<&LiveBlock> = live.iter().filter(|b| !b.pending_free).collect();
     let scopes = ScopeTimeline::new(snap, t.device);
     let naming = if scopes.is_empty() {
         Naming::Frames
@@ -151,7 +168,7 @@ pub fn modules_live_at(
     let classifier = an.classifier(trace);
     let mut root = Node::default();
     // Blocks in allocation order, so the scope timeline is swept once.
-    let mut order: Vec<&LiveBlock> = live.iter().collect();
+    let mut order: Vec<&LiveBlock> = live.clone();
     order.sort_by_key(|b| b.alloc_index.map_or(-1, i64::from));
     let mut sweep = scopes.sweep();
     for b in order {

@@ -128,27 +128,134 @@ pub fn peak(snap: &Snapshot, top: usize) -> PeakReport {
 
 /// [`peak`] of an analysed snapshot.
 pub fn peak_analysed(an: &Analysed, top: usize) -> PeakReport {
-    let snap = an.snap;
+    peak_and_live(an, top).0
+}
+
+/// The blocks live at a trace's allocated peak, as the peak's replay found
+/// them: what a later analysis of the peak (doctor's module tree) borrows
+/// instead of replaying the trace again.
+#[derive(Clone, Debug, Default)]
+pub struct LiveAtPeak {
+    /// The trace (index into [`Snapshot::traces`]).
+    pub trace: usize,
+    /// The live blocks right after the peak event, pending frees included.
+    pub blocks: Vec<crate::replay::LiveBlock>,
+    /// Bytes allocated right after the peak event.
+    pub allocated: u64,
+}
+
+/// [`peak_analysed`], with the blocks live at the reported peak (`None` for a
+/// snapshot without a trace).
+pub fn peak_and_live(an: &Analysed, top: usize) -> (PeakReport, Option<LiveAtPeak>) {
+    peak_and_live_later(an.snap, &an, top)
+}
+
+/// Where the peak's replay finds the analysed trace: at hand, or still being
+/// built on another thread. The replay needs it only for the step starts and
+/// for naming what is live at the peak, so it starts without it and
+/// remembers the totals of the events it replayed before it came.
+pub trait AnalysedSource<'s>: Sync {
+    /// The analysed trace, if it is ready.
+    fn ready(&self) -> Option<&Analysed<'s>>;
+    /// The analysed trace, waiting for it.
+    fn wait(&self) -> &Analysed<'s>;
+}
+
+impl<'s> AnalysedSource<'s> for &Analysed<'s> {
+    fn ready(&self) -> Option<&Analysed<'s>> {
+        Some(self)
+    }
+    fn wait(&self) -> &Analysed<'s> {
+        self
+    }
+}
+
+/// An analysed trace that one thread builds while another (the peak's
+/// replay) may wait for it. If building it panics, the waiter panics too
+/// instead of waiting forever.
+#[derive(Default)]
+pub struct AnalysedLater<'s> {
+    cell: std::sync::OnceLock<Analysed<'s>>,
+    failed: std::sync::atomic::AtomicBool,
+}
+
+impl<'s> AnalysedLater<'s> {
+    /// An analysed trace yet to be built.
+    pub fn new() -> AnalysedLater<'s> {
+        AnalysedLater {
+            cell: std::sync::OnceLock::new(),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Builds the analysed trace of `snap` (once) and hands it to waiters.
+    pub fn build(&self, snap: &'s Snapshot) -> &Analysed<'s> {
+        let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.cell.get_or_init(|| Analysed::new(snap))
+        }));
+        match built {
+            Ok(an) => an,
+            Err(panic) => {
+                self.failed
+                    .store(true, std::sync::atomic::Ordering::Release);
+                std::panic::resume_unwind(panic)
+            }
+        }
+    }
+}
+
+impl<'s> AnalysedSource<'s> for AnalysedLater<'s> {
+    fn ready(&self) -> Option<&Analysed<'s>> {
+        self.cell.get()
+    }
+    fn wait(&self) -> &Analysed<'s> {
+        loop {
+            if let Some(an) = self.cell.get() {
+                return an;
+            }
+            if self.failed.load(std::sync::atomic::Ordering::Acquire) {
+                panic!("the analysed trace this replay waits for was not built");
+            }
+            std::thread::sleep(std::time::Duration::from_micros(200));
+        }
+    }
+}
+
+/// [`peak_and_live`] of `snap`, whose analysed trace `an` may still be in the
+/// making on another thread (doctor builds it beside this replay).
+pub fn peak_and_live_later<'s>(
+    snap: &'s Snapshot,
+    an: &impl AnalysedSource<'s>,
+    top: usize,
+) -> (PeakReport, Option<LiveAtPeak>) {
     let opts = ReplayOptions::default();
-    let mut reports: Vec<PeakReport> = snap
+    let mut reports: Vec<(PeakReport, LiveAtPeak)> = snap
         .traces
         .iter()
         .enumerate()
         .filter(|(_, t)| !t.events.is_empty())
-        .map(|(i, _)| peak_of_trace(an, i, top, &opts))
+        .map(|(i, _)| peak_of_trace(snap, an, i, top, &opts))
         .collect();
     let devices: Vec<DevicePeak> = reports
         .iter()
-        .map(|r| DevicePeak {
+        .map(|(r, _)| DevicePeak {
             device: r.device,
             peak_allocated_bytes: r.peak_allocated_bytes,
             peak_reserved_bytes: r.peak_reserved_bytes,
         })
         .collect();
-    reports.sort_by_key(|r| std::cmp::Reverse(r.peak_allocated_bytes));
-    let mut best = reports.into_iter().next().unwrap_or_else(|| empty(an, top));
-    best.devices = devices;
-    best
+    reports.sort_by_key(|(r, _)| std::cmp::Reverse(r.peak_allocated_bytes));
+    match reports.into_iter().next() {
+        Some((mut best, live)) => {
+            best.devices = devices;
+            (best, Some(live))
+        }
+        None => {
+            let mut best = empty(an.wait(), top);
+            best.devices = devices;
+            (best, None)
+        }
+    }
 }
 
 /// The report of a snapshot without a trace (legacy formats, or history not
@@ -304,37 +411,74 @@ pub fn live_at(
     (g.sites, cats)
 }
 
-fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) -> PeakReport {
-    let snap = an.snap;
-    let t = &snap.traces[trace];
-    let st = &an.traces[trace].steps;
-    // Pass 1: the peaks, and each step's peak and end.
-    let mut r = Replay::new(snap, t.device, opts);
-    let start = r.totals().all;
-    let (mut pa, mut pa_i, mut pr, mut pr_i) = (start.allocated, None, start.reserved, None);
-    let mut step_peaks: Vec<StepPeak> = Vec::with_capacity(st.len());
-    let mut cur = 0usize;
-    let mut sp = StepPeak {
-        step: 1,
-        start_event: 0,
-        peak_allocated_bytes: start.allocated,
-        peak_reserved_bytes: start.reserved,
-        retained_bytes: start.allocated,
-    };
-    let mut last_alloc = start.allocated;
-    while let Some(s) = r.step() {
-        if cur + 1 < st.len() && s.index == st.starts[cur + 1] {
-            sp.retained_bytes = last_alloc;
-            step_peaks.push(sp.clone());
-            cur += 1;
-            sp = StepPeak {
-                step: cur + 1,
-                start_event: s.index,
-                peak_allocated_bytes: last_alloc,
+/// Each step's peaks and what it left, from the totals after each event.
+struct StepTracker {
+    peaks: Vec<StepPeak>,
+    current: StepPeak,
+    last_allocated: u64,
+}
+
+impl StepTracker {
+    fn new(start_allocated: u64, start_reserved: u64) -> StepTracker {
+        StepTracker {
+            peaks: Vec::new(),
+            current: StepPeak {
+                step: 1,
+                start_event: 0,
+                peak_allocated_bytes: start_allocated,
+                peak_reserved_bytes: start_reserved,
+                retained_bytes: start_allocated,
+            },
+            last_allocated: start_allocated,
+        }
+    }
+
+    /// The totals after event `index`; `starts` are the steps' first events.
+    fn observe(&mut self, starts: &[usize], index: usize, allocated: u64, reserved: u64) {
+        let next = self.peaks.len() + 1;
+        if next < starts.len() && index == starts[next] {
+            self.current.retained_bytes = self.last_allocated;
+            self.peaks.push(self.current.clone());
+            self.current = StepPeak {
+                step: next + 1,
+                start_event: index,
+                peak_allocated_bytes: self.last_allocated,
                 peak_reserved_bytes: 0,
                 retained_bytes: 0,
             };
         }
+        let c = &mut self.current;
+        c.peak_allocated_bytes = c.peak_allocated_bytes.max(allocated);
+        c.peak_reserved_bytes = c.peak_reserved_bytes.max(reserved);
+        self.last_allocated = allocated;
+    }
+
+    fn finish(mut self) -> Vec<StepPeak> {
+        self.current.retained_bytes = self.last_allocated;
+        self.peaks.push(self.current);
+        self.peaks
+    }
+}
+
+fn peak_of_trace<'s>(
+    snap: &'s Snapshot,
+    source: &impl AnalysedSource<'s>,
+    trace: usize,
+    top: usize,
+    opts: &ReplayOptions,
+) -> (PeakReport, LiveAtPeak) {
+    let t = &snap.traces[trace];
+    // Pass 1: the peaks, and each step's peak and end. Until the analysed
+    // trace (the step starts) is ready, the totals after each event wait in
+    // `early`; checking every event would cost an atomic load each.
+    const CHECK_EVERY: usize = 4096;
+    let mut r = Replay::new(snap, t.device, opts);
+    let start = r.totals().all;
+    let (mut pa, mut pa_i, mut pr, mut pr_i) = (start.allocated, None, start.reserved, None);
+    let mut tracker = StepTracker::new(start.allocated, start.reserved);
+    let mut starts: Option<&[usize]> = None;
+    let mut early: Vec<(u64, u64)> = Vec::new();
+    while let Some(s) = r.step() {
         let a = s.totals.all;
         if a.allocated > pa {
             pa = a.allocated;
@@ -344,12 +488,28 @@ fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) 
             pr = a.reserved;
             pr_i = Some(s.index);
         }
-        sp.peak_allocated_bytes = sp.peak_allocated_bytes.max(a.allocated);
-        sp.peak_reserved_bytes = sp.peak_reserved_bytes.max(a.reserved);
-        last_alloc = a.allocated;
+        match starts {
+            Some(st) => tracker.observe(st, s.index, a.allocated, a.reserved),
+            None => {
+                early.push((a.allocated, a.reserved));
+                if early.len().is_multiple_of(CHECK_EVERY) {
+                    if let Some(an) = source.ready() {
+                        let st = &an.traces[trace].steps.starts[..];
+                        for (i, (al, re)) in early.drain(..).enumerate() {
+                            tracker.observe(st, i, al, re);
+                        }
+                        starts = Some(st);
+                    }
+                }
+            }
+        }
     }
-    sp.retained_bytes = last_alloc;
-    step_peaks.push(sp);
+    let an = source.wait();
+    let st = &an.traces[trace].steps;
+    for (i, (al, re)) in early.drain(..).enumerate() {
+        tracker.observe(&st.starts, i, al, re);
+    }
+    let step_peaks = tracker.finish();
     let mut warnings: Vec<String> = r.warnings().to_vec();
     if !r.initial_state().is_empty() {
         warnings.push(
@@ -365,12 +525,13 @@ fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) 
         r2.run_to(i);
     }
     let live = r2.live_blocks();
+    let allocated_at_peak = r2.totals().all.allocated;
     let groups = an
         .classifier(trace)
         .map(|c| group_live(an, &c, &live, top))
         .unwrap_or_default();
     let time = |i: Option<usize>| i.and_then(|i| t.events.get(i)).map(|e| e.time_us);
-    PeakReport {
+    let report = PeakReport {
         device: t.device,
         peak_allocated_bytes: pa,
         peak_reserved_bytes: pr,
@@ -388,5 +549,11 @@ fn peak_of_trace(an: &Analysed, trace: usize, top: usize, opts: &ReplayOptions) 
         step_method: st.method,
         devices: Vec::new(),
         warnings,
-    }
+    };
+    let live = LiveAtPeak {
+        trace,
+        blocks: live,
+        allocated: allocated_at_peak,
+    };
+    (report, live)
 }
