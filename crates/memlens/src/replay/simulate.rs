@@ -1,9 +1,11 @@
 //! What-if runs: the trace's allocation requests and frees, in order, through
 //! the allocator model under any settings, free of the recorded addresses and
 //! segment events. The model decides when to make, split, merge, release,
-//! map and unmap segments; a [`SyntheticDevice`] with the device's capacity
-//! decides when memory runs out. `empty_cache()` calls are replayed where the
-//! trace shows them.
+//! map and unmap segments; a [`crate::sim::SyntheticDevice`] with the
+//! device's capacity decides when memory runs out. `empty_cache()` calls are
+//! replayed where the trace shows them. The trace reaches the model as typed
+//! operations ([`crate::sim::program`]), as a what-if program does
+//! ([`simulate_ops`]).
 
 use super::initial::{self, InitialState};
 use super::{ReleaseCause, ReplayOptions};
