@@ -2,6 +2,7 @@
 
     python3 oom_harness.py record OUTDIR              # the OOM recordings + the truth
     python3 oom_harness.py rerun OUTDIR FIXES.json    # rerun fixes (memlens's "[fits]" claims)
+    python3 oom_harness.py slope OUTDIR               # gpt_warm's memory per sample, measured
     python3 oom_harness.py trial SPEC_JSON            # internal: one run in a fresh process
 
 Every run is a fresh process (the allocator settings are read at CUDA start, and
@@ -27,7 +28,12 @@ each workload's true largest batch by a parallel k-ary search (every probe a fre
 the same steps under the same cap), and reruns the recorded batch under the usual
 allocator settings, recording OOM or not and the peak reserved.
 `rerun` takes a list of {"id", "workload", "batch", "conf", "cap_bytes"} and does the same.
-Writes OUTDIR/truth.json (record) or OUTDIR/reruns.json (rerun).
+`slope` runs gpt_warm's model at batch 4 (warm-up: the optimizer state is made), then one
+step at each of batch 4, 6, 8, 10, 12 with the peak statistics reset before each, and
+records what each step added at its peak (max_memory_allocated - memory_allocated at its
+start) and the least-squares line of that against the batch: the truth for the slope
+memlens fits on gpt_warm's steps.
+Writes OUTDIR/truth.json (record), OUTDIR/reruns.json (rerun) or OUTDIR/slope.json (slope).
 """
 import json
 import math
@@ -110,6 +116,23 @@ def w_frag_cap(torch, b, log):
     del drop
     big = torch.empty(2 * GIB * b, dtype=torch.uint8, device="cuda")
     return keep, big
+
+
+SLOPE_BATCHES = [4, 6, 8, 10, 12]
+
+
+def w_gpt_slope(torch, b, log):
+    model, opt = gpt(torch)
+    train_step(torch, model, opt, 4)  # warm-up: AdamW makes its state in the first step
+    for bb in SLOPE_BATCHES:
+        torch.cuda.synchronize()
+        start = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        train_step(torch, model, opt, bb)
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
+        log(json.dumps(dict(batch=bb, start_allocated=start, peak_allocated=peak,
+                            rise=peak - start)))
 
 
 def w_eval_spike(torch, b, log):
@@ -281,6 +304,24 @@ def rerun(outdir, proj, fixes_path):
         json.dump(results, f, indent=1)
 
 
+def slope(outdir, proj):
+    r = run_trial(dict(workload="gpt_slope", batch=0, cap_bytes=8 * GIB, proj=proj))
+    if "error" in r or r.get("oom"):
+        print("slope run failed:", r.get("error", r.get("message")), flush=True)
+        sys.exit(1)
+    steps = [json.loads(line) for line in r["log"]]
+    xs = [st["batch"] for st in steps]
+    ys = [st["rise"] for st in steps]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    s = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    out = dict(workload="gpt_warm", steps=steps, slope_bytes_per_sample=s,
+               intercept_bytes=my - s * mx, run=r)
+    print("slope", round(s), "bytes per sample; intercept", round(my - s * mx), flush=True)
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "slope.json"), "w") as f:
+        json.dump(out, f, indent=1)
+
+
 def main():
     cmd = sys.argv[1]
     proj = os.environ.get("PROJ", os.path.join(HERE, "..", "corpus", "gen"))
@@ -290,6 +331,8 @@ def main():
         record(sys.argv[2], proj)
     elif cmd == "rerun":
         rerun(sys.argv[2], proj, sys.argv[3])
+    elif cmd == "slope":
+        slope(sys.argv[2], proj)
     else:
         sys.exit(f"unknown command {cmd}")
 

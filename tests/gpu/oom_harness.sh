@@ -3,6 +3,7 @@
 #
 #   tests/gpu/oom_harness.sh record OUTDIR            # snapshots at real OOMs + truth.json
 #   tests/gpu/oom_harness.sh rerun OUTDIR FIXES.json  # rerun fixes, reruns.json
+#   tests/gpu/oom_harness.sh slope OUTDIR             # gpt_warm's bytes per sample, slope.json
 #
 # Copies the corpus's student GPT (tests/corpus/gen/model.py) and the harness to $PROJ
 # (default /home/user/proj, so the frames read like a user's project), runs
@@ -10,7 +11,7 @@
 # About 3 minutes on an H100 for `record`; the snapshots are analysed elsewhere
 # (tests/corpus/oom, crates/memlens/tests/oom_corpus.rs).
 set -uo pipefail
-CMD=${1:?usage: oom_harness.sh record|rerun OUTDIR [FIXES.json]}
+CMD=${1:?usage: oom_harness.sh record|rerun|slope OUTDIR [FIXES.json]}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 OUTDIR=$(mkdir -p "${2:?OUTDIR}" && cd "$2" && pwd)
 PROJ=${PROJ:-/home/user/proj}
@@ -22,6 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>
 case "$CMD" in
 record) "$PY" "$PROJ/train_oom.py" record "$OUTDIR" ;;
 rerun) "$PY" "$PROJ/train_oom.py" rerun "$OUTDIR" "$(realpath "${3:?FIXES.json}")" ;;
+slope) "$PY" "$PROJ/train_oom.py" slope "$OUTDIR" ;;
 *) echo "unknown command $CMD"; exit 2 ;;
 esac
 rc=$?

@@ -4,13 +4,16 @@
 //! settings). The figures asserted here come from truth.json.
 
 use memlens::doctor::{diagnose, DoctorOptions};
+use memlens::oom::batch_model::BatchSlopeSource;
+use memlens::oom::whatif::WhatIf;
 use memlens::oom::{
-    analyze_snapshot, chosen_oom, explain_message, simulate_what_if_exact, Cause, OomOptions,
-    OomReport, WhatIfSpec,
+    analyze_snapshot, chosen_oom, explain_message, simulate_what_if_exact, Cause, FixKind,
+    OomOptions, OomReport, WhatIfSpec,
 };
 use memlens::replay::limits::{infer, with_inferred};
 use memlens::replay::simulate::{simulate, SimulateOptions};
 use memlens::replay::tune::tune;
+use memlens::sim::program::Op;
 use memlens::sim::AllocatorConfig;
 use memlens::snapshot::Action;
 use memlens::Snapshot;
@@ -244,4 +247,124 @@ fn fits_only_with_margin_and_never_from_a_step_cut_at_the_failure() {
     // failure, so nothing is promised to fit.
     let rep = analyze("gpt_first", true, 16);
     assert!(rep.fixes.iter().all(|f| f.fits != Some(true)));
+}
+
+/// The measured truth of gpt_warm's memory per sample (`oom_harness.sh slope`
+/// on the GPU: one step at each of batch 4, 6, 8, 10, 12, what each added at
+/// its peak, and the least-squares line through them).
+fn slope_truth() -> Value {
+    let text = std::fs::read_to_string(dir().join("slope.json")).expect("slope.json");
+    serde_json::from_str(&text).expect("valid slope.json")
+}
+
+#[test]
+fn gpt_warms_slope_is_fitted_on_its_steps_at_batch_4_6_8() {
+    let rep = analyze("gpt_warm", false, 16);
+    let m = rep.batch_model.as_ref().expect("a batch model");
+    assert_eq!(m.source, BatchSlopeSource::FittedSteps);
+    assert!(!m.estimate && !m.lower_bound);
+    // The steps before the failing one ran at batch 4, 6 and 8 (the run's log).
+    let log: Vec<String> = recorded("gpt_warm")["log"]
+        .as_array()
+        .expect("log")
+        .iter()
+        .map(|l| l.as_str().unwrap_or("").to_string())
+        .collect();
+    let batches: Vec<f64> = log
+        .iter()
+        .take(3)
+        .map(|l| {
+            l.rsplit(' ')
+                .next()
+                .and_then(|b| b.parse().ok())
+                .expect("a batch")
+        })
+        .collect();
+    let fitted: Vec<f64> = m.points.iter().filter_map(|p| p.batch).collect();
+    assert_eq!(fitted.len(), batches.len());
+    for (f, b) in fitted.iter().zip(&batches) {
+        assert!((f - b).abs() < 0.05, "fitted batch {f}, ran at {b}");
+    }
+    // Bytes per sample against the GPU's.
+    let truth = slope_truth();
+    let real = truth["slope_bytes_per_sample"].as_f64().expect("a slope");
+    let said = m
+        .slope_bytes_per_sample
+        .expect("per sample (--batch given)");
+    let err = (said - real).abs() / real;
+    assert!(
+        err <= 0.01,
+        "slope {said} vs measured {real} ({:.2}%)",
+        err * 100.0
+    );
+    // What does not scale: the parameters and AdamW's two moments of them
+    // (and its step counters).
+    let params = m.fixed.parameters_bytes as f64;
+    assert!(params > 0.0);
+    let moments = m.fixed.optimizer_state_bytes as f64 / params;
+    assert!((moments - 2.0).abs() < 0.03, "{moments}");
+    // The cache: reserved but unallocated at the failure, as the run measured it.
+    let at_oom = &recorded("gpt_warm")["at_oom"];
+    assert_eq!(
+        m.fixed.cache_bytes,
+        u(&at_oom["reserved_bytes"]) - u(&at_oom["allocated_bytes"])
+    );
+}
+
+#[test]
+fn a_step_known_only_to_the_failure_gives_an_estimate_and_a_lower_bound() {
+    let rep = analyze("gpt_first", false, 16);
+    let m = rep.batch_model.as_ref().expect("a batch model");
+    assert_eq!(m.source, BatchSlopeSource::FailingStep);
+    assert!(m.estimate && m.lower_bound);
+    assert_eq!(m.points.len(), 1);
+    assert!(!m.points[0].complete);
+    assert!(m.text.contains("lower bound"), "{}", m.text);
+    // Every simulated fix on it says so.
+    for f in rep.fixes.iter().filter(|f| f.what_if.is_some()) {
+        assert!(f.action.contains("bound"), "{}", f.action);
+        assert_ne!(f.fits, Some(true), "{}", f.action);
+    }
+}
+
+#[test]
+fn the_what_if_program_is_typed_operations() {
+    let snap = load("gpt_warm");
+    let rep = analyze("gpt_warm", true, 16);
+    let an = memlens::trace::Analysed::new(&snap);
+    let w = WhatIf::new(&an, 0, rep.event_index).expect("a model");
+    let base = rep
+        .fixes
+        .iter()
+        .find(|f| f.kind == FixKind::SmallerBatch)
+        .and_then(|f| f.what_if.clone())
+        .expect("a smaller-batch fix");
+    let plain = w.ops(&base);
+    let with = w.ops(&WhatIfSpec {
+        empty_cache_at_step_start: true,
+        free_blocks: vec![1, 2],
+        ..base.clone()
+    });
+    let count = |ops: &[Op], f: fn(&Op) -> bool| ops.iter().filter(|o| f(o)).count();
+    let empties = |o: &Op| matches!(o, Op::EmptyCache);
+    let frees = |o: &Op| matches!(o, Op::Free { .. });
+    assert_eq!(count(&with, empties), count(&plain, empties) + 1);
+    assert_eq!(count(&with, frees), count(&plain, frees) + 2);
+    // The recorded run up to the failing step keeps the trace's allocations.
+    let allocs_before = snap.traces[0].events[..w.model.failing_step_start]
+        .iter()
+        .filter(|e| e.action == Action::Alloc)
+        .count();
+    let alloc = |o: &Op| matches!(o, Op::Alloc { .. });
+    assert_eq!(count(&plain, alloc), allocs_before + w.model.allocations);
+    // At the recorded batch, under the printed cap, the program fails where
+    // the run did: a 256 MiB segment that does not fit the 3 GiB cap.
+    let at_failure = WhatIfSpec {
+        batch_fraction: 1.0,
+        ..base
+    };
+    let sim = w.simulate(&at_failure).expect("simulates");
+    let oom = sim.first_oom.expect("the failing batch fails");
+    assert_eq!(oom.alloc_size, rep.tried_to_allocate_bytes);
+    assert!(oom.reserved_bytes + oom.alloc_size > u(&recorded("gpt_warm")["cap_bytes"]));
 }

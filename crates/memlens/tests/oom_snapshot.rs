@@ -523,3 +523,42 @@ fn cause_follows_the_numbers() {
         1
     );
 }
+
+/// The batch model finds the batches the run's good steps ran at (2, 4, 8,
+/// 16 before 32 failed, stats.json's `batches_ok`) from the sizes of their
+/// allocations alone, and fits what each step makes against them.
+#[test]
+fn the_batch_model_finds_the_steps_batches_and_fits_them() {
+    let snap = load("oom.at_oom.pickle.zst");
+    let r = analyze(&snap, &with_message());
+    let m = r.batch_model.as_ref().expect("a batch model");
+    let st = stats("oom");
+    assert_eq!(st["oom_batch"].as_u64(), m.failing_batch);
+    let ok: Vec<f64> = st["batches_ok"]
+        .as_array()
+        .expect("batches_ok")
+        .iter()
+        .map(|b| b.as_f64().expect("a batch"))
+        .collect();
+    let found: Vec<f64> = m.points.iter().filter_map(|p| p.batch).collect();
+    assert_eq!(found.len(), ok.len());
+    for (f, b) in found.iter().zip(&ok) {
+        assert!((f - b).abs() < 0.05, "found batch {f}, ran at {b}");
+    }
+    assert!(!m.estimate);
+    // The line goes through every step's own peak within 1%.
+    let x_of = |b: f64| b / 32.0;
+    for p in &m.points {
+        let line = m.intercept_bytes + m.slope_bytes_per_batch * x_of(p.batch.unwrap_or(0.0));
+        let err = (line - p.own_peak_bytes as f64).abs() / p.own_peak_bytes as f64;
+        assert!(
+            err < 0.01,
+            "step {}: {line} vs {}",
+            p.step,
+            p.own_peak_bytes
+        );
+    }
+    // What does not scale includes the cache the message prints.
+    assert_eq!(m.fixed.cache_bytes, r.reserved_unallocated_bytes);
+    assert!(m.fixed.parameters_bytes > 0 && m.fixed.optimizer_state_bytes > 0);
+}

@@ -6,8 +6,11 @@
 mod common;
 
 use common::{load_cached, stat, stats};
-use memlens::replay::simulate::{estimate_overhead, simulate, SimulateOptions, SimulationResult};
+use memlens::replay::simulate::{
+    estimate_overhead, simulate, simulate_ops, Prepared, SimulateOptions, SimulationResult,
+};
 use memlens::replay::tune::tune;
+use memlens::sim::program::Op;
 use memlens::sim::AllocatorConfig;
 use memlens::snapshot::Action;
 use memlens::Snapshot;
@@ -400,5 +403,103 @@ fn a_cut_trace_is_simulated_from_the_recorded_state() {
     assert_eq!(
         r.peak_reserved_bytes,
         stat("gpt2_train", "reserved_bytes.all.current")
+    );
+}
+
+/// The trace written by hand as a program of typed operations (what a what-if
+/// question gives the model: no addresses read back, no segment events).
+fn program_of(snap: &Snapshot) -> Vec<Op> {
+    let prep = Prepared::new(snap, 0);
+    let empty_cache_at = prep.empty_cache_points();
+    snap.traces[0]
+        .events
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| {
+            let stream = snap.stream(e.stream) as u64;
+            let tag = u64::from(e.stack);
+            Some(match e.action {
+                Action::Alloc => Op::Alloc {
+                    id: e.addr,
+                    size: e.size,
+                    stream,
+                    tag,
+                },
+                Action::FreeRequested => Op::FreeRequested { id: e.addr },
+                Action::FreeCompleted => Op::FreeCompleted { id: e.addr },
+                Action::Oom => Op::FailedRequest {
+                    size: e.size,
+                    stream,
+                    tag,
+                },
+                _ if empty_cache_at.contains(&i) => Op::EmptyCache,
+                _ => return None,
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn a_program_of_typed_operations_fails_where_the_run_did() {
+    let snap = load_cached("oom");
+    let opts = SimulateOptions {
+        config: AllocatorConfig::parse("per_process_memory_fraction:0.1").unwrap(),
+        device_memory: Some(H100_TOTAL),
+        overhead: Some(0),
+        ..Default::default()
+    };
+    let ops = program_of(&snap);
+    let r = simulate_ops(&ops, 0, &opts).unwrap();
+    let first = r.first_oom.expect("an OOM");
+    assert!(matches!(ops[first.event_index], Op::FailedRequest { .. }));
+    assert_eq!(first.requested_bytes, 1_048_576_000);
+    let at_oom = &stats("oom")["stats_at_oom"];
+    assert_eq!(
+        Some(first.reserved_bytes),
+        at_oom["reserved_bytes.all.current"].as_u64()
+    );
+    assert_eq!(r.num_alloc_retries, stat("oom", "num_alloc_retries"));
+    assert_eq!(r.num_device_alloc, stat("oom", "num_device_alloc"));
+    assert_eq!(
+        r.peak_reserved_bytes,
+        stat("oom", "reserved_bytes.all.peak")
+    );
+    // The trace's own run goes through the same operations: the same figures.
+    let t = simulate(&snap, 0, &opts).unwrap();
+    assert_eq!(
+        (t.peak_reserved_bytes, t.peak_allocated_bytes, t.num_ooms),
+        (r.peak_reserved_bytes, r.peak_allocated_bytes, r.num_ooms)
+    );
+    assert_eq!(t.segment_sizes, r.segment_sizes);
+    assert_eq!(t.stats, r.stats);
+}
+
+#[test]
+fn empty_cache_in_a_program_returns_the_cache() {
+    // gpt2_train under its recorded settings, with torch.cuda.empty_cache()
+    // at the end: every segment goes back (nothing is live after the last free).
+    let snap = load_cached("gpt2_train");
+    let mut ops = program_of(&snap);
+    let opts = SimulateOptions {
+        config: memlens::replay::config::recorded_config(&snap.settings),
+        ..Default::default()
+    };
+    let before = simulate_ops(&ops, 0, &opts).unwrap();
+    assert_eq!(
+        before.peak_reserved_bytes,
+        stat("gpt2_train", "reserved_bytes.all.peak")
+    );
+    assert_eq!(
+        before.num_device_alloc,
+        stat("gpt2_train", "num_device_alloc")
+    );
+    ops.push(Op::EmptyCache);
+    let after = simulate_ops(&ops, 0, &opts).unwrap();
+    assert_eq!(after.empty_cache_calls, 1);
+    // What stays reserved is what the segments still holding live blocks take.
+    assert!(after.stats.reserved_bytes.all.current < before.stats.reserved_bytes.all.current);
+    assert_eq!(
+        after.stats.allocated_bytes.all.current,
+        before.stats.allocated_bytes.all.current
     );
 }

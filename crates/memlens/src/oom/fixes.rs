@@ -667,7 +667,8 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
         for f in fixes.iter_mut().filter(|f| f.basis == Basis::Simulated) {
             if !f.action.contains("allow a margin") {
                 f.action.push_str(
-                    "; the step was modelled only up to the failure, so it may need more",
+                    "; a lower bound: the step was modelled only up to the failure, so it \
+                     needs at least this much and likely more",
                 );
             }
             // What comes after the failure (the rest of the forward pass,
@@ -776,9 +777,11 @@ fn raise_cap(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<OomFix> {
     let now = ctx
         .cap_fraction
         .map_or(String::new(), |f| format!(", now {f}"));
-    let from = ctx
-        .cap_fraction
-        .map_or(String::new(), |f| format!(" from {f}"));
+    // The fraction as set, to more digits than the message's rounding.
+    let current = match (ctx.cap, ctx.total) {
+        (Some(c), Some(t)) if t > 0 => Some(c as f64 / t as f64),
+        _ => ctx.cap_fraction,
+    };
     if !p.fits {
         return Some(OomFix {
             action: format!(
@@ -840,10 +843,17 @@ fn raise_cap(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<OomFix> {
         };
         let (fits, peak) = fits_only(w, &spec)?;
         if fits {
+            let (from, to) = match current {
+                Some(c) => {
+                    let (old, new) = fraction_texts(c, f);
+                    (format!(" from {old}"), new)
+                }
+                None => (String::new(), format!("{f:.2}")),
+            };
             return Some(OomFix {
                 action: format!(
                     "Raise the per-process memory cap{from} to \
-                     torch.cuda.set_per_process_memory_fraction({f:.2}) ({}) or more: the failing \
+                     torch.cuda.set_per_process_memory_fraction({to}) ({}) or more: the failing \
                      step needs {} reserved and the device has room; peak reserved {} (simulated)",
                     format_bytes(spec.memory_cap_bytes.unwrap_or(0)),
                     format_bytes(p.needed),
@@ -872,6 +882,27 @@ fn raise_cap(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<OomFix> {
         what_if: Some(uncapped),
         needed_peak_reserved_bytes: Some(p.needed),
     })
+}
+
+/// The current memory fraction and a new one (in hundredths) as text, the
+/// current one with as many decimals (3 to 6) as it takes not to read like
+/// the new one: "from 0.0698 to 0.07", never "from 0.07 to 0.07".
+pub fn fraction_texts(current: f64, new: f64) -> (String, String) {
+    let trim = |t: String| {
+        if t.contains('.') {
+            t.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            t
+        }
+    };
+    let new_text = trim(format!("{new:.2}"));
+    for d in 3..=6 {
+        let old = trim(format!("{current:.d$}"));
+        if old != new_text {
+            return (old, new_text);
+        }
+    }
+    (format!("{current}"), new_text)
 }
 
 /// The smallest fraction of the batch tried.
@@ -974,7 +1005,8 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
     };
     let fits_at = if b.lower_bound { "may fit" } else { "fits" };
     let caveat = if b.lower_bound {
-        "; the step was modelled only up to the failure, so allow a margin"
+        "; an upper bound: the step was modelled only up to the failure (what it needs after \
+         it is not counted), so the batch that fits may be smaller: allow a margin"
     } else {
         ""
     };
@@ -994,5 +1026,30 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
             ..base.clone()
         }),
         needed_peak_reserved_bytes: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fraction_texts;
+
+    #[test]
+    fn a_raise_never_reads_as_the_same_fraction() {
+        // 5.53 GiB allowed of 79.18 GiB is 0.0698...: the message's rounding
+        // made it read "0.07", the fraction it was advised to raise to.
+        let current = 5.53 / 79.18;
+        assert_eq!(
+            fraction_texts(current, 0.07),
+            ("0.0698".to_string(), "0.07".to_string())
+        );
+        // 3 GiB of 79.18 GiB.
+        assert_eq!(
+            fraction_texts(3.0 / 79.18, 0.05),
+            ("0.038".to_string(), "0.05".to_string())
+        );
+        assert_eq!(
+            fraction_texts(0.1, 0.12),
+            ("0.1".to_string(), "0.12".to_string())
+        );
     }
 }

@@ -5,8 +5,11 @@
 //! * [`cause`] is the shared vocabulary: [`Cause`] and [`Fix`].
 //! * [`snapshot`] analyses a snapshot whose trace holds the OOM
 //!   ([`analyze_snapshot`]): the state right before it, the cause, and fixes
-//!   ([`fixes`]) checked by simulating a model of the failing step ([`whatif`]).
+//!   ([`fixes`]) checked by simulating a model of the failing step ([`whatif`]);
+//!   [`batch_model`] splits that step's memory into what scales with the
+//!   batch and what does not.
 
+pub mod batch_model;
 pub mod cause;
 pub mod fixes;
 pub mod message;

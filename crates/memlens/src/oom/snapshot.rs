@@ -9,6 +9,7 @@
 //! dumped in the `except` handler shows a later state: the failing frame's
 //! tensors are gone by then.
 
+use super::batch_model::{self, BatchModel};
 use super::cause::Cause;
 use super::fixes::{self, BatchFit, OomFix};
 use super::message::OomMessage;
@@ -235,6 +236,10 @@ pub struct OomReport {
     pub step_model: Option<StepModel>,
     /// The largest batch that fits, by simulation.
     pub batch: Option<BatchFit>,
+    /// The failing step's memory split into what scales with the batch
+    /// (slope, fitted on steps at several batch sizes or estimated) and what
+    /// does not.
+    pub batch_model: Option<BatchModel>,
     /// Fixes the simulation says would not help, with its figures.
     pub not_helpful: Vec<OomFix>,
     /// The message's figures against the snapshot's (when a message was given).
@@ -418,6 +423,7 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     };
     let cause = decide(&facts);
 
+    let facts_unallocated = facts.unallocated;
     let message_check = msg.map_or_else(Vec::new, |m| check_message(m, &facts));
     if message_check.iter().any(|c| !c.agrees) {
         warnings.push(
@@ -455,6 +461,19 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     let outcome = match &whatif {
         Some(w) => fixes::predict(w, &ctx),
         None => fixes::advice_only(&ctx),
+    };
+    let batch_model = match (&whatif, an.trace(trace)) {
+        (Some(w), Some(facts)) => batch_model::fit(&batch_model::Inputs {
+            events: &t.events,
+            steps: &facts.steps,
+            classifier: &classifier,
+            oom_index: k,
+            step_model: &w.model,
+            batch: opts.batch,
+            live: &st.live,
+            cache: facts_unallocated,
+        }),
+        _ => None,
     };
     warnings.extend(outcome.warnings.iter().cloned());
 
@@ -500,6 +519,7 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
         category_detail,
         step_model: whatif.map(|w| w.model),
         batch: outcome.batch,
+        batch_model,
         not_helpful: outcome.not_helpful,
         message_check,
         ooms_in_trace,

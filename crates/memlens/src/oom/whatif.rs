@@ -20,19 +20,21 @@
 use crate::analysis::categories::{Category, Phase};
 use crate::analysis::peak::BlockClassifier;
 use crate::analysis::steps::Steps;
-use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
+use crate::replay::simulate::{simulate_ops, SimulateOptions, SimulationResult};
 use crate::replay::{initial, release_runs, ReleaseCause, ReplayOptions};
+use crate::sim::program::Op;
 use crate::sim::AllocatorConfig;
 use crate::snapshot::{Action, DeviceTrace, Snapshot, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
 
-/// Addresses of the modelled step's blocks are moved here so they cannot
-/// collide with blocks the recorded run still holds.
-const REMAP: u64 = 1 << 62;
-/// Addresses of synthetic segments that mark an `empty_cache()` call.
-const MARKER: u64 = 3 << 61;
+/// The modelled step's tensors are named by their recorded address with this
+/// bit set, so that they cannot be taken for tensors the recorded run still
+/// holds (real addresses are below 2^57).
+const STEP_IDS: u64 = 1 << 62;
+/// The name of the failed request's tensor in a step modelled up to the failure.
+const FAILED_REQUEST_ID: u64 = STEP_IDS | (1 << 58);
 
 /// Where the model of the failing step comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -103,28 +105,42 @@ pub struct WhatIfSpec {
     pub free_blocks: Vec<u64>,
 }
 
-/// One modelled allocation or free of the failing step.
+/// One modelled operation of the failing step.
 #[derive(Clone, Copy, Debug)]
-struct ModelEvent {
-    event: TraceEvent,
-    /// Size at the template's batch.
+struct ModelOp {
+    op: Op,
+    /// Size at the template's batch (allocations).
     base: f64,
     /// Bytes per unit of batch (relative to the template's).
     slope: f64,
+}
+
+impl ModelOp {
+    fn fixed(op: Op) -> ModelOp {
+        ModelOp {
+            op,
+            base: 0.0,
+            slope: 0.0,
+        }
+    }
+
+    fn is_alloc(&self) -> bool {
+        matches!(self.op, Op::Alloc { .. })
+    }
 }
 
 /// The what-if builder of one OOM.
 #[derive(Clone, Debug)]
 pub struct WhatIf {
     device: u32,
-    /// Recorded events before the failing step, segment events reduced to
-    /// `empty_cache()` markers, after allocations for blocks from before the trace.
-    prefix: Vec<TraceEvent>,
+    /// The recorded run before the failing step as operations: allocations
+    /// for the blocks from before the trace, then its allocations, frees and
+    /// `empty_cache()` calls.
+    prefix: Vec<Op>,
     /// The modelled failing step.
-    step: Vec<ModelEvent>,
+    step: Vec<ModelOp>,
     /// Growth of the failing step's batch over the template's.
     growth: f64,
-    streams: Vec<i64>,
     /// The recorded settings (their PyTorch version and segment size carry
     /// over to every what-if config).
     recorded: AllocatorConfig,
@@ -153,31 +169,25 @@ impl WhatIf {
                 .filter(|r| r.cause == ReleaseCause::EmptyCache)
                 .map(|r| r.start)
                 .collect();
+        let rec = Recorded {
+            snap,
+            events: &t.events,
+            empty_cache_at: &empty_cache_at,
+        };
         let mut prefix = initial_allocs(snap, t);
-        prefix.extend(
-            reduce_segments(t.events.get(..start)?, 0, &empty_cache_at)
-                .into_iter()
-                .map(|(_, e)| e),
-        );
-        let built = from_previous_step(t, steps, f, oom_index, &classifier, &empty_cache_at)
-            .unwrap_or_else(|| {
-                failing_step_only(t, start, oom_index, oom, &classifier, &empty_cache_at)
-            });
+        prefix.extend(rec.ops(0..start).into_iter().map(|(_, op)| op));
+        let built = from_previous_step(&rec, steps, f, oom_index, &classifier)
+            .unwrap_or_else(|| failing_step_only(&rec, start, oom_index, oom, &classifier));
         let scaling = built
-            .events
+            .ops
             .iter()
-            .filter(|e| e.event.action == Action::Alloc && e.slope != 0.0)
+            .filter(|m| m.is_alloc() && m.slope != 0.0)
             .count();
-        let allocations = built
-            .events
-            .iter()
-            .filter(|e| e.event.action == Action::Alloc)
-            .count();
+        let allocations = built.ops.iter().filter(|m| m.is_alloc()).count();
         Some(WhatIf {
             device: t.device,
             prefix,
             growth: built.growth,
-            streams: snap.streams.clone(),
             recorded: crate::replay::config::recorded_config(&snap.settings),
             model: StepModel {
                 failing_step: f + 1,
@@ -191,43 +201,39 @@ impl WhatIf {
                 scaling_allocations: scaling,
                 agreement: built.agreement,
             },
-            step: built.events,
+            step: built.ops,
         })
     }
 
-    /// The what-if trace under `spec`.
-    pub fn events(&self, spec: &WhatIfSpec) -> Vec<TraceEvent> {
+    /// The what-if program under `spec`: the recorded run before the
+    /// failing step, the frees and `empty_cache()` the spec asks for at the
+    /// step's start, then the modelled step at the spec's batch.
+    pub fn ops(&self, spec: &WhatIfSpec) -> Vec<Op> {
         let mut out = Vec::with_capacity(self.prefix.len() + self.step.len() + 8);
         out.extend_from_slice(&self.prefix);
-        let first = self.step.first().map_or_else(blank, |e| e.event);
-        for &addr in &spec.free_blocks {
-            for action in [Action::FreeRequested, Action::FreeCompleted] {
-                out.push(TraceEvent {
-                    action,
-                    addr,
-                    ..first
-                });
-            }
-        }
+        out.extend(spec.free_blocks.iter().map(|&id| Op::Free { id }));
         if spec.empty_cache_at_step_start {
-            out.extend(empty_cache_marker(first, MARKER));
+            out.push(Op::EmptyCache);
         }
         let x = spec.batch_fraction * self.growth;
-        for m in &self.step {
-            let mut e = m.event;
-            match e.action {
-                Action::Alloc => {
-                    let size = m.base + m.slope * (x - 1.0);
-                    e.size = size.round().max(1.0) as u64;
-                    out.push(e);
+        out.extend(self.step.iter().map(|m| match m.op {
+            Op::Alloc {
+                id, stream, tag, ..
+            } => {
+                let size = m.base + m.slope * (x - 1.0);
+                Op::Alloc {
+                    id,
+                    size: size.round().max(1.0) as u64,
+                    stream,
+                    tag,
                 }
-                _ => out.push(e),
             }
-        }
+            op => op,
+        }));
         out
     }
 
-    /// Runs the simulator on the what-if trace under `spec`.
+    /// Runs the allocator model on the what-if program under `spec`.
     pub fn simulate(&self, spec: &WhatIfSpec) -> crate::Result<SimulationResult> {
         let mut config = AllocatorConfig {
             version: self.recorded.version,
@@ -237,17 +243,8 @@ impl WhatIf {
         config
             .apply(&spec.config)
             .map_err(|e| crate::Error::usage(format!("{}: {e}", spec.config)))?;
-        let snap = Snapshot {
-            traces: vec![DeviceTrace {
-                device: self.device,
-                events: self.events(spec),
-                extras: Vec::new(),
-            }],
-            streams: self.streams.clone(),
-            ..Snapshot::default()
-        };
-        simulate(
-            &snap,
+        simulate_ops(
+            &self.ops(spec),
             self.device,
             &SimulateOptions {
                 config,
@@ -259,82 +256,61 @@ impl WhatIf {
     }
 }
 
-fn blank() -> TraceEvent {
-    TraceEvent {
-        addr: 0,
-        size: 0,
-        time_us: 0,
-        stack: 0,
-        stream: 0,
-        action: Action::Snapshot,
-        flags: 0,
-    }
-}
-
 /// Allocations that recreate the blocks live before a trace that does not
 /// start at the allocator's birth (the model places them itself).
-fn initial_allocs(snap: &Snapshot, t: &DeviceTrace) -> Vec<TraceEvent> {
+fn initial_allocs(snap: &Snapshot, t: &DeviceTrace) -> Vec<Op> {
     let init = initial::reconstruct(snap, t.device, &t.events);
     init.blocks
         .iter()
         .filter(|b| !b.pending)
-        .map(|b| TraceEvent {
-            addr: b.addr,
+        .map(|b| Op::Alloc {
+            id: b.addr,
             size: b.size.unwrap_or(b.requested).max(b.requested),
-            time_us: 0,
-            stack: b.stack,
-            stream: b.stream,
-            action: Action::Alloc,
-            flags: 0,
+            stream: snap.stream(b.stream) as u64,
+            tag: u64::from(b.stack),
         })
         .collect()
 }
 
-/// Events the simulator reads as an `empty_cache()` call: a segment made
-/// and, after an event that is not a segment event, freed (a run of segment
-/// frees with nothing made in it and no `oom` after it).
-fn empty_cache_marker(like: TraceEvent, addr: u64) -> [TraceEvent; 3] {
-    let seg = |action| TraceEvent {
-        action,
-        addr,
-        size: crate::sim::rounding::SMALL_BUFFER,
-        ..like
-    };
-    [
-        seg(Action::SegmentAlloc),
-        TraceEvent {
-            action: Action::Snapshot,
-            addr: 0,
-            size: 0,
-            ..like
-        },
-        seg(Action::SegmentFree),
-    ]
+/// The recorded trace, read as operations.
+struct Recorded<'a> {
+    snap: &'a Snapshot,
+    events: &'a [TraceEvent],
+    /// Where the program called `empty_cache()` (the first segment free of
+    /// each such release), judged on the recorded run.
+    empty_cache_at: &'a HashSet<usize>,
 }
 
-/// Drops segment events (the model decides them), keeping each
-/// `empty_cache()` call (a run of segment frees starting at an index in
-/// `empty_cache_at`) as a marker the simulator reads as the call. `oom`
-/// events go too. Each event comes with its index in `events` plus `offset`.
-fn reduce_segments(
-    events: &[TraceEvent],
-    offset: usize,
-    empty_cache_at: &HashSet<usize>,
-) -> Vec<(usize, TraceEvent)> {
-    let mut out = Vec::with_capacity(events.len());
-    let mut marker = 0u64;
-    for (i, e) in events.iter().enumerate() {
-        if is_segment(e.action) {
-            if empty_cache_at.contains(&(offset + i)) {
-                marker += 1;
-                let addr = MARKER + (1 << 60) + (((offset + i) as u64) << 21) + marker;
-                out.extend(empty_cache_marker(*e, addr).map(|m| (offset + i, m)));
-            }
-        } else if e.action != Action::Oom {
-            out.push((offset + i, *e));
+impl Recorded<'_> {
+    /// The operations of the events in `range`, each with its event index:
+    /// allocations and frees (tensors named by their address), and each
+    /// `empty_cache()` call. Segment events go (the model decides them), and
+    /// so do `oom` events.
+    fn ops(&self, range: std::ops::Range<usize>) -> Vec<(usize, Op)> {
+        let mut out = Vec::with_capacity(range.len());
+        for i in range {
+            let Some(e) = self.events.get(i) else { break };
+            let op = match e.action {
+                Action::Alloc => self.alloc(e),
+                Action::FreeRequested => Op::FreeRequested { id: e.addr },
+                Action::FreeCompleted => Op::FreeCompleted { id: e.addr },
+                a if is_segment(a) && self.empty_cache_at.contains(&i) => Op::EmptyCache,
+                _ => continue,
+            };
+            out.push((i, op));
+        }
+        out
+    }
+
+    /// The allocation event `e` as an operation.
+    fn alloc(&self, e: &TraceEvent) -> Op {
+        Op::Alloc {
+            id: e.addr,
+            size: e.size,
+            stream: self.snap.stream(e.stream) as u64,
+            tag: u64::from(e.stack),
         }
     }
-    out
 }
 
 fn is_segment(a: Action) -> bool {
@@ -350,11 +326,11 @@ struct Built {
     growth: f64,
     slopes: SlopeSource,
     agreement: f64,
-    events: Vec<ModelEvent>,
+    ops: Vec<ModelOp>,
 }
 
 /// Indices of the `alloc` events in `range`.
-fn allocs_in(events: &[TraceEvent], range: std::ops::Range<usize>) -> Vec<usize> {
+pub(super) fn allocs_in(events: &[TraceEvent], range: std::ops::Range<usize>) -> Vec<usize> {
     range
         .filter(|&i| events.get(i).is_some_and(|e| e.action == Action::Alloc))
         .collect()
@@ -368,7 +344,7 @@ fn aligned(events: &[TraceEvent], a: &[usize], b: &[usize]) -> usize {
         .count()
 }
 
-fn median(mut v: Vec<f64>) -> Option<f64> {
+pub(super) fn median(mut v: Vec<f64>) -> Option<f64> {
     if v.is_empty() {
         return None;
     }
@@ -390,14 +366,13 @@ fn scales_by_category(c: &BlockClassifier, e: &TraceEvent, i: usize) -> bool {
 
 /// The model from the step before the failing one, when it ran the same code.
 fn from_previous_step(
-    t: &DeviceTrace,
+    rec: &Recorded,
     steps: &Steps,
     f: usize,
     oom_index: usize,
     classifier: &BlockClassifier,
-    empty_cache_at: &HashSet<usize>,
 ) -> Option<Built> {
-    let events = &t.events;
+    let events = rec.events;
     let p = f.checked_sub(1)?;
     let start_f = *steps.starts.get(f)?;
     let range_p = steps.range(p);
@@ -503,31 +478,44 @@ fn from_previous_step(
     };
     let mut own: HashSet<u64> = HashSet::new();
     let mut out = Vec::with_capacity(range_p.len());
-    for (j, e) in reduce_segments(events.get(range_p.clone())?, range_p.start, empty_cache_at) {
-        let (event, base, slope) = match e.action {
-            Action::Alloc => {
-                own.insert(e.addr);
-                let slope = slope_of.get(&j).copied().unwrap_or(0.0);
-                let moved = TraceEvent {
-                    addr: e.addr | REMAP,
-                    ..e
-                };
-                (moved, e.size as f64, slope)
+    for (j, op) in rec.ops(range_p.clone()) {
+        let m = match op {
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                tag,
+            } => {
+                own.insert(id);
+                ModelOp {
+                    op: Op::Alloc {
+                        id: id | STEP_IDS,
+                        size,
+                        stream,
+                        tag,
+                    },
+                    base: size as f64,
+                    slope: slope_of.get(&j).copied().unwrap_or(0.0),
+                }
             }
-            Action::FreeRequested | Action::FreeCompleted => {
-                let addr = if own.contains(&e.addr) {
-                    Some(e.addr | REMAP)
-                } else if let Some(&a) = left_over.get(&e.addr) {
-                    Some(a)
+            Op::FreeRequested { id } | Op::FreeCompleted { id } => {
+                let id = if own.contains(&id) {
+                    id | STEP_IDS
+                } else if let Some(&a) = left_over.get(&id) {
+                    a
+                } else if live_at_start.contains(&id) {
+                    id
                 } else {
-                    live_at_start.contains(&e.addr).then_some(e.addr)
+                    continue;
                 };
-                let Some(addr) = addr else { continue };
-                (TraceEvent { addr, ..e }, 0.0, 0.0)
+                ModelOp::fixed(match op {
+                    Op::FreeRequested { .. } => Op::FreeRequested { id },
+                    _ => Op::FreeCompleted { id },
+                })
             }
-            _ => (e, 0.0, 0.0),
+            op => ModelOp::fixed(op),
         };
-        out.push(ModelEvent { event, base, slope });
+        out.push(m);
     }
     Some(Built {
         kind: TemplateKind::PreviousStep,
@@ -535,7 +523,7 @@ fn from_previous_step(
         growth,
         slopes,
         agreement,
-        events: out,
+        ops: out,
     })
 }
 
@@ -557,34 +545,47 @@ fn live_before(events: &[TraceEvent], index: usize) -> HashSet<u64> {
     live
 }
 
-/// The model from the failing step alone: its recorded events up to the
+/// The model from the failing step alone: its recorded operations up to the
 /// failure and the failed request, scaled by category.
 fn failing_step_only(
-    t: &DeviceTrace,
+    rec: &Recorded,
     start: usize,
     oom_index: usize,
     oom: TraceEvent,
     classifier: &BlockClassifier,
-    empty_cache_at: &HashSet<usize>,
 ) -> Built {
-    let events = &t.events;
-    let mut out = Vec::new();
-    let recorded = events.get(start..oom_index).unwrap_or(&[]);
-    for (i, e) in reduce_segments(recorded, start, empty_cache_at) {
-        let scales = e.action == Action::Alloc && scales_by_category(classifier, &e, i);
-        out.push(ModelEvent {
-            event: e,
-            base: e.size as f64,
-            slope: if scales { e.size as f64 } else { 0.0 },
-        });
-    }
-    // The failed request, classified by the phase it was made in.
-    out.push(ModelEvent {
-        event: TraceEvent {
-            action: Action::Alloc,
-            addr: REMAP | (1 << 58),
-            ..oom
+    let events = rec.events;
+    let mut out: Vec<ModelOp> = rec
+        .ops(start..oom_index.min(events.len()))
+        .into_iter()
+        .map(|(i, op)| match op {
+            Op::Alloc { size, .. } => ModelOp {
+                op,
+                base: size as f64,
+                slope: if scales_by_category(classifier, &events[i], i) {
+                    size as f64
+                } else {
+                    0.0
+                },
+            },
+            op => ModelOp::fixed(op),
+        })
+        .collect();
+    // The failed request, classified by the phase it was made in; it stays
+    // live (the step needed it until its end, as far as anyone knows).
+    let failed = match rec.alloc(&oom) {
+        Op::Alloc {
+            size, stream, tag, ..
+        } => Op::Alloc {
+            id: FAILED_REQUEST_ID,
+            size,
+            stream,
+            tag,
         },
+        op => op,
+    };
+    out.push(ModelOp {
+        op: failed,
         base: oom.size as f64,
         slope: if scales_by_category(classifier, &oom, oom_index) {
             oom.size as f64
@@ -598,6 +599,6 @@ fn failing_step_only(
         growth: 1.0,
         slopes: SlopeSource::Categories,
         agreement: 1.0,
-        events: out,
+        ops: out,
     }
 }

@@ -297,6 +297,10 @@ pub fn text(r: &OomReport) -> String {
         },
         None => "not simulated".to_string(),
     };
+    if let Some(m) = &r.batch_model {
+        let _ = writeln!(s);
+        push_wrapped(&mut s, "batch model: ", "  ", &m.text);
+    }
     let _ = writeln!(s, "\nfixes ({basis}):");
     for (i, fix) in r.fixes.iter().enumerate() {
         let tag = match (fix.fits, fix.basis) {

@@ -1,19 +1,18 @@
 //! What-if runs: the trace's allocation requests and frees, in order, through
 //! the allocator model under any settings, free of the recorded addresses and
 //! segment events. The model decides when to make, split, merge, release,
-//! map and unmap segments; a [`SyntheticDevice`] with the device's capacity
-//! decides when memory runs out. `empty_cache()` calls are replayed where the
-//! trace shows them.
+//! map and unmap segments; a [`crate::sim::SyntheticDevice`] with the
+//! device's capacity decides when memory runs out. `empty_cache()` calls are
+//! replayed where the trace shows them. The trace reaches the model as typed
+//! operations ([`crate::sim::program`]), as a what-if program does
+//! ([`simulate_ops`]).
 
 use super::initial::{self, InitialState};
 use super::{ReleaseCause, ReplayOptions};
+use crate::sim::program::{Op, Outcome, Run};
 use crate::sim::rounding::SMALL_BUFFER;
-use crate::sim::{
-    Allocator, AllocatorConfig, DeviceLimits, DeviceOp, Handle, MemoryStats, SyntheticDevice,
-    DEFAULT_POOL,
-};
+use crate::sim::{AllocatorConfig, MemoryStats};
 use crate::snapshot::{Action, Snapshot, StackId};
-use hashbrown::HashMap;
 use serde::Serialize;
 
 /// Settings of a what-if run.
@@ -189,16 +188,12 @@ pub fn simulate_prepared(
     let capacity = opts
         .device_memory
         .map(|t| t.saturating_sub(overhead.unwrap_or(0)));
-    let limits = DeviceLimits {
-        total_memory: opts.device_memory,
-    };
-    let mut model = Allocator::new(opts.config.clone(), limits);
-    if opts.allowed_memory_maximum.is_some() {
-        model.set_allowed_memory_maximum(opts.allowed_memory_maximum);
-    }
-    let mut dev = SyntheticDevice::recording(capacity);
-    let mut live: HashMap<u64, Option<Handle>> = HashMap::with_capacity(1024);
-
+    let mut run = Run::new(
+        opts.config.clone(),
+        opts.device_memory,
+        capacity,
+        opts.allowed_memory_maximum,
+    );
     let init = &prep.initial;
     if !init.is_empty() {
         warnings.push(
@@ -206,138 +201,139 @@ pub fn simulate_prepared(
              recorded state before its first event"
                 .to_string(),
         );
-        load_initial(snap, &mut model, &mut dev, init, &mut live);
+        load_initial(snap, &mut run, init);
     }
-
-    let mut peak_reserved = (model.stats().reserved_bytes.all.current, None);
-    let mut peak_allocated = (model.stats().allocated_bytes.all.current, None);
-    let mut frag = (0.0, 0u64);
-    let mut first_oom = None;
-    let mut empty_cache_calls = 0;
+    run.started();
     // Where the program called empty_cache(), judged on the recorded run.
     let mut empty_cache_at = prep.empty_cache_at.iter().copied().peekable();
     for (i, e) in events.iter().enumerate() {
-        match e.action {
-            Action::Alloc => {
-                let stream = snap.stream(e.stream) as u64;
-                match model.malloc(e.size, stream, DEFAULT_POOL, i as u64, &mut dev) {
-                    Ok(h) => {
-                        live.insert(e.addr, Some(h));
-                    }
-                    Err(oom) => {
-                        if first_oom.is_none() {
-                            first_oom = Some(SimulatedOom {
-                                event_index: i,
-                                requested_bytes: e.size,
-                                alloc_size: oom.alloc_size,
-                                allocated_bytes: oom.allocated_bytes,
-                                reserved_bytes: oom.reserved_bytes,
-                                stack: e.stack,
-                            });
-                        }
-                        // The program would have stopped here; keep going
-                        // without the block so later events stay meaningful.
-                        live.insert(e.addr, None);
-                    }
-                }
-            }
-            Action::Oom => {
-                // The request that failed in the recorded run (its size is
-                // already rounded). Under other settings it may fit; its
-                // lifetime is unknown, so it is freed at once.
-                let stream = snap.stream(e.stream) as u64;
-                match model.malloc(e.size, stream, DEFAULT_POOL, i as u64, &mut dev) {
-                    Ok(h) => {
-                        model.free(h);
-                    }
-                    Err(oom) => {
-                        if first_oom.is_none() {
-                            first_oom = Some(SimulatedOom {
-                                event_index: i,
-                                requested_bytes: e.size,
-                                alloc_size: oom.alloc_size,
-                                allocated_bytes: oom.allocated_bytes,
-                                reserved_bytes: oom.reserved_bytes,
-                                stack: e.stack,
-                            });
-                        }
-                    }
-                }
-            }
-            Action::FreeRequested => {
-                if let Some(Some(h)) = live.get(&e.addr) {
-                    model.free_requested(*h);
-                }
-            }
-            Action::FreeCompleted => {
-                if let Some(Some(h)) = live.remove(&e.addr) {
-                    model.free_completed(h);
-                }
-            }
+        let stream = || snap.stream(e.stream) as u64;
+        let op = match e.action {
+            Action::Alloc => Op::Alloc {
+                id: e.addr,
+                size: e.size,
+                stream: stream(),
+                tag: u64::from(e.stack),
+            },
+            // The request that failed in the recorded run (its size is
+            // already rounded): under other settings it may fit.
+            Action::Oom => Op::FailedRequest {
+                size: e.size,
+                stream: stream(),
+                tag: u64::from(e.stack),
+            },
+            Action::FreeRequested => Op::FreeRequested { id: e.addr },
+            Action::FreeCompleted => Op::FreeCompleted { id: e.addr },
             Action::SegmentFree | Action::SegmentUnmap if empty_cache_at.peek() == Some(&i) => {
                 empty_cache_at.next();
-                model.empty_cache(&mut dev);
-                empty_cache_calls += 1;
+                Op::EmptyCache
             }
-            _ => {}
-        }
-        let st = model.stats();
-        if st.reserved_bytes.all.current > peak_reserved.0 {
-            peak_reserved = (st.reserved_bytes.all.current, Some(i));
-            let r = st.reserved_bytes.all.current;
-            frag = (
-                1.0 - st.allocated_bytes.all.current as f64 / r as f64,
-                st.inactive_split_bytes.all.current,
-            );
-        }
-        if st.allocated_bytes.all.current > peak_allocated.0 {
-            peak_allocated = (st.allocated_bytes.all.current, Some(i));
-        }
+            _ => continue,
+        };
+        run.apply(i, op);
     }
-    let st = model.stats().clone();
-    let segment_sizes = dev
-        .log
-        .as_deref()
-        .unwrap_or(&[])
-        .iter()
-        .filter_map(|op| match op {
-            DeviceOp::SegmentAlloc { size, .. } | DeviceOp::SegmentMap { size, .. } => Some(*size),
-            _ => None,
-        })
-        .collect();
-    Ok(SimulationResult {
+    Ok(result(
+        run.finish(),
+        opts,
+        device,
+        events.len(),
+        capacity,
+        overhead,
+        warnings,
+    ))
+}
+
+/// Runs a what-if program (typed operations, see [`crate::sim::program`])
+/// through the model under `opts`, starting from an empty allocator. The
+/// overhead is `opts.overhead` (0 when only the device's memory is given:
+/// a program has no `oom` event to estimate it from). `first_oom`'s
+/// `event_index` is the failing operation's position in `ops`, its `stack`
+/// the operation's tag.
+pub fn simulate_ops(
+    ops: &[Op],
+    device: u32,
+    opts: &SimulateOptions,
+) -> crate::Result<SimulationResult> {
+    if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
+        return Err(crate::Error::usage(
+            "per_process_memory_fraction needs the device's memory (--device-memory)",
+        ));
+    }
+    let overhead = match (opts.device_memory, opts.overhead) {
+        (Some(_), o) => Some(o.unwrap_or(0)),
+        (None, o) => o,
+    };
+    let capacity = opts
+        .device_memory
+        .map(|t| t.saturating_sub(overhead.unwrap_or(0)));
+    let mut run = Run::new(
+        opts.config.clone(),
+        opts.device_memory,
+        capacity,
+        opts.allowed_memory_maximum,
+    );
+    run.started();
+    for (i, &op) in ops.iter().enumerate() {
+        run.apply(i, op);
+    }
+    Ok(result(
+        run.finish(),
+        opts,
+        device,
+        ops.len(),
+        capacity,
+        overhead,
+        Vec::new(),
+    ))
+}
+
+/// The simulation's figures from a finished program.
+fn result(
+    out: Outcome,
+    opts: &SimulateOptions,
+    device: u32,
+    events: usize,
+    capacity: Option<u64>,
+    overhead: Option<u64>,
+    warnings: Vec<String>,
+) -> SimulationResult {
+    let st = out.stats;
+    SimulationResult {
         config: opts.config.to_conf_string(),
         device,
-        events: events.len(),
+        events,
         peak_reserved_bytes: st.reserved_bytes.all.peak,
-        peak_reserved_index: peak_reserved.1,
+        peak_reserved_index: out.peak_reserved_at,
         peak_allocated_bytes: st.allocated_bytes.all.peak,
-        peak_allocated_index: peak_allocated.1,
+        peak_allocated_index: out.peak_allocated_at,
         num_device_alloc: st.num_device_alloc,
         num_device_free: st.num_device_free,
         num_alloc_retries: st.num_alloc_retries,
         num_ooms: st.num_ooms,
-        segment_sizes,
-        first_oom,
-        fragmentation_at_peak: frag.0,
-        inactive_split_bytes_at_peak: frag.1,
+        segment_sizes: out.segment_sizes,
+        first_oom: out.first_failure.map(|f| SimulatedOom {
+            event_index: f.at,
+            requested_bytes: f.requested_bytes,
+            alloc_size: f.alloc_size,
+            allocated_bytes: f.allocated_bytes,
+            reserved_bytes: f.reserved_bytes,
+            // Tags are stack ids (u32) in every program memlens builds.
+            stack: StackId::try_from(f.tag).unwrap_or(0),
+        }),
+        fragmentation_at_peak: out.fragmentation_at_peak,
+        inactive_split_bytes_at_peak: out.inactive_split_bytes_at_peak,
         capacity_bytes: capacity,
         overhead_bytes: overhead,
-        empty_cache_calls,
+        empty_cache_calls: out.empty_cache_calls,
         stats: st,
         warnings,
-    })
+    }
 }
 
 /// Puts the recorded state before the first event into a what-if model, at
 /// the recorded addresses (their sizes under the new settings are unknown).
-fn load_initial(
-    snap: &Snapshot,
-    model: &mut Allocator,
-    dev: &mut SyntheticDevice,
-    init: &InitialState,
-    live: &mut HashMap<u64, Option<Handle>>,
-) {
+fn load_initial(snap: &Snapshot, run: &mut Run, init: &InitialState) {
+    let (model, dev, live) = (&mut run.model, &mut run.device, &mut run.live);
     for s in &init.segments {
         let stream = snap.stream(s.stream) as u64;
         let pool = model.mempool(s.pool_id);

@@ -13,11 +13,14 @@
 //! * [`device`]: what the model asks of the GPU; replay answers from the trace,
 //!   what-if runs from a [`device::SyntheticDevice`] with a capacity.
 //! * [`stats`]: `memory_stats()` semantics; [`state`]: views for display.
+//! * [`program`]: typed operations (alloc, free, `empty_cache`, a failing
+//!   request) run through the model, for what-if questions and simulation.
 
 pub mod allocator;
 pub mod config;
 pub mod device;
 mod free_set;
+pub mod program;
 pub mod rounding;
 pub mod state;
 pub mod stats;
