@@ -658,3 +658,17 @@ pub fn to_ipc(input: &ExportInput<'_>) -> Result<[(&'static str, Vec<u8>); 4]> {
         ("frames", frames.finish()?),
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::steps_of;
+
+    /// A batch that starts inside a step continues its numbering.
+    #[test]
+    fn steps_of_a_batch_start_inside_a_step() {
+        let starts = [0, 5, 9];
+        let got = steps_of(&starts, 6..11);
+        assert_eq!(got.values().to_vec(), [1, 1, 1, 2, 2]);
+        assert_eq!(steps_of(&starts, 0..2).values().to_vec(), [0, 0]);
+    }
+}
