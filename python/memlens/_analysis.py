@@ -200,6 +200,23 @@ class Snapshot:
         """Problems found while reading that did not stop the analysis."""
         return list(self._native.warnings)
 
+    def to_arrow(self, rank: Optional[int] = None) -> Dict[str, Any]:
+        """The tables of ``memlens export`` as ``pyarrow.Table``: a dict with
+        ``events``, ``blocks``, ``segments`` and ``frames`` (the same columns as
+        the Parquet files; ``rank`` fills the ``rank`` column). For Polars,
+        ``polars.from_arrow(t)``; for pandas, ``t.to_pandas()``. Needs pyarrow
+        (``pip install pyarrow``)."""
+        try:
+            import pyarrow.ipc
+        except ImportError as e:
+            raise ImportError(
+                "Snapshot.to_arrow() needs pyarrow: pip install pyarrow"
+            ) from e
+        return {
+            name: pyarrow.ipc.open_stream(data).read_all()
+            for name, data in self._native.arrow_ipc(rank)
+        }
+
     def __repr__(self) -> str:
         return repr(self._native)
 

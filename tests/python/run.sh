@@ -60,6 +60,10 @@ esac
 rm -rf "$TEST_VENV"
 "$PY" -m venv "$TEST_VENV"
 "$TEST_VENV/bin/pip" install -q --disable-pip-version-check "$WHEEL" "pytest>=7"
+# pyarrow (and zstandard to read the fixtures) for Snapshot.to_arrow()'s
+# test; it is skipped if they cannot be installed (no network).
+"$TEST_VENV/bin/pip" install -q --disable-pip-version-check pyarrow zstandard \
+    || echo "== pyarrow not installed: the to_arrow test is skipped"
 
 # 4. The tests, from outside the source tree so `import memlens` is the wheel.
 echo "== pytest ($("$TEST_VENV/bin/python" --version))"

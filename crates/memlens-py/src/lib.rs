@@ -179,6 +179,32 @@ impl PySnapshot {
         }))
     }
 
+    /// The tables of `memlens export` (events, blocks, segments, frames) as
+    /// Arrow IPC streams: a list of (table name, bytes), read in Python with
+    /// `pyarrow.ipc.open_stream`. The `file` column is this snapshot's path.
+    #[pyo3(signature = (rank = None))]
+    fn arrow_ipc(
+        &self,
+        py: Python<'_>,
+        rank: Option<u32>,
+    ) -> PyResult<Vec<(&'static str, Py<pyo3::types::PyBytes>)>> {
+        let snap = Arc::clone(&self.inner);
+        let file = self.path.clone();
+        let tables = py
+            .detach(move || {
+                memlens::export::to_ipc(&memlens::export::ExportInput {
+                    file,
+                    rank,
+                    snap: &snap,
+                })
+            })
+            .map_err(to_py_err)?;
+        Ok(tables
+            .into_iter()
+            .map(|(name, bytes)| (name, pyo3::types::PyBytes::new(py, &bytes).unbind()))
+            .collect())
+    }
+
     fn __repr__(&self) -> String {
         format!(
             "<memlens Snapshot {:?}: {} events, devices {:?}>",

@@ -15,20 +15,33 @@
 //! `stack_id` is per file: join frames on (`file`, `stack_id`). Rows are
 //! written in batches of [`BATCH_ROWS`], so memory stays bounded by the
 //! snapshot being exported plus one batch, whatever the number of files.
+//!
+//! Speed (issue 17: 1 GB of snapshot at >= 200 MB/s): each batch is one
+//! Parquet row group whose columns are built from the events and encoded
+//! (zstd) on rayon's threads, one task per column, so the export costs about
+//! its slowest column rather than the sum of them. Columns with few distinct
+//! values (file, action, device, stream, stack, step) are dictionary-encoded;
+//! the others are not, since a dictionary that overflows is built and then
+//! thrown away for every row group. The same batches serve [`to_ipc`]
+//! (Arrow IPC streams for Python's `snap.to_arrow()`).
 
+use crate::analysis::categories::{event_phases, Phases};
+use crate::analysis::steps;
 use crate::error::{Error, Result};
-use crate::snapshot::{Action, BlockState, PoolKind, Snapshot};
-use crate::trace::Analysed;
-use arrow_array::builder::{
-    BooleanBuilder, Int32Builder, Int64Builder, StringBuilder, StringDictionaryBuilder,
-    UInt32Builder, UInt64Builder,
-};
+use crate::snapshot::{Action, Block, BlockState, PoolKind, Segment, Snapshot, TraceEvent};
 use arrow_array::types::Int32Type;
-use arrow_array::{ArrayRef, DictionaryArray, Int32Array, RecordBatch, StringArray};
+use arrow_array::{
+    ArrayRef, BooleanArray, DictionaryArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    UInt32Array, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnChunk, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
-use parquet::basic::{Compression, ZstdLevel};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::WriterProperties;
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnPath;
+use rayon::prelude::*;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,12 +136,67 @@ fn frames_schema() -> SchemaRef {
     ]))
 }
 
-/// A Parquet file being written, with the path for errors.
+/// One column of a batch, built when called: on a rayon thread for Parquet,
+/// so that building and encoding the columns of a batch run side by side.
+type Column<'a> = Box<dyn Fn() -> ArrayRef + Send + Sync + 'a>;
+
+/// Where the batches of one table go (a Parquet file, or an Arrow IPC stream).
+trait Sink {
+    /// Takes one batch of `rows` rows, its columns in the schema's order.
+    fn put(&mut self, rows: usize, columns: Vec<Column<'_>>) -> Result<()>;
+
+    /// Takes several batches at once (a sink may work on them side by side).
+    fn put_many(&mut self, batches: Vec<(usize, Vec<Column<'_>>)>) -> Result<()> {
+        for (rows, columns) in batches {
+            self.put(rows, columns)?;
+        }
+        Ok(())
+    }
+}
+
+/// The columns of each table that are not dictionary-encoded in Parquet:
+/// (nearly) all distinct, so a dictionary would overflow in every row group.
+const PLAIN: [&str; 9] = [
+    "index",
+    "time_us",
+    "addr",
+    "size",
+    "address",
+    "segment_address",
+    "total_size",
+    "allocated_size",
+    "active_size",
+];
+
+/// Writer settings, chosen on the 357 MB benchmark (BENCHMARKS.md).
+fn properties(schema: &Schema) -> WriterProperties {
+    // zstd level 1 (the default level): a third of the size of the
+    // uncompressed columns at little cost to the export's speed.
+    let mut b = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(ZstdLevel::default()))
+        .set_max_row_group_row_count(Some(BATCH_ROWS));
+    for f in schema.fields() {
+        let col = ColumnPath::from(f.name().as_str());
+        if PLAIN.contains(&f.name().as_str()) {
+            b = b.set_column_dictionary_enabled(col.clone(), false);
+            // Event indexes and times only grow: delta encoding stores them
+            // in a few bits each, cheaper to compress than 8 plain bytes.
+            if matches!(f.name().as_str(), "index" | "time_us") {
+                b = b.set_column_encoding(col, Encoding::DELTA_BINARY_PACKED);
+            }
+        }
+    }
+    b.build()
+}
+
+/// A Parquet file being written, one row group per batch.
 struct Table {
     path: PathBuf,
-    writer: ArrowWriter<File>,
+    writer: SerializedFileWriter<File>,
+    factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
     rows: u64,
+    groups: usize,
 }
 
 impl Table {
@@ -138,35 +206,82 @@ impl Table {
             path: path.clone(),
             error,
         })?;
-        // zstd level 1: a third of the size of uncompressed columns at little
-        // cost to the export's speed.
-        let props = WriterProperties::builder()
-            .set_compression(Compression::ZSTD(ZstdLevel::default()))
-            .set_max_row_group_row_count(Some(BATCH_ROWS))
-            .build();
-        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+        // ArrowWriter stores the Arrow schema in the file (dictionary types
+        // come back as such); its lower half then writes column by column.
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(properties(&schema)))
+            .map_err(|e| parquet_err(&path, e))?;
+        let (writer, factory) = writer
+            .into_serialized_writer()
             .map_err(|e| parquet_err(&path, e))?;
         Ok(Table {
             path,
             writer,
+            factory,
             schema,
             rows: 0,
+            groups: 0,
         })
-    }
-
-    fn write(&mut self, columns: Vec<ArrayRef>) -> Result<()> {
-        let batch = RecordBatch::try_new(self.schema.clone(), columns)
-            .map_err(|e| parquet_err(&self.path, e))?;
-        self.rows += batch.num_rows() as u64;
-        self.writer
-            .write(&batch)
-            .map_err(|e| parquet_err(&self.path, e))
     }
 
     fn close(self) -> Result<u64> {
         let path = self.path;
         self.writer.close().map_err(|e| parquet_err(&path, e))?;
         Ok(self.rows)
+    }
+}
+
+impl Table {
+    /// Encodes `batches` as row groups, every column of every batch on its own
+    /// rayon task, and appends them to the file in order.
+    fn put_groups(&mut self, batches: Vec<(usize, Vec<Column<'_>>)>) -> Result<()> {
+        let path = &self.path;
+        let fields = self.schema.fields().to_vec();
+        let mut tasks = Vec::new();
+        let mut rows = Vec::with_capacity(batches.len());
+        for (g, (n, columns)) in batches.into_iter().enumerate() {
+            let writers = self
+                .factory
+                .create_column_writers(self.groups + g)
+                .map_err(|e| parquet_err(path, e))?;
+            // Every field is a primitive or a dictionary: one leaf, one writer each.
+            tasks.extend(columns.into_iter().zip(writers).zip(fields.iter().cloned()));
+            rows.push(n);
+        }
+        let chunks: Vec<parquet::errors::Result<ArrowColumnChunk>> = tasks
+            .into_par_iter()
+            .map(|((build, mut w), field)| {
+                let array = build();
+                for leaf in compute_leaves(&field, &array)? {
+                    w.write(&leaf)?;
+                }
+                w.close()
+            })
+            .collect();
+        let mut chunks = chunks.into_iter();
+        for n in rows {
+            let mut group = self
+                .writer
+                .next_row_group()
+                .map_err(|e| parquet_err(path, e))?;
+            for c in chunks.by_ref().take(fields.len()) {
+                c.and_then(|c| c.append_to_row_group(&mut group))
+                    .map_err(|e| parquet_err(path, e))?;
+            }
+            group.close().map_err(|e| parquet_err(path, e))?;
+            self.groups += 1;
+            self.rows += n as u64;
+        }
+        Ok(())
+    }
+}
+
+impl Sink for Table {
+    fn put(&mut self, rows: usize, columns: Vec<Column<'_>>) -> Result<()> {
+        self.put_groups(vec![(rows, columns)])
+    }
+
+    fn put_many(&mut self, batches: Vec<(usize, Vec<Column<'_>>)>) -> Result<()> {
+        self.put_groups(batches)
     }
 }
 
@@ -179,23 +294,21 @@ fn parquet_err(path: &Path, e: impl std::fmt::Display) -> Error {
 
 /// A dictionary column of one repeated value.
 fn repeated(value: &str, n: usize) -> ArrayRef {
-    coded(vec![0; n], &[value])
+    coded(Int32Array::from_value(0, n), &[value])
 }
 
 /// A dictionary column from its codes and values (no hashing per row).
-fn coded(keys: Vec<i32>, values: &[&str]) -> ArrayRef {
-    let keys = Int32Array::from(keys);
+fn coded(keys: Int32Array, values: &[&str]) -> ArrayRef {
     let values: ArrayRef = Arc::new(StringArray::from(values.to_vec()));
     // The codes are in range by construction; an error here is a defect.
     Arc::new(DictionaryArray::<Int32Type>::try_new(keys, values).expect("codes index the values"))
 }
 
 fn ranks(rank: Option<u32>, n: usize) -> ArrayRef {
-    let mut b = Int32Builder::with_capacity(n);
-    for _ in 0..n {
-        b.append_option(rank.map(|r| r as i32));
+    match rank {
+        Some(r) => Arc::new(Int32Array::from_value(r as i32, n)),
+        None => Arc::new(Int32Array::new_null(n)),
     }
-    Arc::new(b.finish())
 }
 
 /// The four tables being written; add snapshots one at a time (each may be
@@ -225,7 +338,8 @@ impl Exporter {
     /// Writes the rows of one snapshot.
     pub fn add(&mut self, input: &ExportInput<'_>) -> Result<()> {
         write_events(&mut self.events, input)?;
-        write_segments(&mut self.segments, &mut self.blocks, input)?;
+        write_segments(&mut self.segments, input)?;
+        write_blocks(&mut self.blocks, input)?;
         write_frames(&mut self.frames, input)
     }
 
@@ -249,55 +363,110 @@ pub fn export(inputs: &[ExportInput<'_>], dir: &Path) -> Result<ExportCounts> {
     ex.finish()
 }
 
-fn write_events(table: &mut Table, input: &ExportInput<'_>) -> Result<()> {
+/// The step starts (event indexes) of trace `t`, as doctor finds steps; only
+/// the phases are computed for it, not the rest of [`crate::trace::Analysed`].
+fn step_starts(snap: &Snapshot, phases: &Phases, t: usize) -> Vec<usize> {
+    steps::detect(snap, t, &event_phases(snap, t, phases)).starts
+}
+
+/// The step of each event of `range` (`starts`: where each step begins).
+fn steps_of(starts: &[usize], range: std::ops::Range<usize>) -> UInt32Array {
+    // The step holding the first event: the last start at or before it.
+    let mut step = starts
+        .partition_point(|&s| s <= range.start)
+        .saturating_sub(1);
+    UInt32Array::from_iter_values(range.map(|i| {
+        while step + 1 < starts.len() && starts[step + 1] <= i {
+            step += 1;
+        }
+        step as u32
+    }))
+}
+
+/// Batches handed to the sink at once: enough columns to keep every thread
+/// busy (11 columns a batch), few enough to bound memory (~100 MB a batch).
+fn batches_at_once() -> usize {
+    rayon::current_num_threads().div_ceil(8).clamp(1, 4)
+}
+
+fn write_events(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
     let snap = input.snap;
-    let an = Analysed::new(snap);
+    let actions = Action::ALL.map(Action::as_str);
+    // Steps need a pass over the trace: it runs as the first batch's `step`
+    // column, beside the other columns, instead of before them all.
+    let phases = std::sync::OnceLock::new();
     for (t, trace) in snap.traces.iter().enumerate() {
-        let starts = &an.traces[t].steps.starts;
-        let mut step = 0usize;
-        for (c, chunk) in trace.events.chunks(BATCH_ROWS).enumerate() {
-            let n = chunk.len();
-            let base = c * BATCH_ROWS;
-            let mut index = UInt32Builder::with_capacity(n);
-            let mut time = Int64Builder::with_capacity(n);
-            let mut action: Vec<i32> = Vec::with_capacity(n);
-            let mut addr = UInt64Builder::with_capacity(n);
-            let mut size = UInt64Builder::with_capacity(n);
-            let mut stream = Int64Builder::with_capacity(n);
-            let mut stack = UInt32Builder::with_capacity(n);
-            let mut steps = UInt32Builder::with_capacity(n);
-            for (k, e) in chunk.iter().enumerate() {
-                let i = base + k;
-                while step + 1 < starts.len() && starts[step + 1] <= i {
-                    step += 1;
-                }
-                index.append_value(i as u32);
-                time.append_value(e.time_us);
-                action.push(e.action as i32);
-                addr.append_value(e.addr);
-                size.append_value(e.size);
-                stream.append_value(snap.stream(e.stream));
-                stack.append_value(e.stack);
-                steps.append_value(step as u32);
-            }
-            let mut device = Int32Builder::with_capacity(n);
-            device.append_value_n(trace.device as i32, n);
-            table.write(vec![
-                repeated(&input.file, n),
-                ranks(input.rank, n),
-                Arc::new(device.finish()),
-                Arc::new(index.finish()),
-                Arc::new(time.finish()),
-                coded(action, &Action::ALL.map(Action::as_str)),
-                Arc::new(addr.finish()),
-                Arc::new(size.finish()),
-                Arc::new(stream.finish()),
-                Arc::new(stack.finish()),
-                Arc::new(steps.finish()),
-            ])?;
+        let starts = std::sync::OnceLock::new();
+        let chunks: Vec<(usize, &[TraceEvent])> =
+            trace.events.chunks(BATCH_ROWS).enumerate().collect();
+        for group in chunks.chunks(batches_at_once()) {
+            let batches = group
+                .iter()
+                .map(|&(c, ev)| {
+                    let cols = event_columns(
+                        input,
+                        &actions,
+                        trace.device as i32,
+                        c * BATCH_ROWS,
+                        ev,
+                        &phases,
+                        &starts,
+                        t,
+                    );
+                    (ev.len(), cols)
+                })
+                .collect();
+            sink.put_many(batches)?;
         }
     }
     Ok(())
+}
+
+/// The columns of the events `ev` of trace `t`, the first at index `base`.
+#[allow(clippy::too_many_arguments)]
+fn event_columns<'a>(
+    input: &'a ExportInput<'a>,
+    actions: &'a [&'static str],
+    device: i32,
+    base: usize,
+    ev: &'a [TraceEvent],
+    phases: &'a std::sync::OnceLock<Phases>,
+    starts: &'a std::sync::OnceLock<Vec<usize>>,
+    t: usize,
+) -> Vec<Column<'a>> {
+    let snap = input.snap;
+    let n = ev.len();
+    let (file, rank) = (input.file.as_str(), input.rank);
+    vec![
+        Box::new(move || repeated(file, n)),
+        Box::new(move || ranks(rank, n)),
+        Box::new(move || Arc::new(Int32Array::from_value(device, n))),
+        Box::new(move || {
+            Arc::new(UInt32Array::from_iter_values(
+                (base..base + n).map(|i| i as u32),
+            ))
+        }),
+        Box::new(move || Arc::new(Int64Array::from_iter_values(ev.iter().map(|e| e.time_us)))),
+        Box::new(move || {
+            coded(
+                Int32Array::from_iter_values(ev.iter().map(|e| e.action as i32)),
+                actions,
+            )
+        }),
+        Box::new(move || Arc::new(UInt64Array::from_iter_values(ev.iter().map(|e| e.addr)))),
+        Box::new(move || Arc::new(UInt64Array::from_iter_values(ev.iter().map(|e| e.size)))),
+        Box::new(move || {
+            Arc::new(Int64Array::from_iter_values(
+                ev.iter().map(|e| snap.stream(e.stream)),
+            ))
+        }),
+        Box::new(move || Arc::new(UInt32Array::from_iter_values(ev.iter().map(|e| e.stack)))),
+        Box::new(move || {
+            let starts = starts
+                .get_or_init(|| step_starts(snap, phases.get_or_init(|| Phases::new(snap)), t));
+            Arc::new(steps_of(starts, base..base + n))
+        }),
+    ]
 }
 
 fn state_name(s: BlockState) -> &'static str {
@@ -308,94 +477,110 @@ fn state_name(s: BlockState) -> &'static str {
     }
 }
 
-fn write_segments(segs: &mut Table, blocks: &mut Table, input: &ExportInput<'_>) -> Result<()> {
-    let snap = input.snap;
-    for chunk in snap.segments.chunks(BATCH_ROWS) {
-        let n = chunk.len();
-        let mut device = Int32Builder::with_capacity(n);
-        let mut address = UInt64Builder::with_capacity(n);
-        let mut total = UInt64Builder::with_capacity(n);
-        let mut allocated = UInt64Builder::with_capacity(n);
-        let mut active = UInt64Builder::with_capacity(n);
-        let mut requested = UInt64Builder::with_capacity(n);
-        let mut stream = Int64Builder::with_capacity(n);
-        let mut pool = StringDictionaryBuilder::<Int32Type>::new();
-        let mut pool_id = StringBuilder::new();
-        let mut expandable = BooleanBuilder::with_capacity(n);
-        let mut stack = UInt32Builder::with_capacity(n);
-        for s in chunk {
-            device.append_value(s.device as i32);
-            address.append_value(s.address);
-            total.append_value(s.total_size);
-            allocated.append_value(s.allocated_size);
-            active.append_value(s.active_size);
-            requested.append_value(s.requested_size);
-            stream.append_value(snap.stream(s.stream));
-            pool.append_value(match s.pool {
-                PoolKind::Small => "small",
-                PoolKind::Large => "large",
-            });
-            pool_id.append_value(format!("{},{}", s.pool_id.0, s.pool_id.1));
-            expandable.append_value(s.is_expandable);
-            stack.append_value(s.stack);
-        }
-        segs.write(vec![
-            repeated(&input.file, n),
-            ranks(input.rank, n),
-            Arc::new(device.finish()),
-            Arc::new(address.finish()),
-            Arc::new(total.finish()),
-            Arc::new(allocated.finish()),
-            Arc::new(active.finish()),
-            Arc::new(requested.finish()),
-            Arc::new(stream.finish()),
-            Arc::new(pool.finish()),
-            Arc::new(pool_id.finish()),
-            Arc::new(expandable.finish()),
-            Arc::new(stack.finish()),
-        ])?;
+fn pool_name(p: PoolKind) -> &'static str {
+    match p {
+        PoolKind::Small => "small",
+        PoolKind::Large => "large",
     }
-    let all: Vec<(&crate::snapshot::Segment, &crate::snapshot::Block)> = snap
-        .segments
-        .iter()
-        .flat_map(|s| s.blocks.iter().map(move |b| (s, b)))
-        .collect();
-    for chunk in all.chunks(BATCH_ROWS) {
-        let n = chunk.len();
-        let mut device = Int32Builder::with_capacity(n);
-        let mut seg = UInt64Builder::with_capacity(n);
-        let mut address = UInt64Builder::with_capacity(n);
-        let mut size = UInt64Builder::with_capacity(n);
-        let mut requested = UInt64Builder::with_capacity(n);
-        let mut state = StringDictionaryBuilder::<Int32Type>::new();
-        let mut stack = UInt32Builder::with_capacity(n);
-        for (s, b) in chunk {
-            device.append_value(s.device as i32);
-            seg.append_value(s.address);
-            address.append_value(b.address);
-            size.append_value(b.size);
-            requested.append_value(b.requested_size);
-            state.append_value(state_name(b.state));
-            stack.append_value(b.stack);
-        }
-        blocks.write(vec![
-            repeated(&input.file, n),
-            ranks(input.rank, n),
-            Arc::new(device.finish()),
-            Arc::new(seg.finish()),
-            Arc::new(address.finish()),
-            Arc::new(size.finish()),
-            Arc::new(requested.finish()),
-            Arc::new(state.finish()),
-            Arc::new(stack.finish()),
-        ])?;
+}
+
+/// Strings as a dictionary column, coded in one pass (few distinct values).
+fn dictionary<'s>(values: impl Iterator<Item = &'s str>) -> ArrayRef {
+    let mut names: Vec<&str> = Vec::new();
+    let mut index: hashbrown::HashMap<&str, i32> = hashbrown::HashMap::new();
+    let keys = Int32Array::from_iter_values(values.map(|v| {
+        *index.entry(v).or_insert_with(|| {
+            names.push(v);
+            names.len() as i32 - 1
+        })
+    }));
+    coded(keys, &names)
+}
+
+fn write_segments(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
+    let snap = input.snap;
+    for s in snap.segments.chunks(BATCH_ROWS) {
+        let n = s.len();
+        let (file, rank) = (input.file.as_str(), input.rank);
+        let u64s = |f: fn(&Segment) -> u64| -> Column<'_> {
+            Box::new(move || Arc::new(UInt64Array::from_iter_values(s.iter().map(f))))
+        };
+        let columns: Vec<Column<'_>> = vec![
+            Box::new(move || repeated(file, n)),
+            Box::new(move || ranks(rank, n)),
+            Box::new(move || {
+                Arc::new(Int32Array::from_iter_values(
+                    s.iter().map(|s| s.device as i32),
+                ))
+            }),
+            u64s(|s| s.address),
+            u64s(|s| s.total_size),
+            u64s(|s| s.allocated_size),
+            u64s(|s| s.active_size),
+            u64s(|s| s.requested_size),
+            Box::new(move || {
+                Arc::new(Int64Array::from_iter_values(
+                    s.iter().map(|s| snap.stream(s.stream)),
+                ))
+            }),
+            Box::new(move || dictionary(s.iter().map(|s| pool_name(s.pool)))),
+            Box::new(move || {
+                Arc::new(StringArray::from_iter_values(
+                    s.iter().map(|s| format!("{},{}", s.pool_id.0, s.pool_id.1)),
+                ))
+            }),
+            Box::new(move || {
+                Arc::new(BooleanArray::from_iter(
+                    s.iter().map(|s| Some(s.is_expandable)),
+                ))
+            }),
+            Box::new(move || Arc::new(UInt32Array::from_iter_values(s.iter().map(|s| s.stack)))),
+        ];
+        sink.put(n, columns)?;
     }
     Ok(())
 }
 
-fn write_frames(table: &mut Table, input: &ExportInput<'_>) -> Result<()> {
+fn write_blocks(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
     let snap = input.snap;
-    let rows: Vec<(u32, u32, u32)> = (0..snap.stack_ranges.len() as u32)
+    let all: Vec<(&Segment, &Block)> = snap
+        .segments
+        .iter()
+        .flat_map(|s| s.blocks.iter().map(move |b| (s, b)))
+        .collect();
+    for rows in all.chunks(BATCH_ROWS) {
+        let n = rows.len();
+        let (file, rank) = (input.file.as_str(), input.rank);
+        let u64s = |f: fn(&(&Segment, &Block)) -> u64| -> Column<'_> {
+            Box::new(move || Arc::new(UInt64Array::from_iter_values(rows.iter().map(f))))
+        };
+        let columns: Vec<Column<'_>> = vec![
+            Box::new(move || repeated(file, n)),
+            Box::new(move || ranks(rank, n)),
+            Box::new(move || {
+                Arc::new(Int32Array::from_iter_values(
+                    rows.iter().map(|(s, _)| s.device as i32),
+                ))
+            }),
+            u64s(|(s, _)| s.address),
+            u64s(|(_, b)| b.address),
+            u64s(|(_, b)| b.size),
+            u64s(|(_, b)| b.requested_size),
+            Box::new(move || dictionary(rows.iter().map(|(_, b)| state_name(b.state)))),
+            Box::new(move || {
+                Arc::new(UInt32Array::from_iter_values(
+                    rows.iter().map(|(_, b)| b.stack),
+                ))
+            }),
+        ];
+        sink.put(n, columns)?;
+    }
+    Ok(())
+}
+
+fn write_frames(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
+    let snap = input.snap;
+    let all: Vec<(u32, u32, u32)> = (0..snap.stack_ranges.len() as u32)
         .flat_map(|id| {
             snap.stack(id)
                 .iter()
@@ -403,29 +588,87 @@ fn write_frames(table: &mut Table, input: &ExportInput<'_>) -> Result<()> {
                 .map(move |(d, &f)| (id, d as u32, f))
         })
         .collect();
-    for chunk in rows.chunks(BATCH_ROWS) {
-        let n = chunk.len();
-        let mut stack = UInt32Builder::with_capacity(n);
-        let mut depth = UInt32Builder::with_capacity(n);
-        let mut filename = StringDictionaryBuilder::<Int32Type>::new();
-        let mut line = UInt32Builder::with_capacity(n);
-        let mut name = StringDictionaryBuilder::<Int32Type>::new();
-        for &(id, d, f) in chunk {
-            let fr = snap.frame(f);
-            stack.append_value(id);
-            depth.append_value(d);
-            filename.append_value(snap.str(fr.filename));
-            line.append_value(fr.line);
-            name.append_value(snap.str(fr.name));
-        }
-        table.write(vec![
-            repeated(&input.file, n),
-            Arc::new(stack.finish()),
-            Arc::new(depth.finish()),
-            Arc::new(filename.finish()),
-            Arc::new(line.finish()),
-            Arc::new(name.finish()),
-        ])?;
+    for rows in all.chunks(BATCH_ROWS) {
+        let n = rows.len();
+        let file = input.file.as_str();
+        let columns: Vec<Column<'_>> = vec![
+            Box::new(move || repeated(file, n)),
+            Box::new(move || Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.0)))),
+            Box::new(move || Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.1)))),
+            Box::new(move || dictionary(rows.iter().map(|r| snap.str(snap.frame(r.2).filename)))),
+            Box::new(move || {
+                Arc::new(UInt32Array::from_iter_values(
+                    rows.iter().map(|r| snap.frame(r.2).line),
+                ))
+            }),
+            Box::new(move || dictionary(rows.iter().map(|r| snap.str(snap.frame(r.2).name)))),
+        ];
+        sink.put(n, columns)?;
     }
     Ok(())
+}
+
+/// An Arrow IPC stream being written to memory (one table of [`to_ipc`]).
+struct Ipc {
+    schema: SchemaRef,
+    writer: arrow_ipc::writer::StreamWriter<Vec<u8>>,
+}
+
+impl Ipc {
+    fn new(schema: SchemaRef) -> Result<Ipc> {
+        let writer =
+            arrow_ipc::writer::StreamWriter::try_new(Vec::new(), &schema).map_err(ipc_err)?;
+        Ok(Ipc { schema, writer })
+    }
+
+    fn finish(self) -> Result<Vec<u8>> {
+        self.writer.into_inner().map_err(ipc_err)
+    }
+}
+
+impl Sink for Ipc {
+    fn put(&mut self, _rows: usize, columns: Vec<Column<'_>>) -> Result<()> {
+        let columns: Vec<ArrayRef> = columns.into_par_iter().map(|build| build()).collect();
+        let batch = RecordBatch::try_new(self.schema.clone(), columns).map_err(ipc_err)?;
+        self.writer.write(&batch).map_err(ipc_err)
+    }
+}
+
+fn ipc_err(e: impl std::fmt::Display) -> Error {
+    Error::Usage(format!("Arrow IPC: {e}"))
+}
+
+/// The four tables of one snapshot (`events`, `blocks`, `segments`,
+/// `frames`, in that order, with the columns of the Parquet files) as Arrow
+/// IPC streams in memory: what Python's `snap.to_arrow()` reads with
+/// `pyarrow.ipc.open_stream`.
+pub fn to_ipc(input: &ExportInput<'_>) -> Result<[(&'static str, Vec<u8>); 4]> {
+    let mut events = Ipc::new(events_schema())?;
+    write_events(&mut events, input)?;
+    let mut blocks = Ipc::new(blocks_schema())?;
+    write_blocks(&mut blocks, input)?;
+    let mut segments = Ipc::new(segments_schema())?;
+    write_segments(&mut segments, input)?;
+    let mut frames = Ipc::new(frames_schema())?;
+    write_frames(&mut frames, input)?;
+    Ok([
+        ("events", events.finish()?),
+        ("blocks", blocks.finish()?),
+        ("segments", segments.finish()?),
+        ("frames", frames.finish()?),
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::steps_of;
+
+    /// A batch that starts inside a step continues its numbering.
+    #[test]
+    fn steps_of_a_batch_start_inside_a_step() {
+        let starts = [0, 5, 9];
+        let got = steps_of(&starts, 6..11);
+        assert_eq!(got.values().to_vec(), [1, 1, 1, 2, 2]);
+        assert_eq!(steps_of(&starts, 0..2).values().to_vec(), [0, 0]);
+    }
 }

@@ -128,3 +128,65 @@ fn arrow_cast_dict(a: &arrow_array::ArrayRef) -> Vec<String> {
         .map(|k| values.value(k.expect("no nulls") as usize).to_string())
         .collect()
 }
+
+/// `to_ipc` (Python's `snap.to_arrow()`): the four tables as Arrow IPC
+/// streams, their rows and byte sums equal to the snapshot.
+#[test]
+fn ipc_streams_hold_the_same_tables() {
+    use arrow_array::cast::AsArray;
+    use arrow_array::types::UInt64Type;
+    let p = corpus("ddp_ema.rank0.pickle.zst");
+    let snap = Snapshot::load(&p).expect("loads");
+    let tables = memlens::export::to_ipc(&ExportInput {
+        file: "rank0".into(),
+        rank: Some(0),
+        snap: &snap,
+    })
+    .expect("ipc");
+    let names: Vec<&str> = tables.iter().map(|(n, _)| *n).collect();
+    assert_eq!(names, ["events", "blocks", "segments", "frames"]);
+    let batches = |i: usize| -> Vec<arrow_array::RecordBatch> {
+        arrow_ipc::reader::StreamReader::try_new(std::io::Cursor::new(&tables[i].1), None)
+            .expect("stream")
+            .map(|b| b.expect("batch"))
+            .collect()
+    };
+    let rows = |i: usize| batches(i).iter().map(|b| b.num_rows()).sum::<usize>();
+    let blocks: Vec<_> = snap.segments.iter().flat_map(|g| &g.blocks).collect();
+    assert_eq!(rows(0), snap.event_count());
+    assert_eq!(rows(1), blocks.len());
+    assert_eq!(rows(2), snap.segments.len());
+    assert_eq!(rows(3), snap.stack_frames.len());
+    let mut alloc_bytes = 0u64;
+    for b in batches(0) {
+        let action = arrow_cast_dict(b.column_by_name("action").expect("action"));
+        let size = b
+            .column_by_name("size")
+            .expect("size")
+            .as_primitive::<UInt64Type>();
+        for (i, a) in action.iter().enumerate() {
+            if a == "alloc" {
+                alloc_bytes += size.value(i);
+            }
+        }
+    }
+    let want: u64 = snap
+        .traces
+        .iter()
+        .flat_map(|t| &t.events)
+        .filter(|e| e.action == Action::Alloc)
+        .map(|e| e.size)
+        .sum();
+    assert_eq!(alloc_bytes, want);
+    let total: u64 = batches(2)
+        .iter()
+        .map(|b| {
+            let c = b.column_by_name("total_size").expect("total_size");
+            c.as_primitive::<UInt64Type>().values().iter().sum::<u64>()
+        })
+        .sum();
+    assert_eq!(
+        total,
+        snap.segments.iter().map(|s| s.total_size).sum::<u64>()
+    );
+}
