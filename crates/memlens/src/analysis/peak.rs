@@ -478,18 +478,17 @@ fn peak_of_trace<'s>(
     let mut tracker = StepTracker::new(start.allocated, start.reserved);
     let mut starts: Option<&[usize]> = None;
     let mut early: Vec<(u64, u64)> = Vec::new();
-    while let Some(s) = r.step() {
-        let a = s.totals.all;
+    while let Some((index, a)) = r.step_totals() {
         if a.allocated > pa {
             pa = a.allocated;
-            pa_i = Some(s.index);
+            pa_i = Some(index);
         }
         if a.reserved > pr {
             pr = a.reserved;
-            pr_i = Some(s.index);
+            pr_i = Some(index);
         }
         match starts {
-            Some(st) => tracker.observe(st, s.index, a.allocated, a.reserved),
+            Some(st) => tracker.observe(st, index, a.allocated, a.reserved),
             None => {
                 early.push((a.allocated, a.reserved));
                 if early.len().is_multiple_of(CHECK_EVERY) {

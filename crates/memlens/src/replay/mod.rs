@@ -471,6 +471,15 @@ impl<'s> Replay<'s> {
         })
     }
 
+    /// Replays the next event; its index and the totals of both pools after
+    /// it (`None` at the end of the trace): for loops that read only those
+    /// (a peak's search), without copying a whole [`Step`] out per event.
+    pub fn step_totals(&mut self) -> Option<(usize, PoolTotals)> {
+        let index = self.pos;
+        self.advance()?;
+        Some((index, self.totals.all))
+    }
+
     /// [`Replay::step`] without building the [`Step`]: loops that only read
     /// the totals skip copying them out for every event.
     #[inline]
