@@ -190,6 +190,38 @@ impl Memo {
         }
     }
 
+    /// A container or handle (not a scalar) packed as in a memo slot, or
+    /// `None` for anything else (see [`Memo::unhandle`]).
+    #[inline(always)]
+    pub(super) fn handle(v: Value) -> Option<u32> {
+        let (kind, id) = match v {
+            Value::Str(i) => (KIND_STR, i),
+            Value::Dict(i) => (1, i),
+            Value::List(i) => (2, i),
+            Value::Tuple(i) => (3, i),
+            Value::Frame(i) => (KIND_FRAME, i),
+            Value::Stack(i) => (5, i),
+            Value::Event(i) => (6, i),
+            _ => return None,
+        };
+        (id <= ID_MASK).then_some((kind << ID_BITS) | id)
+    }
+
+    /// The value [`Memo::handle`] packed.
+    #[inline(always)]
+    pub(super) fn unhandle(p: u32) -> Value {
+        let id = p & ID_MASK;
+        match p >> ID_BITS {
+            KIND_STR => Value::Str(id),
+            1 => Value::Dict(id),
+            2 => Value::List(id),
+            3 => Value::Tuple(id),
+            KIND_FRAME => Value::Frame(id),
+            5 => Value::Stack(id),
+            _ => Value::Event(id),
+        }
+    }
+
     /// Packs a container or handle (never a scalar) without touching the side table.
     fn pack_ref(&self, v: Value) -> Result<u32, ()> {
         let (kind, id) = match v {
@@ -635,8 +667,8 @@ impl Vm {
             NEWFALSE => self.push(Value::Bool(false))?,
             EMPTY_DICT => {
                 if self.limits.fast_path {
-                    if let Some(v) = super::fast::entry(self, input, builder)? {
-                        return self.push(v).map(|()| true);
+                    if super::fast::entry(self, input, builder)? {
+                        return Ok(true);
                     }
                 }
                 let d = builder.empty_dict()?;
