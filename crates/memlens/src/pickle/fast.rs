@@ -22,10 +22,9 @@
 //! `fast_path_equals_general_loop*` in `tests/reader.rs` check it on every
 //! fixture and on generated pickles.
 
-use super::input::Input;
+use super::input::Source;
 use super::vm::{self, decode_long, Fault, Vm};
 use super::{Builder, Value};
-use std::io::Read;
 
 /// Bytes of window the fast path wants in front of it: a trace entry takes
 /// about 100, one with a long stack a few hundred.
@@ -91,9 +90,9 @@ struct Found {
 /// Reads the dict whose `EMPTY_DICT` was just read, when it has the shape of
 /// a trace entry, and pushes its value on the stack; `false` (with nothing
 /// read or changed) otherwise.
-pub(super) fn entry<R: Read, B: Builder>(
+pub(super) fn entry<S: Source, B: Builder>(
     vm: &mut Vm,
-    input: &mut Input<R>,
+    input: &mut S,
     builder: &mut B,
 ) -> Result<bool, Fault> {
     let Some(keys) = builder.fast_keys() else {

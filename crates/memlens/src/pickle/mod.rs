@@ -22,7 +22,7 @@ mod fast;
 pub mod input;
 pub mod vm;
 
-pub use input::Input;
+pub use input::{Input, Mapped, Region, Source};
 pub use vm::{parse, Limits};
 
 /// An error in a pickle stream, with the byte offset where it was found.

@@ -2,9 +2,8 @@
 //! (and the binary opcodes of protocol 1); refuses every opcode that would
 //! import or call something, and the protocol-0 text opcodes.
 
-use super::input::{Input, InputError};
+use super::input::{InputError, Source};
 use super::{Builder, PickleError, Value};
-use std::io::Read;
 
 /// Bounds that keep a hostile file from taking unbounded memory.
 #[derive(Clone, Copy, Debug)]
@@ -366,8 +365,8 @@ pub(super) fn decode_long(bytes: &[u8]) -> Value {
 
 /// Reads one pickle from `input`, handing containers to `builder`, and returns
 /// the top-level value.
-pub fn parse<R: Read, B: Builder>(
-    input: &mut Input<R>,
+pub fn parse<S: Source, B: Builder>(
+    input: &mut S,
     builder: &mut B,
     limits: Limits,
 ) -> Result<Value, PickleError> {
@@ -415,9 +414,9 @@ impl From<String> for Fault {
 }
 
 impl Vm {
-    fn run<R: Read, B: Builder>(
+    fn run<S: Source, B: Builder>(
         &mut self,
-        input: &mut Input<R>,
+        input: &mut S,
         builder: &mut B,
     ) -> Result<Value, PickleError> {
         loop {
@@ -515,9 +514,9 @@ impl Vm {
         Ok(n as usize)
     }
 
-    fn string<R: Read, B: Builder>(
+    fn string<S: Source, B: Builder>(
         &mut self,
-        input: &mut Input<R>,
+        input: &mut S,
         builder: &mut B,
         n: usize,
     ) -> Result<(), Fault> {
@@ -543,10 +542,10 @@ impl Vm {
 
     /// Executes one opcode; returns false at STOP.
     #[inline]
-    fn step<R: Read, B: Builder>(
+    fn step<S: Source, B: Builder>(
         &mut self,
         op: u8,
-        input: &mut Input<R>,
+        input: &mut S,
         builder: &mut B,
     ) -> Result<bool, Fault> {
         match op {
@@ -851,7 +850,7 @@ impl Vm {
 }
 
 /// Reads a newline-terminated ASCII line (the argument of GLOBAL), at most 256 bytes.
-fn read_line<R: Read>(input: &mut Input<R>) -> Result<String, Fault> {
+fn read_line<S: Source>(input: &mut S) -> Result<String, Fault> {
     let mut s = Vec::new();
     loop {
         let b = input.byte()?;
