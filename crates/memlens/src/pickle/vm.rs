@@ -665,10 +665,8 @@ impl Vm {
             NEWTRUE => self.push(Value::Bool(true))?,
             NEWFALSE => self.push(Value::Bool(false))?,
             EMPTY_DICT => {
-                if self.limits.fast_path {
-                    if super::fast::entry(self, input, builder)? {
-                        return Ok(true);
-                    }
+                if self.limits.fast_path && super::fast::entry(self, input, builder)? {
+                    return Ok(true);
                 }
                 let d = builder.empty_dict()?;
                 self.push(d)?;
