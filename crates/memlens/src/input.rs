@@ -144,6 +144,64 @@ pub fn open(path: &Path) -> Result<(Container, Box<dyn Read + Send>)> {
     Ok((container, decoder(container, file)))
 }
 
+/// Files smaller than this are read through a window rather than mapped:
+/// mapping costs more than it saves on them.
+const MAP_AT_LEAST: u64 = 1 << 20;
+
+/// A plain file read in place through a memory map: no copy from the page
+/// cache into a buffer (the largest cost after the opcode loop). Pages the
+/// reader has passed are handed back as it goes ([`crate::pickle::Region`]),
+/// so they do not stay in the process's resident memory.
+pub struct MappedFile {
+    map: memmap2::Mmap,
+}
+
+/// Maps `path` for reading, when it is a regular file of at least
+/// [`MAP_AT_LEAST`] bytes and the system maps it; `None` otherwise (the
+/// caller then streams it as before).
+pub fn map(path: &Path) -> Option<MappedFile> {
+    let file = File::open(path).ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || meta.len() < MAP_AT_LEAST {
+        return None;
+    }
+    // SAFETY: `Mmap::map` is unsafe because the file may change while it is
+    // mapped. memlens only reads the bytes and checks every one of them as it
+    // would a file's (they are untrusted input anyway): bytes rewritten under
+    // it read as a corrupt snapshot and give an error, never unsafety in this
+    // program. A file truncated under it while it reads makes the kernel
+    // raise SIGBUS at the first page past the new end (the process stops
+    // with that signal rather than an error message); PyTorch writes a
+    // snapshot once, so this takes a file rewritten while it is being read.
+    #[allow(unsafe_code)]
+    let map = unsafe { memmap2::Mmap::map(&file) }.ok()?;
+    // The reader goes front to back once: read ahead, and let pages go early.
+    let _ = map.advise(memmap2::Advice::Sequential);
+    Some(MappedFile { map })
+}
+
+impl crate::pickle::Region for MappedFile {
+    #[inline(always)]
+    fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    fn release(&mut self, end: usize) {
+        // The pages before `end` leave the process (the page cache keeps
+        // them); resident memory stays a few MB of the file, not all of it.
+        let end = end.min(self.map.len());
+        // SAFETY: MADV_DONTNEED on a read-only file mapping only unmaps the
+        // pages: the mapping was never written, so nothing is lost, and a
+        // later access (the reader never goes back) would read the file's
+        // page again. The range lies within the map.
+        #[allow(unsafe_code)]
+        let _ = unsafe {
+            self.map
+                .unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, 0, end)
+        };
+    }
+}
+
 /// A reader of the decompressed bytes of `source`.
 pub fn decoder<R: Read + Send + 'static>(container: Container, source: R) -> Box<dyn Read + Send> {
     match container {

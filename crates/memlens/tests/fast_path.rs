@@ -418,3 +418,46 @@ fn fast_path_equals_general_loop_on_cut_pickles() {
         }
     }
 }
+
+/// A plain file of at least 1 MiB is read through a memory map
+/// (`input::map`): the snapshot is the one the streaming reader gives from the
+/// same bytes compressed, its figures `memory_stats()`'s, and the same file
+/// cut short fails with the streaming reader's message.
+#[test]
+fn a_mapped_file_reads_as_the_stream_does() {
+    use memlens::analysis::summary::summarize;
+    let zst = common::fixture("gpt2_train.pickle.zst");
+    let raw = zstd::decode_all(std::fs::File::open(&zst).unwrap()).unwrap();
+    assert!(raw.len() >= 1 << 20, "large enough to be mapped");
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("gpt2_train.pickle");
+    std::fs::write(&plain, &raw).unwrap();
+    let mapped = Snapshot::load(&plain).unwrap();
+    let streamed = Snapshot::load(&zst).unwrap();
+    assert_same(&mapped, &streamed, "gpt2_train mapped");
+    let ms = &common::stats("gpt2_train")["memory_stats"];
+    let s = summarize(&mapped);
+    assert_eq!(
+        Some(s.reserved_bytes),
+        ms["reserved_bytes.all.current"].as_u64()
+    );
+    assert_eq!(
+        Some(s.allocated_bytes),
+        ms["allocated_bytes.all.current"].as_u64()
+    );
+
+    // Cut: the map ends where the file does, as the stream does.
+    let cut = &raw[..raw.len() - 4099];
+    assert!(cut.len() >= 1 << 20, "the cut file is mapped too");
+    let cut_plain = dir.path().join("cut.pickle");
+    std::fs::write(&cut_plain, cut).unwrap();
+    let cut_zst = dir.path().join("cut.pickle.zst");
+    std::fs::write(&cut_zst, zstd::encode_all(cut, 3).unwrap()).unwrap();
+    let e_map = Snapshot::load(&cut_plain).unwrap_err().to_string();
+    let e_stream = Snapshot::load(&cut_zst).unwrap_err().to_string();
+    assert!(e_map.contains("truncated"), "{e_map}");
+    assert_eq!(
+        e_map.replace("cut.pickle", "F"),
+        e_stream.replace("cut.pickle.zst", "F")
+    );
+}

@@ -22,10 +22,9 @@
 //! `fast_path_equals_general_loop*` in `tests/reader.rs` check it on every
 //! fixture and on generated pickles.
 
-use super::input::Input;
+use super::input::Source;
 use super::vm::{self, decode_long, Fault, Vm};
 use super::{Builder, Value};
-use std::io::Read;
 
 /// Bytes of window the fast path wants in front of it: a trace entry takes
 /// about 100, one with a long stack a few hundred.
@@ -72,9 +71,13 @@ pub(super) struct Scratch {
     cache: Cache,
     /// Memo bytes the builder is charged (as the general loop charges them).
     charge: usize,
+    /// What the first phase found.
+    found: Found,
 }
 
-/// What the first phase found.
+/// What the first phase found (kept in the scratch: returned by value, the
+/// struct was stored field by field and read back whole, a stalled load).
+#[derive(Default, Clone, Copy)]
 struct Found {
     /// Bytes the dict takes after its `EMPTY_DICT`.
     len: usize,
@@ -85,22 +88,24 @@ struct Found {
 }
 
 /// Reads the dict whose `EMPTY_DICT` was just read, when it has the shape of
-/// a trace entry; `None` (with nothing read or changed) otherwise.
-pub(super) fn entry<R: Read, B: Builder>(
+/// a trace entry, and pushes its value on the stack; `false` (with nothing
+/// read or changed) otherwise.
+pub(super) fn entry<S: Source, B: Builder>(
     vm: &mut Vm,
-    input: &mut Input<R>,
+    input: &mut S,
     builder: &mut B,
-) -> Result<Option<Value>, Fault> {
+) -> Result<bool, Fault> {
     let Some(keys) = builder.fast_keys() else {
-        return Ok(None);
+        return Ok(false);
     };
     let window = input.window(WANT)?;
-    let Some(found) = look(vm, window, keys.first, keys.list) else {
-        return Ok(None);
-    };
-    let value = commit(vm, window, builder, &found)?;
+    if look(vm, window, keys.first, keys.list).is_none() {
+        return Ok(false);
+    }
+    let found = vm.fast.found;
+    commit(vm, window, builder, &found)?;
     input.skip(found.len);
-    Ok(Some(value))
+    Ok(true)
 }
 
 /// A `MEMOIZE`/`BINPUT`/`LONG_BINPUT` at `b[p..]` that stores into the next
@@ -131,8 +136,8 @@ fn memo_put(b: &[u8], p: usize, next: usize) -> Result<Option<(usize, usize)>, (
 }
 
 /// The first phase: reads `b` (the window after `EMPTY_DICT`) into the
-/// scratch, changing nothing else.
-fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
+/// scratch (what it found in `found`), changing nothing else.
+fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<()> {
     let memo_len = vm.memo.slots.len();
     let s = &mut vm.fast;
     s.items.clear();
@@ -156,11 +161,12 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
             if s.items.is_empty() {
                 return None;
             }
-            return Some(Found {
+            s.found = Found {
                 len: p + 1,
                 setitems: p + 1,
                 list_item,
-            });
+            };
+            return Some(());
         }
         if s.items.len() >= MAX_ITEMS {
             return None;
@@ -199,12 +205,23 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<Found> {
             }
             vm::LONG1 => {
                 let n = *b.get(p + 1)? as usize;
-                let bytes = b.get(p + 2..p + 2 + n)?;
-                p += 2 + n;
-                s.items.push(match small_long(bytes) {
-                    Some(i) => Value::Int(i),
-                    None => decode_long(bytes),
-                });
+                // Addresses and times: at most 8 bytes, read as one word
+                // when the window holds 8 bytes there (a copy of `n` bytes
+                // into a buffer then read whole stalled the load behind it).
+                if let (true, Some(word)) = (n <= 8, b.get(p + 2..p + 10)) {
+                    let x = u64::from_le_bytes(word.try_into().ok()?);
+                    p += 2 + n;
+                    // Each arm pushes its own value: one `Value` built for
+                    // both and then copied stalled on the copy.
+                    s.items.push(Value::Int(sign_extend(x, n)));
+                } else {
+                    let bytes = b.get(p + 2..p + 2 + n)?;
+                    p += 2 + n;
+                    match small_long(bytes) {
+                        Some(i) => s.items.push(Value::Int(i)),
+                        None => s.items.push(decode_long(bytes)),
+                    }
+                }
             }
             vm::BINFLOAT => {
                 let v = f64::from_be_bytes(b.get(p + 1..p + 9)?.try_into().ok()?);
@@ -316,6 +333,17 @@ fn small_long(bytes: &[u8]) -> Option<i64> {
     )
 }
 
+/// The low `n` bytes (`n` <= 8) of `x`, sign-extended from the last of them:
+/// what `LONG1` of those bytes stands for.
+#[inline(always)]
+fn sign_extend(x: u64, n: usize) -> i64 {
+    if n == 0 {
+        return 0;
+    }
+    let shift = 64 - 8 * n as u32;
+    ((x << shift) as i64) >> shift
+}
+
 /// A memo reference at `b[p..]` to a slot of `kind`: its id and its length.
 #[inline(always)]
 fn memo_id(memo: &vm::Memo, b: &[u8], p: usize, kind: u32) -> Option<(u32, usize)> {
@@ -343,13 +371,9 @@ fn memo_ref(memo: &vm::Memo, b: &[u8], p: usize) -> Option<(Value, usize)> {
     }
 }
 
-/// The second phase: the builder's calls, in the general loop's order.
-fn commit<B: Builder>(
-    vm: &mut Vm,
-    b: &[u8],
-    builder: &mut B,
-    found: &Found,
-) -> Result<Value, Fault> {
+/// The second phase: the builder's calls, in the general loop's order; the
+/// dict's value ends on the stack.
+fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, found: &Found) -> Result<(), Fault> {
     // Errors are the SETITEMS's (where the general loop would find them);
     // the offset is from the EMPTY_DICT, one byte before the window.
     let at = |m: String| Fault::At(found.setitems as u64, m);
@@ -379,17 +403,31 @@ fn commit<B: Builder>(
         None => None,
     };
     let dict = builder.filled_dict(&s.items).map_err(at)?;
+    // The value as its kind and id: the builder wrote it field by field, and
+    // copying it whole (to the memo, to the stack) stalled each time.
+    let handle = vm::Memo::handle(dict);
     builder.charge(s.charge).map_err(at)?;
     for pending in &s.memo {
+        let index = vm.memo.slots.len();
         let v = match *pending {
-            Pending::Dict => dict,
+            Pending::Dict => match handle {
+                Some(h) => {
+                    vm.memo.slots.push(h);
+                    continue;
+                }
+                None => dict,
+            },
             Pending::Str(i) => s.str_values.get(i).copied().unwrap_or(Value::None),
             Pending::List => list.unwrap_or(Value::None),
         };
-        let index = vm.memo.slots.len();
         vm.memo.put(index, v, &limits).map_err(at)?;
     }
-    Ok(dict)
+    // Within the stack limit: checked above.
+    vm.stack.push(match handle {
+        Some(h) => vm::Memo::unhandle(h),
+        None => dict,
+    });
+    Ok(())
 }
 
 /// Recent short strings: `(length, bytes packed in a u64, value)`.
@@ -452,6 +490,14 @@ mod tests {
             assert_eq!(
                 small_long(bytes).map(Value::Int),
                 Some(decode_long(bytes)),
+                "{bytes:?}"
+            );
+            // The one-word read: the bytes, then whatever follows in the window.
+            let mut word = [0xa5u8; 8];
+            word[..bytes.len()].copy_from_slice(bytes);
+            assert_eq!(
+                Value::Int(sign_extend(u64::from_le_bytes(word), bytes.len())),
+                decode_long(bytes),
                 "{bytes:?}"
             );
         }

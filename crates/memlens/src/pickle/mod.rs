@@ -5,8 +5,9 @@
 //! opcodes are refused with an error that says so. Python's `pickle.load` on an
 //! untrusted snapshot runs whatever the file asks for; this reader cannot.
 //!
-//! The reader is a small virtual machine ([`vm`]) over a buffered byte source
-//! ([`input`]). It does not build a generic object tree: containers are handed
+//! The reader is a small virtual machine ([`vm`]) over a byte source
+//! ([`input::Source`]: a window refilled from any reader, or bytes read in
+//! place, such as a memory-mapped file). It does not build a generic object tree: containers are handed
 //! to a [`Builder`], which may turn a finished dict into something compact (a
 //! trace event, an interned frame) and free its storage at once. That is what
 //! keeps memory proportional to the distinct content of a snapshot rather than
@@ -22,7 +23,7 @@ mod fast;
 pub mod input;
 pub mod vm;
 
-pub use input::Input;
+pub use input::{Input, Mapped, Region, Source};
 pub use vm::{parse, Limits};
 
 /// An error in a pickle stream, with the byte offset where it was found.

@@ -2,9 +2,8 @@
 //! (and the binary opcodes of protocol 1); refuses every opcode that would
 //! import or call something, and the protocol-0 text opcodes.
 
-use super::input::{Input, InputError};
+use super::input::{InputError, Source};
 use super::{Builder, PickleError, Value};
-use std::io::Read;
 
 /// Bounds that keep a hostile file from taking unbounded memory.
 #[derive(Clone, Copy, Debug)]
@@ -190,6 +189,38 @@ impl Memo {
         }
     }
 
+    /// A container or handle (not a scalar) packed as in a memo slot, or
+    /// `None` for anything else (see [`Memo::unhandle`]).
+    #[inline(always)]
+    pub(super) fn handle(v: Value) -> Option<u32> {
+        let (kind, id) = match v {
+            Value::Str(i) => (KIND_STR, i),
+            Value::Dict(i) => (1, i),
+            Value::List(i) => (2, i),
+            Value::Tuple(i) => (3, i),
+            Value::Frame(i) => (KIND_FRAME, i),
+            Value::Stack(i) => (5, i),
+            Value::Event(i) => (6, i),
+            _ => return None,
+        };
+        (id <= ID_MASK).then_some((kind << ID_BITS) | id)
+    }
+
+    /// The value [`Memo::handle`] packed.
+    #[inline(always)]
+    pub(super) fn unhandle(p: u32) -> Value {
+        let id = p & ID_MASK;
+        match p >> ID_BITS {
+            KIND_STR => Value::Str(id),
+            1 => Value::Dict(id),
+            2 => Value::List(id),
+            3 => Value::Tuple(id),
+            KIND_FRAME => Value::Frame(id),
+            5 => Value::Stack(id),
+            _ => Value::Event(id),
+        }
+    }
+
     /// Packs a container or handle (never a scalar) without touching the side table.
     fn pack_ref(&self, v: Value) -> Result<u32, ()> {
         let (kind, id) = match v {
@@ -334,8 +365,8 @@ pub(super) fn decode_long(bytes: &[u8]) -> Value {
 
 /// Reads one pickle from `input`, handing containers to `builder`, and returns
 /// the top-level value.
-pub fn parse<R: Read, B: Builder>(
-    input: &mut Input<R>,
+pub fn parse<S: Source, B: Builder>(
+    input: &mut S,
     builder: &mut B,
     limits: Limits,
 ) -> Result<Value, PickleError> {
@@ -383,9 +414,9 @@ impl From<String> for Fault {
 }
 
 impl Vm {
-    fn run<R: Read, B: Builder>(
+    fn run<S: Source, B: Builder>(
         &mut self,
-        input: &mut Input<R>,
+        input: &mut S,
         builder: &mut B,
     ) -> Result<Value, PickleError> {
         loop {
@@ -483,9 +514,9 @@ impl Vm {
         Ok(n as usize)
     }
 
-    fn string<R: Read, B: Builder>(
+    fn string<S: Source, B: Builder>(
         &mut self,
-        input: &mut Input<R>,
+        input: &mut S,
         builder: &mut B,
         n: usize,
     ) -> Result<(), Fault> {
@@ -511,10 +542,10 @@ impl Vm {
 
     /// Executes one opcode; returns false at STOP.
     #[inline]
-    fn step<R: Read, B: Builder>(
+    fn step<S: Source, B: Builder>(
         &mut self,
         op: u8,
-        input: &mut Input<R>,
+        input: &mut S,
         builder: &mut B,
     ) -> Result<bool, Fault> {
         match op {
@@ -634,10 +665,8 @@ impl Vm {
             NEWTRUE => self.push(Value::Bool(true))?,
             NEWFALSE => self.push(Value::Bool(false))?,
             EMPTY_DICT => {
-                if self.limits.fast_path {
-                    if let Some(v) = super::fast::entry(self, input, builder)? {
-                        return self.push(v).map(|()| true);
-                    }
+                if self.limits.fast_path && super::fast::entry(self, input, builder)? {
+                    return Ok(true);
                 }
                 let d = builder.empty_dict()?;
                 self.push(d)?;
@@ -819,7 +848,7 @@ impl Vm {
 }
 
 /// Reads a newline-terminated ASCII line (the argument of GLOBAL), at most 256 bytes.
-fn read_line<R: Read>(input: &mut Input<R>) -> Result<String, Fault> {
+fn read_line<S: Source>(input: &mut S) -> Result<String, Fault> {
     let mut s = Vec::new();
     loop {
         let b = input.byte()?;

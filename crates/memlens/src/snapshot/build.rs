@@ -8,7 +8,7 @@ use super::{
     PoolKind, Segment, Snapshot, EMPTY_STACK,
 };
 use crate::error::{Error, Result};
-use crate::pickle::{self, Builder, Input, Limits, Value};
+use crate::pickle::{self, Builder, Input, Limits, Source, Value};
 use std::io::Read;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +17,13 @@ use std::sync::Arc;
 /// Reads a snapshot file of any supported format.
 pub fn load_path(path: &Path) -> Result<Snapshot> {
     let (container, reader) = crate::input::open(path)?;
+    if container == Container::Pickle {
+        // A plain pickle is read in place (no copy into a window).
+        if let Some(map) = crate::input::map(path) {
+            drop(reader);
+            return read_pickle(&mut pickle::Mapped::new(map), path, Limits::default());
+        }
+    }
     load_reader(container, reader, path)
 }
 
@@ -50,6 +57,10 @@ pub fn load_bytes_with(bytes: &[u8], path: &Path, limits: Limits) -> Result<Snap
         path: path.into(),
         what: crate::input::describe_unknown(head),
     })?;
+    if container == Container::Pickle {
+        // Read in place, as a mapped file is.
+        return read_pickle(&mut pickle::Mapped::new(bytes), path, limits);
+    }
     let reader = crate::input::decoder(container, std::io::Cursor::new(bytes.to_vec()));
     load_reader_with(container, reader, path, limits)
 }
@@ -69,19 +80,22 @@ fn load_reader_with(
     path: &Path,
     limits: Limits,
 ) -> Result<Snapshot> {
+    if container == Container::Json {
+        let mut heap = Heap::new();
+        let root = from_json(&mut heap, reader, path)?;
+        return assemble(heap, root, path);
+    }
+    read_pickle(&mut Input::new(reader), path, limits)
+}
+
+/// Reads a pickle from `input` into a snapshot.
+fn read_pickle<S: Source>(input: &mut S, path: &Path, limits: Limits) -> Result<Snapshot> {
     let mut heap = Heap::new();
-    let root = match container {
-        Container::Json => from_json(&mut heap, reader, path)?,
-        _ => {
-            let mut input = Input::new(reader);
-            let root =
-                pickle::parse(&mut input, &mut heap, limits).map_err(|error| Error::Pickle {
-                    path: path.into(),
-                    error,
-                })?;
-            heap.resolve(root)
-        }
-    };
+    let root = pickle::parse(input, &mut heap, limits).map_err(|error| Error::Pickle {
+        path: path.into(),
+        error,
+    })?;
+    let root = heap.resolve(root);
     assemble(heap, root, path)
 }
 

@@ -75,6 +75,29 @@ const DEVICE_FREE: u32 = 6;
 const COMPILE_CONTEXT: u32 = 7;
 const USER_METADATA: u32 = 8;
 
+/// The keys of a trace entry in the order PyTorch writes them (as offsets
+/// from `action`).
+const CANONICAL: [u32; 8] = [
+    ACTION,
+    ADDR,
+    SIZE,
+    STREAM,
+    TIME_US,
+    COMPILE_CONTEXT,
+    USER_METADATA,
+    FRAMES,
+];
+
+/// What [`Heap::as_event`] gathered of a trace entry so far.
+struct EventParts {
+    action: Option<StrId>,
+    ev: TraceEvent,
+    cc: Option<StrId>,
+    um: Option<StrId>,
+    /// The first size or address that is not a non-negative integer.
+    bad: Option<(StrId, Value)>,
+}
+
 /// The heap of containers and the tables they are converted into.
 pub(crate) struct Heap {
     pub strings: Strings,
@@ -401,75 +424,113 @@ impl Heap {
         Some(id)
     }
 
+    /// One key/value pair of a trace entry, the key `off` after `action`;
+    /// `false` when it shows the dict is not a trace entry.
+    #[inline(always)]
+    fn event_field(&mut self, p: &mut EventParts, off: u32, key: Value, v: Value) -> bool {
+        let k = self.keys;
+        let Value::Str(key) = key else {
+            return false;
+        };
+        match off {
+            ACTION => {
+                let Value::Str(a) = v else { return false };
+                p.action = Some(a);
+            }
+            ADDR | SIZE | DEVICE_FREE => {
+                let x = match v.as_u64() {
+                    Some(x) => x,
+                    None => {
+                        p.bad.get_or_insert((key, v));
+                        0
+                    }
+                };
+                if off == SIZE {
+                    p.ev.size = x;
+                } else {
+                    p.ev.addr = x;
+                }
+            }
+            STREAM => p.ev.stream = self.intern_stream(v.as_i64().unwrap_or(0)),
+            TIME_US => p.ev.time_us = v.as_i64().unwrap_or(0),
+            FRAMES => {
+                p.ev.flags |= TraceEvent::HAS_FRAMES;
+                match self.list_to_stack(self.resolve(v)) {
+                    Some(s) => p.ev.stack = s,
+                    None => self.odd_frames += 1,
+                }
+            }
+            COMPILE_CONTEXT => {
+                if let Value::Str(s) = v {
+                    if s != k.na {
+                        p.cc = Some(s);
+                    }
+                }
+            }
+            USER_METADATA => {
+                if let Value::Str(s) = v {
+                    if s != k.empty {
+                        p.um = Some(s);
+                    }
+                }
+            }
+            _ => {}
+        }
+        true
+    }
+
     /// Tries to read `items` as a trace entry; returns the event index, or
     /// `None` when it is not one. A trace entry with a negative or non-integer
     /// size or address is an error: dropping it would move every figure.
     fn as_event(&mut self, items: &[Value]) -> Result<Option<u32>, String> {
         let k = self.keys;
-        let mut action = None;
-        let mut ev = TraceEvent {
-            addr: 0,
-            size: 0,
-            time_us: 0,
-            stack: EMPTY_STACK,
-            stream: 0,
-            action: Action::Alloc,
-            flags: 0,
+        let mut parts = EventParts {
+            action: None,
+            ev: TraceEvent {
+                addr: 0,
+                size: 0,
+                time_us: 0,
+                stack: EMPTY_STACK,
+                stream: 0,
+                action: Action::Alloc,
+                flags: 0,
+            },
+            cc: None,
+            um: None,
+            bad: None,
         };
-        let (mut cc, mut um) = (None, None);
-        let mut bad = None;
-        for pair in items.chunks_exact(2) {
-            let Value::Str(key) = pair[0] else {
-                return Ok(None);
-            };
-            let v = pair[1];
-            // The keys of a trace entry were interned in a row (`Heap::new`):
-            // one subtraction finds which one this is.
-            match key.wrapping_sub(k.action) {
-                ACTION => {
-                    let Value::Str(a) = v else { return Ok(None) };
-                    action = Some(a);
+        let canonical = items.len() == 2 * CANONICAL.len()
+            && CANONICAL
+                .iter()
+                .zip(items.chunks_exact(2))
+                .all(|(&off, pair)| pair[0] == Value::Str(k.action.wrapping_add(off)));
+        if canonical {
+            // The order PyTorch writes: each key's handling is known here,
+            // with no dispatch on the key (the loop below, a jump table).
+            for (&off, pair) in CANONICAL.iter().zip(items.chunks_exact(2)) {
+                if !self.event_field(&mut parts, off, pair[0], pair[1]) {
+                    return Ok(None);
                 }
-                ADDR | SIZE | DEVICE_FREE => {
-                    let x = match v.as_u64() {
-                        Some(x) => x,
-                        None => {
-                            bad.get_or_insert((key, v));
-                            0
-                        }
-                    };
-                    if key == k.size {
-                        ev.size = x;
-                    } else {
-                        ev.addr = x;
-                    }
+            }
+        } else {
+            for pair in items.chunks_exact(2) {
+                let Value::Str(key) = pair[0] else {
+                    return Ok(None);
+                };
+                // The keys of a trace entry were interned in a row
+                // (`Heap::new`): one subtraction finds which one this is.
+                if !self.event_field(&mut parts, key.wrapping_sub(k.action), pair[0], pair[1]) {
+                    return Ok(None);
                 }
-                STREAM => ev.stream = self.intern_stream(v.as_i64().unwrap_or(0)),
-                TIME_US => ev.time_us = v.as_i64().unwrap_or(0),
-                FRAMES => {
-                    ev.flags |= TraceEvent::HAS_FRAMES;
-                    match self.list_to_stack(self.resolve(v)) {
-                        Some(s) => ev.stack = s,
-                        None => self.odd_frames += 1,
-                    }
-                }
-                COMPILE_CONTEXT => {
-                    if let Value::Str(s) = v {
-                        if s != k.na {
-                            cc = Some(s);
-                        }
-                    }
-                }
-                USER_METADATA => {
-                    if let Value::Str(s) = v {
-                        if s != k.empty {
-                            um = Some(s);
-                        }
-                    }
-                }
-                _ => {}
             }
         }
+        let EventParts {
+            action,
+            mut ev,
+            cc,
+            um,
+            bad,
+        } = parts;
         let Some(a) = action else { return Ok(None) };
         // Action names were interned first: their ids are the discriminants.
         match Action::ALL.get(a as usize) {
