@@ -157,7 +157,7 @@ pub struct MappedFile {
 }
 
 /// Maps `path` for reading, when it is a regular file of at least
-/// [`MAP_AT_LEAST`] bytes and the system maps it; `None` otherwise (the
+/// 1 MiB and the system maps it; `None` otherwise (the
 /// caller then streams it as before).
 pub fn map(path: &Path) -> Option<MappedFile> {
     let file = File::open(path).ok()?;
