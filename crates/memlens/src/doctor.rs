@@ -140,7 +140,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     // start, while this one builds the analysed trace (which the replay
     // picks up when it is ready), the summary and the leak search.
     let later = AnalysedLater::new();
-    let ((peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
+    let (analysed, (peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
         let replay = scope.spawn(|| peak_and_live_later(last, &later, 20));
         let analysed = later.build(last);
         let summary = summarize(last);
@@ -148,9 +148,8 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         let peak = replay
             .join()
             .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (peak, summary, leaks)
+        (analysed, peak, summary, leaks)
     });
-    let analysed = later.build(last);
     let mut findings = Vec::new();
 
     // Leaks.

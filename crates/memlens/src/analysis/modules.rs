@@ -157,7 +157,7 @@ pub fn modules_of_live(
 ) -> ModuleReport {
     let snap = an.snap;
     let t = &snap.traces[trace];
-    let live: Vec<&LiveBlock> = live.iter().filter(|b| !b.pending_free).collect();
+    let mut live: Vec<&LiveBlock> = live.iter().filter(|b| !b.pending_free).collect();
     let scopes = ScopeTimeline::new(snap, t.device);
     let naming = if scopes.is_empty() {
         Naming::Frames
@@ -168,10 +168,9 @@ pub fn modules_of_live(
     let classifier = an.classifier(trace);
     let mut root = Node::default();
     // Blocks in allocation order, so the scope timeline is swept once.
-    let mut order: Vec<&LiveBlock> = live.clone();
-    order.sort_by_key(|b| b.alloc_index.map_or(-1, i64::from));
+    live.sort_by_key(|b| b.alloc_index.map_or(-1, i64::from));
     let mut sweep = scopes.sweep();
-    for b in order {
+    for &b in &live {
         let cat = classifier
             .as_ref()
             .map_or(Category::Other, |c| c.classify(b.alloc_index, b.stack).0);

@@ -182,10 +182,7 @@ pub struct AnalysedLater<'s> {
 impl<'s> AnalysedLater<'s> {
     /// An analysed trace yet to be built.
     pub fn new() -> AnalysedLater<'s> {
-        AnalysedLater {
-            cell: std::sync::OnceLock::new(),
-            failed: std::sync::atomic::AtomicBool::new(false),
-        }
+        AnalysedLater::default()
     }
 
     /// Builds the analysed trace of `snap` (once) and hands it to waiters.
@@ -453,6 +450,14 @@ impl StepTracker {
         self.last_allocated = allocated;
     }
 
+    /// The totals kept while the step starts were unknown: those of events
+    /// 0, 1, ... in order.
+    fn observe_early(&mut self, starts: &[usize], early: &mut Vec<(u64, u64)>) {
+        for (index, (allocated, reserved)) in early.drain(..).enumerate() {
+            self.observe(starts, index, allocated, reserved);
+        }
+    }
+
     fn finish(mut self) -> Vec<StepPeak> {
         self.current.retained_bytes = self.last_allocated;
         self.peaks.push(self.current);
@@ -494,9 +499,7 @@ fn peak_of_trace<'s>(
                 if early.len().is_multiple_of(CHECK_EVERY) {
                     if let Some(an) = source.ready() {
                         let st = &an.traces[trace].steps.starts[..];
-                        for (i, (al, re)) in early.drain(..).enumerate() {
-                            tracker.observe(st, i, al, re);
-                        }
+                        tracker.observe_early(st, &mut early);
                         starts = Some(st);
                     }
                 }
@@ -505,9 +508,7 @@ fn peak_of_trace<'s>(
     }
     let an = source.wait();
     let st = &an.traces[trace].steps;
-    for (i, (al, re)) in early.drain(..).enumerate() {
-        tracker.observe(&st.starts, i, al, re);
-    }
+    tracker.observe_early(&st.starts, &mut early);
     let step_peaks = tracker.finish();
     let mut warnings: Vec<String> = r.warnings().to_vec();
     if !r.initial_state().is_empty() {

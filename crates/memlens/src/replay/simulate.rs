@@ -174,26 +174,13 @@ pub fn simulate_prepared(
 ) -> crate::Result<SimulationResult> {
     let device = prep.device;
     let events = snap.device_trace(device);
-    if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
-        return Err(crate::Error::usage(
-            "per_process_memory_fraction needs the device's memory (--device-memory)",
-        ));
-    }
     let mut warnings = Vec::new();
     let overhead = match (opts.device_memory, opts.overhead) {
         (Some(_), Some(o)) => Some(o),
         (Some(total), None) => Some(prep.overhead(total).unwrap_or(0)),
         (None, o) => o,
     };
-    let capacity = opts
-        .device_memory
-        .map(|t| t.saturating_sub(overhead.unwrap_or(0)));
-    let mut run = Run::new(
-        opts.config.clone(),
-        opts.device_memory,
-        capacity,
-        opts.allowed_memory_maximum,
-    );
+    let (mut run, capacity) = start_run(opts, overhead)?;
     let init = &prep.initial;
     if !init.is_empty() {
         warnings.push(
@@ -243,6 +230,26 @@ pub fn simulate_prepared(
     ))
 }
 
+/// The model's run under `opts`, with `overhead` bytes of the device out of
+/// PyTorch's reach, and the capacity that leaves (both simulations start so).
+fn start_run(opts: &SimulateOptions, overhead: Option<u64>) -> crate::Result<(Run, Option<u64>)> {
+    if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
+        return Err(crate::Error::usage(
+            "per_process_memory_fraction needs the device's memory (--device-memory)",
+        ));
+    }
+    let capacity = opts
+        .device_memory
+        .map(|t| t.saturating_sub(overhead.unwrap_or(0)));
+    let run = Run::new(
+        opts.config.clone(),
+        opts.device_memory,
+        capacity,
+        opts.allowed_memory_maximum,
+    );
+    Ok((run, capacity))
+}
+
 /// Runs a what-if program (typed operations, see [`crate::sim::program`])
 /// through the model under `opts`, starting from an empty allocator. The
 /// overhead is `opts.overhead` (0 when only the device's memory is given:
@@ -254,24 +261,11 @@ pub fn simulate_ops(
     device: u32,
     opts: &SimulateOptions,
 ) -> crate::Result<SimulationResult> {
-    if opts.config.per_process_memory_fraction.is_some() && opts.device_memory.is_none() {
-        return Err(crate::Error::usage(
-            "per_process_memory_fraction needs the device's memory (--device-memory)",
-        ));
-    }
     let overhead = match (opts.device_memory, opts.overhead) {
         (Some(_), o) => Some(o.unwrap_or(0)),
         (None, o) => o,
     };
-    let capacity = opts
-        .device_memory
-        .map(|t| t.saturating_sub(overhead.unwrap_or(0)));
-    let mut run = Run::new(
-        opts.config.clone(),
-        opts.device_memory,
-        capacity,
-        opts.allowed_memory_maximum,
-    );
+    let (mut run, capacity) = start_run(opts, overhead)?;
     run.started();
     for (i, &op) in ops.iter().enumerate() {
         run.apply(i, op);
