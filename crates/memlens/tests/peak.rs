@@ -176,3 +176,59 @@ fn peak_is_the_same_whenever_the_analysed_trace_arrives() {
         assert_eq!(live.allocated, at_once.peak_allocated_bytes, "{name}");
     }
 }
+
+/// Every snapshot of the fixtures and of the real-world-like corpus.
+fn every_snapshot() -> Vec<std::path::PathBuf> {
+    let corpus = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus");
+    let mut files = Vec::new();
+    for dir in [common::fixtures_dir(), corpus] {
+        for e in std::fs::read_dir(&dir).expect("a folder").flatten() {
+            if e.path().to_string_lossy().ends_with(".pickle.zst") {
+                files.push(e.path());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
+    use memlens::analysis::peak::peak_and_live;
+    use memlens::replay::during_read;
+    let mut used = Vec::new();
+    for path in every_snapshot() {
+        let name = path.display().to_string();
+        let plain = Snapshot::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let replayed = during_read::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let (a, live_a) = peak_and_live(&memlens::trace::Analysed::new(&plain), 10);
+        let (b, live_b) = peak_and_live(&memlens::trace::Analysed::new(&replayed), 10);
+        assert_eq!(a, b, "{name}");
+        let blocks = |l: &Option<memlens::analysis::peak::LiveAtPeak>| {
+            l.as_ref().map(|l| (l.allocated, l.blocks.clone()))
+        };
+        assert_eq!(blocks(&live_a), blocks(&live_b), "{name}");
+        // The pass is used exactly when its guesses hold: the allocator was
+        // empty when the trace began, under PyTorch's default settings.
+        if replayed.event_count() == 0 {
+            assert!(replayed.peak_pass.is_none(), "{name}: no trace, no pass");
+            continue;
+        }
+        let device = replayed.first_traced_device();
+        let t = replayed.device_trace(device);
+        let initial = memlens::replay::initial::reconstruct(&replayed, device, t);
+        let default = memlens::replay::config::recorded_config(&Default::default());
+        let expected = initial.is_empty()
+            && memlens::replay::config::recorded_config(&replayed.settings) == default;
+        let fits = replayed
+            .peak_pass
+            .as_deref()
+            .is_some_and(|p| p.fits(&replayed, device, &initial, &Default::default()));
+        assert_eq!(fits, expected, "{name}");
+        if fits {
+            used.push(name);
+        }
+    }
+    // 22 of the 50 recordings start with the process under default settings.
+    assert!(used.len() >= 20, "{} used: {used:?}", used.len());
+}

@@ -74,7 +74,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             memlens::Snapshot::example(),
         )]
     } else {
-        super::load_all(&args.snapshots)?
+        super::load_all_for_peak(&args.snapshots)?
     };
     pb.set_message("replaying and diagnosing");
     let opts = DoctorOptions {

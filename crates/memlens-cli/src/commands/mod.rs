@@ -29,6 +29,16 @@ pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
 /// bar on a terminal when there are several. The first bad file (in the
 /// order given) is the error.
 pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
+    read_all(paths, false)
+}
+
+/// [`load_all`] for the commands that report the last snapshot's peak: its
+/// trace is replayed while it is read ([`memlens::Snapshot::load_many_for_peak`]).
+pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
+    read_all(paths, true)
+}
+
+fn read_all(paths: &[PathBuf], for_peak: bool) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
     use std::io::IsTerminal;
     let files = memlens::input::expand(paths)?;
     let pb = if files.len() > 1 && std::io::stderr().is_terminal() {
@@ -43,7 +53,11 @@ pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snaps
     } else {
         indicatif::ProgressBar::hidden()
     };
-    let loaded = memlens::Snapshot::load_many_with(&files, || pb.inc(1));
+    let loaded = if for_peak {
+        memlens::Snapshot::load_many_for_peak(&files, || pb.inc(1))
+    } else {
+        memlens::Snapshot::load_many_with(&files, || pb.inc(1))
+    };
     pb.finish_and_clear();
     files
         .iter()

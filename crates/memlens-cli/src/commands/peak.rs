@@ -51,7 +51,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         output::print(&r, args.json, render::profiler::peak_text)?;
         return Ok(output::OK);
     }
-    let snap = super::load(&args.snapshot)?;
+    let snap = memlens::replay::during_read::load(&args.snapshot)?;
     match args.by {
         By::Site => output::print(&peak(&snap, args.top), args.json, render::peak::text)?,
         By::Module => {

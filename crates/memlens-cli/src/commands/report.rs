@@ -42,7 +42,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             return Ok(output::OK);
         }
     }
-    let snaps = super::load_all(&args.snapshots)?;
+    let snaps = super::load_all_for_peak(&args.snapshots)?;
     let doc = report_doc(&super::named(&snaps), &args.output)?;
     output::print(&doc, args.json, |d| format!("Report: {}\n", d.report))?;
     Ok(output::OK)

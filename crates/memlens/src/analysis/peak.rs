@@ -10,6 +10,7 @@
 use super::categories::{classify, Category};
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
+use crate::replay::initial::{self, InitialState};
 use crate::replay::{LiveBlock, Replay, ReplayOptions};
 use crate::snapshot::Snapshot;
 use crate::trace::Analysed;
@@ -465,19 +466,27 @@ impl StepTracker {
     }
 }
 
-fn peak_of_trace<'s>(
+/// What pass 1 of the peak's replay found.
+struct FirstPass {
+    peak_allocated: (u64, Option<usize>),
+    peak_reserved: (u64, Option<usize>),
+    warnings: Vec<String>,
+}
+
+/// Pass 1 over trace `trace` from `initial`: the peaks, and each step's peak
+/// and end. Until the analysed trace (the step starts) is ready, the totals
+/// after each event wait in `early`; checking every event would cost an
+/// atomic load each.
+fn first_pass<'s>(
     snap: &'s Snapshot,
     source: &impl AnalysedSource<'s>,
     trace: usize,
-    top: usize,
     opts: &ReplayOptions,
-) -> (PeakReport, LiveAtPeak) {
-    let t = &snap.traces[trace];
-    // Pass 1: the peaks, and each step's peak and end. Until the analysed
-    // trace (the step starts) is ready, the totals after each event wait in
-    // `early`; checking every event would cost an atomic load each.
+    initial: InitialState,
+) -> (FirstPass, Vec<StepPeak>) {
     const CHECK_EVERY: usize = 4096;
-    let mut r = Replay::new(snap, t.device, opts);
+    let t = &snap.traces[trace];
+    let mut r = Replay::from_initial(snap, t.device, opts, initial);
     let start = r.totals().all;
     let (mut pa, mut pa_i, mut pr, mut pr_i) = (start.allocated, None, start.reserved, None);
     let mut tracker = StepTracker::new(start.allocated, start.reserved);
@@ -507,25 +516,79 @@ fn peak_of_trace<'s>(
         }
     }
     let an = source.wait();
-    let st = &an.traces[trace].steps;
-    tracker.observe_early(&st.starts, &mut early);
-    let step_peaks = tracker.finish();
+    tracker.observe_early(&an.traces[trace].steps.starts, &mut early);
     let mut warnings: Vec<String> = r.warnings().to_vec();
     if !r.initial_state().is_empty() {
         warnings.push(
             "the trace does not start when the allocator did (the ring buffer wrapped or recording began late): peaks are over the recorded window".into(),
         );
     }
+    let first = FirstPass {
+        peak_allocated: (pa, pa_i),
+        peak_reserved: (pr, pr_i),
+        warnings,
+    };
+    (first, tracker.finish())
+}
 
-    // Pass 2: the live blocks at the allocated peak, from the state before
-    // the trace that pass 1 reconstructed (undoing the trace once).
-    let initial = r.initial_state().clone();
-    let mut r2 = Replay::from_initial(snap, t.device, opts, initial);
-    if let Some(i) = pa_i {
-        r2.run_to(i);
+/// Pass 2: the blocks live right after event `peak` (before the first event
+/// when `None`), from the state before the trace, and the allocated bytes then.
+fn live_at_peak(
+    snap: &Snapshot,
+    device: u32,
+    opts: &ReplayOptions,
+    initial: InitialState,
+    peak: Option<usize>,
+) -> (Vec<LiveBlock>, u64) {
+    let mut r = Replay::from_initial(snap, device, opts, initial);
+    if let Some(i) = peak {
+        r.run_to(i);
     }
-    let live = r2.live_blocks();
-    let allocated_at_peak = r2.totals().all.allocated;
+    (r.live_blocks(), r.totals().all.allocated)
+}
+
+fn peak_of_trace<'s>(
+    snap: &'s Snapshot,
+    source: &impl AnalysedSource<'s>,
+    trace: usize,
+    top: usize,
+    opts: &ReplayOptions,
+) -> (PeakReport, LiveAtPeak) {
+    let t = &snap.traces[trace];
+    let initial = initial::reconstruct(snap, t.device, snap.device_trace(t.device));
+    // Pass 1 (the peaks, each event's totals) was run while the file was
+    // read, if the snapshot was read that way and its guesses held.
+    let pass = snap
+        .peak_pass
+        .as_deref()
+        .filter(|p| p.fits(snap, t.device, &initial, opts));
+    let (first, step_peaks, (live, allocated_at_peak), an) = match pass {
+        Some(p) => {
+            let first = FirstPass {
+                peak_allocated: p.peak_allocated,
+                peak_reserved: p.peak_reserved,
+                warnings: p.warnings(snap),
+            };
+            // Pass 2 needs no analysed trace: run it before waiting for one.
+            let live = live_at_peak(snap, t.device, opts, initial, first.peak_allocated.1);
+            let an = source.wait();
+            let mut tracker = StepTracker::new(0, 0);
+            let starts = &an.traces[trace].steps.starts;
+            for (index, (allocated, reserved)) in p.totals().enumerate() {
+                tracker.observe(starts, index, allocated, reserved);
+            }
+            (first, tracker.finish(), live, an)
+        }
+        None => {
+            let (first, steps) = first_pass(snap, source, trace, opts, initial.clone());
+            let live = live_at_peak(snap, t.device, opts, initial, first.peak_allocated.1);
+            (first, steps, live, source.wait())
+        }
+    };
+    let st = &an.traces[trace].steps;
+    let (pa, pa_i) = first.peak_allocated;
+    let (pr, pr_i) = first.peak_reserved;
+    let warnings = first.warnings;
     let groups = an
         .classifier(trace)
         .map(|c| group_live(an, &c, &live, top))

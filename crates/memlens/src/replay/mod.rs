@@ -17,6 +17,8 @@
 //! settings (what-if), and [`tune`] ranks the usual settings.
 
 pub mod config;
+pub mod during_read;
+mod events;
 pub mod initial;
 pub mod limits;
 pub mod simulate;
@@ -28,6 +30,7 @@ use crate::sim::{
     Allocator, AllocatorConfig, DeviceLimits, Handle, MemoryStats, SegmentView, DEFAULT_POOL,
 };
 use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
+use events::Events;
 use hashbrown::HashMap;
 use initial::InitialState;
 use serde::Serialize;
@@ -198,15 +201,28 @@ struct LiveEntry {
 
 const NO_INDEX: u32 = u32::MAX;
 
+/// What every replay of `snap` says before its first event.
+pub(crate) fn start_warnings(snap: &Snapshot) -> Vec<String> {
+    if snap.settings.trace_alloc_overflowed == Some(true) {
+        vec!["the trace ring buffer overflowed: events before the first one were lost".into()]
+    } else {
+        Vec::new()
+    }
+}
+
 /// A segment's address and size, and its blocks' (address, size, in use).
 type SegmentShape = (u64, u64, Vec<(u64, u64, bool)>);
-const MAX_WARNINGS: usize = 20;
+/// Warnings a replay keeps.
+pub(crate) const MAX_WARNINGS: usize = 20;
 
 /// A replay of one device's trace, advanced one event at a time.
 pub struct Replay<'s> {
     snap: &'s Snapshot,
     device: u32,
-    events: &'s [TraceEvent],
+    events: Events<'s>,
+    /// The raw stream of each stream index (the snapshot's, or those of a
+    /// trace still being read).
+    streams: Vec<i64>,
     model: Allocator,
     pos: usize,
     live: HashMap<u64, LiveEntry>,
@@ -258,7 +274,8 @@ impl<'s> Replay<'s> {
         let mut r = Replay {
             snap,
             device,
-            events,
+            events: Events::Whole(events),
+            streams: snap.streams.clone(),
             model,
             pos: 0,
             live: HashMap::new(),
@@ -274,14 +291,63 @@ impl<'s> Replay<'s> {
             initial: InitialState::default(),
             segment_sizes: Vec::new(),
         };
-        if snap.settings.trace_alloc_overflowed == Some(true) {
-            r.warn("the trace ring buffer overflowed: events before the first one were lost");
+        for w in start_warnings(snap) {
+            r.warn(w);
         }
         if !initial.is_empty() {
             r.load_initial(&initial);
         }
         r.initial = initial;
         r
+    }
+
+    /// A replay of a trace still being read, from an empty allocator under
+    /// `config`: its events arrive through [`Replay::feed`], and
+    /// [`Replay::step_totals_ready`] replays those it can.
+    pub(crate) fn fed(config: AllocatorConfig) -> Replay<'static> {
+        static NO_SNAPSHOT: std::sync::LazyLock<Snapshot> =
+            std::sync::LazyLock::new(Snapshot::default);
+        let opts = ReplayOptions {
+            config: Some(config),
+            limits: DeviceLimits::default(),
+        };
+        let mut r = Replay::from_initial(&NO_SNAPSHOT, 0, &opts, InitialState::default());
+        r.events = Events::Window {
+            buf: Vec::new(),
+            base: 0,
+            last_plain: None,
+            closed: false,
+        };
+        r
+    }
+
+    /// Adds events that arrived to a fed replay, with the raw streams their
+    /// indices name so far.
+    pub(crate) fn feed(&mut self, events: &[TraceEvent], streams: &[i64]) {
+        if streams.len() > self.streams.len() {
+            self.streams = streams.to_vec();
+        }
+        self.events.push(events);
+    }
+
+    /// No more events will arrive at a fed replay.
+    pub(crate) fn close(&mut self) {
+        self.events.close();
+    }
+
+    /// [`Replay::step_totals`] of the next event if it can be replayed now
+    /// (a fed replay waits for what a segment event looks ahead to).
+    #[inline]
+    pub(crate) fn step_totals_ready(&mut self) -> Option<(usize, PoolTotals)> {
+        if !self.events.ready(self.pos) {
+            return None;
+        }
+        self.step_totals()
+    }
+
+    /// Lets a fed replay drop the events it has replayed.
+    pub(crate) fn drop_replayed(&mut self) {
+        self.events.drop_before(self.pos);
     }
 
     fn warn(&mut self, msg: impl Into<String>) {
@@ -301,7 +367,7 @@ impl<'s> Replay<'s> {
         }
         let mut dev = NullDevice;
         for s in &init.segments {
-            let stream = self.snap.stream(s.stream) as u64;
+            let stream = self.stream_key(s.stream);
             let pool = self.model.mempool(s.pool_id);
             let ok = if s.expandable {
                 self.model
@@ -390,9 +456,12 @@ impl<'s> Replay<'s> {
         self.device
     }
 
-    /// The trace replayed.
+    /// The trace replayed (empty for a trace fed while it is read).
     pub fn events(&self) -> &'s [TraceEvent] {
-        self.events
+        match self.events {
+            Events::Whole(e) => e,
+            Events::Window { .. } => &[],
+        }
     }
 
     /// Index of the next event to replay.
@@ -557,7 +626,9 @@ impl<'s> Replay<'s> {
     }
 
     fn stream_key(&self, stream: u16) -> u64 {
-        self.snap.stream(stream) as u64
+        // Index 0 is stream 0; an index past the table (cannot come from the
+        // reader) reads as stream 0 too, as `Snapshot::stream` does.
+        self.streams.get(stream as usize).copied().unwrap_or(0) as u64
     }
 
     fn pool_for(&self, addr: u64) -> u16 {
@@ -574,7 +645,8 @@ impl<'s> Replay<'s> {
     /// The allocation a run of segment events belongs to: the next event
     /// that is not a segment event, if it is an `alloc` or `oom`.
     fn run_target(&self, from: usize) -> Option<&TraceEvent> {
-        self.events[from..]
+        self.events
+            .from(from)
             .iter()
             .find(|e| {
                 !matches!(
@@ -612,11 +684,13 @@ impl<'s> Replay<'s> {
     /// At the first free of a run: would the cache have served the
     /// allocation the run belongs to? Then the run is an `empty_cache()`.
     fn run_is_empty_cache(&self, index: usize) -> bool {
-        let end = self.events[index..]
+        let ahead = self.events.from(index);
+        let run = ahead
             .iter()
             .position(|x| !is_segment_event(x.action))
-            .map_or(self.events.len(), |k| index + k);
-        let makes = self.events[index..end]
+            .unwrap_or(ahead.len());
+        let end = index + run;
+        let makes = ahead[..run]
             .iter()
             .any(|x| matches!(x.action, Action::SegmentAlloc | Action::SegmentMap));
         match self.events.get(end) {

@@ -5,7 +5,7 @@
 use super::heap::Heap;
 use super::{
     AllocatorSettings, Annotation, Block, BlockState, Container, DeviceTrace, EventExtras,
-    PoolKind, Segment, Snapshot, EMPTY_STACK,
+    EventSink, PoolKind, Segment, Snapshot, EMPTY_STACK,
 };
 use crate::error::{Error, Result};
 use crate::pickle::{self, Builder, Input, Limits, Source, Value};
@@ -90,13 +90,44 @@ fn load_reader_with(
 
 /// Reads a pickle from `input` into a snapshot.
 fn read_pickle<S: Source>(input: &mut S, path: &Path, limits: Limits) -> Result<Snapshot> {
+    read_pickle_into(input, path, limits, None)
+}
+
+/// [`read_pickle`] that hands `sink` the trace events as they are read.
+fn read_pickle_into<S: Source>(
+    input: &mut S,
+    path: &Path,
+    limits: Limits,
+    sink: Option<Box<dyn EventSink>>,
+) -> Result<Snapshot> {
     let mut heap = Heap::new();
+    if let Some(sink) = sink {
+        heap.set_sink(sink);
+    }
     let root = pickle::parse(input, &mut heap, limits).map_err(|error| Error::Pickle {
         path: path.into(),
         error,
     })?;
+    heap.feed_sink();
     let root = heap.resolve(root);
     assemble(heap, root, path)
+}
+
+/// [`load_path`] that hands `sink` the trace events of a pickle as they are
+/// read (other formats are read as by [`load_path`], without it).
+pub fn load_path_into(path: &Path, sink: Box<dyn EventSink>) -> Result<Snapshot> {
+    let (container, reader) = crate::input::open(path)?;
+    if container == Container::Json {
+        return load_reader(container, reader, path);
+    }
+    let limits = Limits::default();
+    if container == Container::Pickle {
+        if let Some(map) = crate::input::map(path) {
+            drop(reader);
+            return read_pickle_into(&mut pickle::Mapped::new(map), path, limits, Some(sink));
+        }
+    }
+    read_pickle_into(&mut Input::new(reader), path, limits, Some(sink))
 }
 
 fn from_json(heap: &mut Heap, reader: Box<dyn Read + Send>, path: &Path) -> Result<Value> {
@@ -578,6 +609,9 @@ fn device_trace(
         // The usual case: one contiguous run of events.
         let (s, n) = (body.ev_start as usize, body.ev_len as usize);
         if s == 0 && n == heap.events.len() {
+            if let Some(sink) = heap.sink.as_mut() {
+                sink.whole_trace(device, n);
+            }
             trace.events = std::mem::take(&mut heap.events);
         } else {
             trace.events = heap

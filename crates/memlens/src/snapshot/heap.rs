@@ -8,7 +8,7 @@
 //! converted container keeps an 8-byte slot that says what it became, so a
 //! later memo reference to it still resolves.
 
-use super::{Action, Frame, FrameId, StackId, StrId, Strings, TraceEvent, EMPTY_STACK};
+use super::{Action, EventSink, Frame, FrameId, StackId, StrId, Strings, TraceEvent, EMPTY_STACK};
 use crate::pickle::{Builder, FastKeys, Value};
 use hashbrown::{HashMap, HashTable};
 use std::hash::BuildHasher;
@@ -133,7 +133,17 @@ pub(crate) struct Heap {
     /// The budget last worked out: the model only grows, so it stays a lower
     /// bound and is recomputed only when `waste` passes it.
     allowed: u64,
+    /// Who is handed the events as they are read, if anyone.
+    pub sink: Option<Box<dyn EventSink>>,
+    /// Events handed to the sink so far.
+    sunk: usize,
+    /// `events.len()` at which the next batch goes to the sink (`usize::MAX`
+    /// without one: one comparison an event either way).
+    sink_at: usize,
 }
+
+/// Events handed to an [`EventSink`] at a time.
+const SINK_BATCH: usize = 4096;
 
 /// Bytes of generic storage allowed beyond twice the model built so far. A
 /// real snapshot keeps a few MB of segment and block dicts and about 30 bytes
@@ -207,6 +217,9 @@ impl Heap {
             odd_frames: 0,
             waste: 0,
             allowed: WASTE_BUDGET,
+            sink: None,
+            sunk: 0,
+            sink_at: usize::MAX,
         };
         heap.stream_index.insert(0, 0);
         // The empty stack is stack 0.
@@ -558,7 +571,27 @@ impl Heap {
             self.extras.push((idx, cc, um));
         }
         self.events.push(ev);
+        if self.events.len() >= self.sink_at {
+            self.feed_sink();
+        }
         Ok(Some(idx))
+    }
+
+    /// Hands `sink` every trace event from now on, in batches, as it is read.
+    pub fn set_sink(&mut self, sink: Box<dyn EventSink>) {
+        self.sink = Some(sink);
+        self.sink_at = self.events.len() + SINK_BATCH;
+    }
+
+    /// Hands the sink the events read since its last batch.
+    pub fn feed_sink(&mut self) {
+        if let Some(sink) = self.sink.as_mut() {
+            if let Some(batch) = self.events.get(self.sunk..).filter(|b| !b.is_empty()) {
+                sink.events(self.sunk, batch, &self.streams);
+            }
+            self.sunk = self.events.len();
+            self.sink_at = self.sunk + SINK_BATCH;
+        }
     }
 
     /// Bytes of the model built so far (events, frames, stacks).

@@ -19,6 +19,7 @@ pub mod validate;
 pub use strings::{StrId, Strings};
 // The container belongs to the input layer; re-exported for the model's users.
 pub use crate::input::Container;
+pub use crate::replay::during_read::PeakPass;
 
 use serde::Serialize;
 use std::path::Path;
@@ -104,6 +105,16 @@ impl Action {
     pub fn parse(s: &str) -> Option<Action> {
         Action::ALL.iter().copied().find(|a| a.as_str() == s)
     }
+}
+
+/// Takes a snapshot's trace events while the file is still being read (the
+/// peak's replay runs beside the reader: [`crate::replay::during_read`]).
+pub trait EventSink: Send {
+    /// Events `first..first + events.len()` in the order they were read, and
+    /// the raw streams their `stream` indices name so far.
+    fn events(&mut self, first: usize, events: &[TraceEvent], streams: &[i64]);
+    /// Every event read (`events` of them) became the trace of `device`.
+    fn whole_trace(&mut self, device: u32, events: usize);
 }
 
 /// One entry of a device trace, 32 bytes.
@@ -291,6 +302,11 @@ pub struct Snapshot {
     pub legacy: bool,
     /// Problems found while reading that do not stop the analysis.
     pub warnings: Vec<String>,
+    /// The peak's first pass, when the trace was replayed while the file was
+    /// read ([`crate::replay::during_read::load`]); the peak uses it only
+    /// where it still fits the trace ([`PeakPass::fits`]). Code that edits
+    /// `traces` should set it to `None`.
+    pub peak_pass: Option<std::sync::Arc<PeakPass>>,
 }
 
 impl Snapshot {
@@ -316,11 +332,35 @@ impl Snapshot {
         paths: &[P],
         done: impl Fn() + Sync,
     ) -> Vec<crate::Result<Snapshot>> {
+        Snapshot::read_many(paths, done, false)
+    }
+
+    /// [`Snapshot::load_many_with`] for the analyses that report the last
+    /// snapshot's peak (`doctor`, `peak`): that one is read with its trace
+    /// replayed beside the reader ([`crate::replay::during_read::load`]).
+    pub fn load_many_for_peak<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        done: impl Fn() + Sync,
+    ) -> Vec<crate::Result<Snapshot>> {
+        Snapshot::read_many(paths, done, true)
+    }
+
+    fn read_many<P: AsRef<Path> + Sync>(
+        paths: &[P],
+        done: impl Fn() + Sync,
+        replay_last: bool,
+    ) -> Vec<crate::Result<Snapshot>> {
         use rayon::prelude::*;
+        let last = paths.len().saturating_sub(1);
         paths
             .par_iter()
-            .map(|p| {
-                let r = build::load_path(p.as_ref());
+            .enumerate()
+            .map(|(i, p)| {
+                let r = if replay_last && i == last {
+                    crate::replay::during_read::load(p.as_ref())
+                } else {
+                    build::load_path(p.as_ref())
+                };
                 done();
                 r
             })

@@ -1,0 +1,359 @@
+//! The peak's first pass, run while the snapshot is still being read.
+//!
+//! Finding the peak means replaying the whole trace through the allocator
+//! model (~100 ns an event), and until now that began only once the file was
+//! read. Yet a snapshot's trace comes before the end of the file, and a trace
+//! recorded from the start of the process begins from an empty allocator:
+//! then nothing about the replay needs the rest of the file. So the reader
+//! hands each batch of events, as it decodes them, to a thread that replays
+//! them at once (the reader on one core, the model on another) and keeps
+//! what the peak's first pass finds: the peaks and each event's totals.
+//!
+//! Whether that guess held is known only at the end: the replay assumed an
+//! empty allocator before the trace, PyTorch's default settings and no
+//! private pools. [`PeakPass::fits`] checks each against the snapshot as read
+//! (the state before the trace is reconstructed anyway for the second pass);
+//! when one fails, the peak replays the trace as before. The result is the
+//! same either way (`tests/peak.rs` compares both on every snapshot).
+
+use super::config::recorded_config;
+use super::initial::InitialState;
+use super::{start_warnings, PoolTotals, Replay, ReplayOptions};
+use crate::sim::{AllocatorConfig, DeviceLimits};
+use crate::snapshot::{AllocatorSettings, EventSink, Snapshot, TraceEvent};
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::sync::Arc;
+
+/// What the peak's first pass found over a trace replayed while it was read.
+pub struct PeakPass {
+    /// The device whose trace it is.
+    pub device: u32,
+    /// Events replayed (the whole trace).
+    pub events: usize,
+    /// The settings it was replayed under.
+    pub config: AllocatorConfig,
+    /// Highest allocated bytes, and the event after which they were reached
+    /// (`None`: never above the start).
+    pub peak_allocated: (u64, Option<usize>),
+    /// Highest reserved bytes, and the event after which they were reached.
+    pub peak_reserved: (u64, Option<usize>),
+    /// Allocated bytes after each event.
+    allocated: Vec<u64>,
+    /// Reserved bytes from each event at which they changed.
+    reserved: Vec<(usize, u64)>,
+}
+
+impl std::fmt::Debug for PeakPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeakPass")
+            .field("device", &self.device)
+            .field("events", &self.events)
+            .field("peak_allocated", &self.peak_allocated)
+            .field("peak_reserved", &self.peak_reserved)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PeakPass {
+    /// Whether this pass is the first pass of replaying `device`'s trace in
+    /// `snap` from `initial` under `opts`: same trace, an empty state before
+    /// it, the settings it assumed, no private pools.
+    pub fn fits(
+        &self,
+        snap: &Snapshot,
+        device: u32,
+        initial: &InitialState,
+        opts: &ReplayOptions,
+    ) -> bool {
+        self.device == device
+            && self.events == snap.device_trace(device).len()
+            && initial.is_empty()
+            && opts.config.is_none()
+            && opts.limits == DeviceLimits::default()
+            && recorded_config(&snap.settings) == self.config
+            && !snap
+                .segments
+                .iter()
+                .any(|s| s.device == device && s.pool_id != (0, 0))
+    }
+
+    /// Allocated and reserved bytes after each event, in order.
+    pub fn totals(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        let mut changes = self.reserved.iter().peekable();
+        let mut reserved = 0;
+        self.allocated.iter().enumerate().map(move |(i, &a)| {
+            while let Some(&&(at, r)) = changes.peek() {
+                if at > i {
+                    break;
+                }
+                reserved = r;
+                changes.next();
+            }
+            (a, reserved)
+        })
+    }
+
+    /// The replay's warnings as a replay of `snap` gives them (a pass is
+    /// kept only when the trace itself gave none).
+    pub fn warnings(&self, snap: &Snapshot) -> Vec<String> {
+        start_warnings(snap)
+    }
+}
+
+/// Reads the snapshot at `path` while a second thread replays its trace as
+/// it arrives; the snapshot carries that replay's first pass
+/// ([`Snapshot::peak_pass`]) when the trace could be replayed that way.
+pub fn load(path: &Path) -> crate::Result<Snapshot> {
+    // Batches in flight: the reader runs ahead of the model by at most
+    // this many (4,096 events each, 8 MB in all).
+    const QUEUE: usize = 64;
+    // With one core the replay would only slow the reader down.
+    if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
+        return Snapshot::load(path);
+    }
+    let config = recorded_config(&AllocatorSettings::default());
+    let (tx, rx) = sync_channel(QUEUE);
+    let spawned = std::thread::Builder::new()
+        .name("memlens-peak".into())
+        .spawn(move || replay_arriving(rx, config));
+    let Ok(worker) = spawned else {
+        return Snapshot::load(path);
+    };
+    let read = crate::snapshot::build::load_path_into(path, Box::new(Channel { tx, streams: 0 }));
+    // The reader dropped its end of the channel: the worker finishes.
+    let pass = worker.join().ok().flatten();
+    let mut snap = read?;
+    snap.peak_pass = pass.map(Arc::new);
+    Ok(snap)
+}
+
+/// What the reader hands the replaying thread.
+enum Arrived {
+    /// The raw streams named so far.
+    Streams(Vec<i64>),
+    /// Events `first..` of the trace.
+    Events {
+        first: usize,
+        events: Vec<TraceEvent>,
+    },
+    /// Every event read became `device`'s trace, `events` of them.
+    Whole { device: u32, events: usize },
+}
+
+/// The reader's end of the channel.
+struct Channel {
+    tx: SyncSender<Arrived>,
+    streams: usize,
+}
+
+impl EventSink for Channel {
+    fn events(&mut self, first: usize, events: &[TraceEvent], streams: &[i64]) {
+        // A send fails only when the worker is gone; the peak then replays
+        // as before, so there is nothing to report here.
+        if streams.len() > self.streams {
+            self.streams = streams.len();
+            let _ = self.tx.send(Arrived::Streams(streams.to_vec()));
+        }
+        let _ = self.tx.send(Arrived::Events {
+            first,
+            events: events.to_vec(),
+        });
+    }
+
+    fn whole_trace(&mut self, device: u32, events: usize) {
+        let _ = self.tx.send(Arrived::Whole { device, events });
+    }
+}
+
+/// Replays events as they arrive; the first pass, if the events arrived in
+/// one piece and formed one device's whole trace. It gives up at the first
+/// warning: a block freed that was never allocated, a segment that is not
+/// where the model put it, mean the allocator was not empty when the trace
+/// began (or the model disagrees with it), and the peak will replay the
+/// trace from the state it reconstructs.
+fn replay_arriving(rx: Receiver<Arrived>, config: AllocatorConfig) -> Option<PeakPass> {
+    let mut r = Replay::fed(config.clone());
+    let mut streams = vec![0];
+    let mut received = 0;
+    let mut in_order = true;
+    let mut whole = None;
+    let mut gave_up = false;
+    let mut pass = FirstPass::new(r.totals().all);
+    for arrived in rx {
+        match arrived {
+            Arrived::Streams(s) => streams = s,
+            Arrived::Events { .. } if gave_up => {}
+            Arrived::Events { first, events } => {
+                in_order &= first == received;
+                received += events.len();
+                r.feed(&events, &streams);
+                while let Some((i, t)) = r.step_totals_ready() {
+                    pass.observe(i, t);
+                }
+                r.drop_replayed();
+                if !r.warnings().is_empty() {
+                    // Keep taking batches (the reader must not block) but
+                    // drop them, and the figures so far.
+                    gave_up = true;
+                    pass = FirstPass::new(PoolTotals::default());
+                }
+            }
+            Arrived::Whole { device, events } => whole = Some((device, events)),
+        }
+    }
+    if gave_up {
+        return None;
+    }
+    r.close();
+    while let Some((i, t)) = r.step_totals_ready() {
+        pass.observe(i, t);
+    }
+    let (device, events) = whole?;
+    let complete = in_order && events == received && r.position() == received;
+    if !complete || !r.warnings().is_empty() {
+        return None;
+    }
+    Some(PeakPass {
+        device,
+        events,
+        config,
+        peak_allocated: pass.peak_allocated,
+        peak_reserved: pass.peak_reserved,
+        allocated: pass.allocated,
+        reserved: pass.reserved,
+    })
+}
+
+/// The first pass's figures, event by event.
+struct FirstPass {
+    peak_allocated: (u64, Option<usize>),
+    peak_reserved: (u64, Option<usize>),
+    allocated: Vec<u64>,
+    reserved: Vec<(usize, u64)>,
+    last_reserved: u64,
+}
+
+impl FirstPass {
+    fn new(start: PoolTotals) -> FirstPass {
+        FirstPass {
+            peak_allocated: (start.allocated, None),
+            peak_reserved: (start.reserved, None),
+            allocated: Vec::new(),
+            reserved: Vec::new(),
+            last_reserved: start.reserved,
+        }
+    }
+
+    #[inline]
+    fn observe(&mut self, index: usize, t: PoolTotals) {
+        if t.allocated > self.peak_allocated.0 {
+            self.peak_allocated = (t.allocated, Some(index));
+        }
+        if t.reserved > self.peak_reserved.0 {
+            self.peak_reserved = (t.reserved, Some(index));
+        }
+        self.allocated.push(t.allocated);
+        if t.reserved != self.last_reserved || self.reserved.is_empty() {
+            self.reserved.push((index, t.reserved));
+            self.last_reserved = t.reserved;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// The real snapshots of `../shared/fixtures` and `tests/corpus`.
+    fn snapshots() -> Vec<PathBuf> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let fixtures = std::env::var("MEMLENS_FIXTURES")
+            .map(PathBuf::from)
+            .unwrap_or_else(|_| root.join("../../../shared/fixtures"));
+        let mut files = Vec::new();
+        for dir in [fixtures, root.join("../../tests/corpus")] {
+            let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{dir:?}: {e}"));
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.to_string_lossy().ends_with(".pickle.zst") {
+                    files.push(p);
+                }
+            }
+        }
+        files.sort();
+        files
+    }
+
+    /// Feeds `events` in batches of 1 to 37 events (a segment event often
+    /// ends a batch, so its look-ahead waits for the next one).
+    fn fed_in_pieces(events: &[TraceEvent], streams: &[i64], device: u32) -> Option<PeakPass> {
+        let (tx, rx) = sync_channel(events.len() + 2);
+        let mut sink = Channel { tx, streams: 0 };
+        let (mut at, mut k) = (0, 0usize);
+        while at < events.len() {
+            k = (k * 7 + 3) % 37;
+            let end = (at + k + 1).min(events.len());
+            sink.events(at, &events[at..end], streams);
+            at = end;
+        }
+        sink.whole_trace(device, events.len());
+        drop(sink);
+        replay_arriving(rx, recorded_config(&AllocatorSettings::default()))
+    }
+
+    #[test]
+    fn a_trace_fed_in_pieces_replays_as_the_whole_trace() {
+        let mut compared = 0;
+        for path in snapshots() {
+            let snap = Snapshot::load(&path).unwrap_or_else(|e| panic!("{e}"));
+            let Some(t) = snap.traces.iter().find(|t| !t.events.is_empty()) else {
+                continue;
+            };
+            let pass = fed_in_pieces(&t.events, &snap.streams, t.device);
+            let opts = ReplayOptions {
+                config: Some(recorded_config(&AllocatorSettings::default())),
+                limits: DeviceLimits::default(),
+            };
+            let mut whole = Replay::from_initial(&snap, t.device, &opts, InitialState::default());
+            let mut totals = Vec::new();
+            while let Some((_, a)) = whole.step_totals() {
+                totals.push((a.allocated, a.reserved));
+            }
+            // Given up exactly when the replay from an empty allocator warns.
+            let Some(pass) = pass else {
+                assert!(!whole.warnings().is_empty(), "{}", path.display());
+                continue;
+            };
+            assert!(whole.warnings().is_empty(), "{}", path.display());
+            let fed: Vec<(u64, u64)> = pass.totals().collect();
+            assert_eq!(fed, totals, "{}", path.display());
+            compared += 1;
+        }
+        assert!(compared >= 20, "only {compared} traces compared");
+    }
+
+    #[test]
+    fn a_pass_fits_only_the_trace_it_replayed() {
+        let path = snapshots()
+            .into_iter()
+            .find(|p| p.ends_with("gpt2_train.pickle.zst"))
+            .expect("gpt2_train fixture");
+        let snap = load(&path).expect("loads");
+        let pass = snap.peak_pass.as_deref().expect("replayed while read");
+        let t = &snap.traces[0];
+        let initial = super::super::initial::reconstruct(&snap, t.device, &t.events);
+        let opts = ReplayOptions::default();
+        assert!(pass.fits(&snap, t.device, &initial, &opts));
+        assert!(!pass.fits(&snap, t.device + 1, &initial, &opts));
+        let other = ReplayOptions {
+            config: Some(AllocatorConfig::default()),
+            ..ReplayOptions::default()
+        };
+        assert!(!pass.fits(&snap, t.device, &initial, &other));
+        let mut cut = snap.clone();
+        cut.traces[0].events.pop();
+        assert!(!pass.fits(&cut, t.device, &initial, &opts));
+    }
+}
