@@ -129,6 +129,12 @@ pub struct Part {
 /// counts as fragmentation worth a finding.
 const FRAGMENTATION_SHARE: f64 = 0.20;
 
+/// The result of a scoped thread (its panic goes on in the caller).
+fn joined<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
+    h.join()
+        .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+}
+
 /// Runs every analysis that applies to the snapshots of one run (the last is
 /// the one whose peak and state are reported).
 pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosis {
@@ -138,17 +144,15 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     // the module tree. The peak's replay (the allocator model over the whole
     // trace) is the longest part: it runs on a thread of its own from the
     // start, while this one builds the analysed trace (which the replay
-    // picks up when it is ready), the summary and the leak search.
+    // picks up when it is ready) and the leak search; the summary needs
+    // neither and takes a third.
     let later = AnalysedLater::new();
     let (analysed, (peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
         let replay = scope.spawn(|| peak_and_live_later(last, &later, 20));
+        let summary = scope.spawn(|| summarize(last));
         let analysed = later.build(last);
-        let summary = summarize(last);
         let leaks = leaks::find_analysed(snaps, analysed);
-        let peak = replay
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic));
-        (analysed, peak, summary, leaks)
+        (analysed, joined(replay), joined(summary), leaks)
     });
     let mut findings = Vec::new();
 

@@ -105,10 +105,18 @@ impl<'s> Analysed<'s> {
 
 impl TraceFacts {
     fn new(snap: &Snapshot, trace: usize, phases: &Phases) -> TraceFacts {
-        let ev_phase = event_phases(snap, trace, phases);
-        let free_of = free_index_of_allocs(snap, trace);
+        // Each alloc's free does not depend on the phases and steps: the two
+        // walks run side by side (a third of the time of the whole on the
+        // 357 MB benchmark).
+        let (free_of, (ev_phase, steps)) = rayon::join(
+            || free_index_of_allocs(snap, trace),
+            || {
+                let ev_phase = event_phases(snap, trace, phases);
+                let steps = steps::detect(snap, trace, &ev_phase);
+                (ev_phase, steps)
+            },
+        );
         let workspaces = cublas_workspaces(snap, trace, &ev_phase, &free_of);
-        let steps = steps::detect(snap, trace, &ev_phase);
         let mut backward_in_step = vec![false; steps.len()];
         let events = &snap.traces[trace].events;
         for (i, (e, p)) in events.iter().zip(&ev_phase).enumerate() {
