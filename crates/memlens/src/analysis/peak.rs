@@ -177,7 +177,10 @@ impl<'s> AnalysedSource<'s> for &Analysed<'s> {
 #[derive(Default)]
 pub struct AnalysedLater<'s> {
     cell: std::sync::OnceLock<Analysed<'s>>,
-    failed: std::sync::atomic::AtomicBool,
+    /// `None` while it is being built, then whether it was.
+    outcome: std::sync::Mutex<Option<bool>>,
+    /// Wakes the waiters once `outcome` is set.
+    settled: std::sync::Condvar,
 }
 
 impl<'s> AnalysedLater<'s> {
@@ -191,14 +194,16 @@ impl<'s> AnalysedLater<'s> {
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.cell.get_or_init(|| Analysed::new(snap))
         }));
-        match built {
-            Ok(an) => an,
-            Err(panic) => {
-                self.failed
-                    .store(true, std::sync::atomic::Ordering::Release);
-                std::panic::resume_unwind(panic)
-            }
-        }
+        self.settle(built.is_ok());
+        built.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
+    fn settle(&self, built: bool) {
+        // The lock is never held across a panic; a poisoned one still holds
+        // a valid `Option<bool>`.
+        let mut outcome = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        *outcome = Some(built);
+        self.settled.notify_all();
     }
 }
 
@@ -207,14 +212,16 @@ impl<'s> AnalysedSource<'s> for AnalysedLater<'s> {
         self.cell.get()
     }
     fn wait(&self) -> &Analysed<'s> {
-        loop {
-            if let Some(an) = self.cell.get() {
-                return an;
-            }
-            if self.failed.load(std::sync::atomic::Ordering::Acquire) {
-                panic!("the analysed trace this replay waits for was not built");
-            }
-            std::thread::sleep(std::time::Duration::from_micros(200));
+        let mut outcome = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
+        while outcome.is_none() {
+            outcome = self
+                .settled
+                .wait(outcome)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        match self.cell.get() {
+            Some(an) => an,
+            None => panic!("the analysed trace this replay waits for was not built"),
         }
     }
 }
