@@ -576,8 +576,9 @@ fn peak_of_trace<'s>(
                 peak_reserved: p.peak_reserved,
                 warnings: p.warnings(snap),
             };
-            // Pass 2 needs no analysed trace: run it before waiting for one.
-            let live = live_at_peak(snap, t.device, opts, initial, first.peak_allocated.1);
+            // Pass 2 was run too: the replay kept the blocks live at the
+            // peak as it went past it.
+            let live = (p.live_at_peak().to_vec(), p.peak_allocated.0);
             let an = source.wait();
             let mut tracker = StepTracker::new(0, 0);
             let starts = &an.traces[trace].steps.starts;

@@ -18,7 +18,7 @@
 
 use super::config::recorded_config;
 use super::initial::InitialState;
-use super::{start_warnings, PoolTotals, Replay, ReplayOptions};
+use super::{start_warnings, LiveBlock, PoolTotals, Replay, ReplayOptions};
 use crate::sim::{AllocatorConfig, DeviceLimits};
 use crate::snapshot::{AllocatorSettings, EventSink, Snapshot, TraceEvent};
 use std::path::Path;
@@ -42,6 +42,9 @@ pub struct PeakPass {
     allocated: Vec<u64>,
     /// Reserved bytes from each event at which they changed.
     reserved: Vec<(usize, u64)>,
+    /// The blocks live at the allocated peak, by address (kept as the replay
+    /// went past it: no second replay to the peak).
+    live_at_peak: Vec<LiveBlock>,
 }
 
 impl std::fmt::Debug for PeakPass {
@@ -76,6 +79,11 @@ impl PeakPass {
                 .segments
                 .iter()
                 .any(|s| s.device == device && s.pool_id != (0, 0))
+    }
+
+    /// The blocks live at the allocated peak, by address.
+    pub fn live_at_peak(&self) -> &[LiveBlock] {
+        &self.live_at_peak
     }
 
     /// Allocated and reserved bytes after each event, in order.
@@ -189,7 +197,9 @@ fn replay_arriving(rx: Receiver<Arrived>, config: AllocatorConfig) -> Option<Pea
                 received += events.len();
                 r.feed(&events, &streams);
                 while let Some((i, t)) = r.step_totals_ready() {
-                    pass.observe(i, t);
+                    if pass.observe(i, t) {
+                        r.keep_live_here();
+                    }
                 }
                 r.drop_replayed();
                 if !r.warnings().is_empty() {
@@ -207,7 +217,9 @@ fn replay_arriving(rx: Receiver<Arrived>, config: AllocatorConfig) -> Option<Pea
     }
     r.close();
     while let Some((i, t)) = r.step_totals_ready() {
-        pass.observe(i, t);
+        if pass.observe(i, t) {
+            r.keep_live_here();
+        }
     }
     let (device, events) = whole?;
     let complete = in_order && events == received && r.position() == received;
@@ -222,6 +234,8 @@ fn replay_arriving(rx: Receiver<Arrived>, config: AllocatorConfig) -> Option<Pea
         peak_reserved: pass.peak_reserved,
         allocated: pass.allocated,
         reserved: pass.reserved,
+        // No event above the start: what was live before the first (nothing).
+        live_at_peak: r.kept_live_blocks().unwrap_or_default(),
     })
 }
 
@@ -245,9 +259,12 @@ impl FirstPass {
         }
     }
 
+    /// Takes the totals after event `index`; whether they are a new
+    /// allocated peak.
     #[inline]
-    fn observe(&mut self, index: usize, t: PoolTotals) {
-        if t.allocated > self.peak_allocated.0 {
+    fn observe(&mut self, index: usize, t: PoolTotals) -> bool {
+        let peak = t.allocated > self.peak_allocated.0;
+        if peak {
             self.peak_allocated = (t.allocated, Some(index));
         }
         if t.reserved > self.peak_reserved.0 {
@@ -258,6 +275,7 @@ impl FirstPass {
             self.reserved.push((index, t.reserved));
             self.last_reserved = t.reserved;
         }
+        peak
     }
 }
 
@@ -329,6 +347,16 @@ mod tests {
             assert!(whole.warnings().is_empty(), "{}", path.display());
             let fed: Vec<(u64, u64)> = pass.totals().collect();
             assert_eq!(fed, totals, "{}", path.display());
+            let mut to_peak = Replay::from_initial(&snap, t.device, &opts, InitialState::default());
+            if let Some(i) = pass.peak_allocated.1 {
+                to_peak.run_to(i);
+            }
+            assert_eq!(
+                pass.live_at_peak(),
+                to_peak.live_blocks(),
+                "{}",
+                path.display()
+            );
             compared += 1;
         }
         assert!(compared >= 20, "only {compared} traces compared");

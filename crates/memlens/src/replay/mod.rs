@@ -201,6 +201,40 @@ struct LiveEntry {
 
 const NO_INDEX: u32 = u32::MAX;
 
+/// The live blocks of a moment the replay has gone past (the running peak):
+/// each block that was live then is kept here as it was, the first time the
+/// replay changes or drops it; the others are still in the live map.
+#[derive(Default)]
+struct KeptMoment {
+    /// The event after which the moment is.
+    index: u32,
+    before: HashMap<u64, LiveEntry>,
+}
+
+impl KeptMoment {
+    /// Keeps `entry` (at `addr`, about to change) if it was live at the moment.
+    #[inline]
+    fn keep(&mut self, addr: u64, entry: &LiveEntry) {
+        if entry.alloc_index <= self.index || entry.alloc_index == NO_INDEX {
+            self.before.entry(addr).or_insert(*entry);
+        }
+    }
+}
+
+/// A live-map entry as a [`LiveBlock`].
+fn live_block((&addr, e): (&u64, &LiveEntry)) -> LiveBlock {
+    LiveBlock {
+        addr,
+        size: e.size,
+        requested: e.requested,
+        stream: e.stream,
+        stack: e.stack,
+        alloc_index: (e.alloc_index != NO_INDEX).then_some(e.alloc_index),
+        pending_free: e.pending,
+        small: e.small,
+    }
+}
+
 /// What every replay of `snap` says before its first event.
 pub(crate) fn start_warnings(snap: &Snapshot) -> Vec<String> {
     if snap.settings.trace_alloc_overflowed == Some(true) {
@@ -237,6 +271,8 @@ pub struct Replay<'s> {
     warnings: Vec<String>,
     initial: InitialState,
     segment_sizes: Vec<u64>,
+    /// The moment whose live blocks are kept, if any ([`Replay::keep_live_here`]).
+    moment: Option<KeptMoment>,
 }
 
 impl<'s> Replay<'s> {
@@ -290,6 +326,7 @@ impl<'s> Replay<'s> {
             warnings: Vec::new(),
             initial: InitialState::default(),
             segment_sizes: Vec::new(),
+            moment: None,
         };
         for w in start_warnings(snap) {
             r.warn(w);
@@ -505,22 +542,43 @@ impl<'s> Replay<'s> {
 
     /// Blocks live now, by address.
     pub fn live_blocks(&self) -> Vec<LiveBlock> {
-        let mut v: Vec<LiveBlock> = self
-            .live
-            .iter()
-            .map(|(&addr, e)| LiveBlock {
-                addr,
-                size: e.size,
-                requested: e.requested,
-                stream: e.stream,
-                stack: e.stack,
-                alloc_index: (e.alloc_index != NO_INDEX).then_some(e.alloc_index),
-                pending_free: e.pending,
-                small: e.small,
-            })
-            .collect();
+        let mut v: Vec<LiveBlock> = self.live.iter().map(live_block).collect();
         v.sort_unstable_by_key(|b| b.addr);
         v
+    }
+
+    /// From now on, keeps the blocks live right after the last event
+    /// replayed, so that [`Replay::kept_live_blocks`] can give them later
+    /// without replaying to here again (the peak's, as the replay finds it).
+    pub(crate) fn keep_live_here(&mut self) {
+        let index = self.pos.saturating_sub(1) as u32;
+        match self.moment.as_mut() {
+            Some(m) => {
+                m.index = index;
+                // Clearing costs the map's capacity even when it is empty.
+                if !m.before.is_empty() {
+                    m.before.clear();
+                }
+            }
+            None => {
+                self.moment = Some(KeptMoment {
+                    index,
+                    before: HashMap::new(),
+                })
+            }
+        }
+    }
+
+    /// The blocks live at the moment [`Replay::keep_live_here`] last marked,
+    /// by address (`None` when none was marked).
+    pub(crate) fn kept_live_blocks(&self) -> Option<Vec<LiveBlock>> {
+        let m = self.moment.as_ref()?;
+        let still = self.live.iter().filter(|(addr, e)| {
+            (e.alloc_index <= m.index || e.alloc_index == NO_INDEX) && !m.before.contains_key(*addr)
+        });
+        let mut v: Vec<LiveBlock> = m.before.iter().chain(still).map(live_block).collect();
+        v.sort_unstable_by_key(|b| b.addr);
+        Some(v)
     }
 
     /// Segments now, with their blocks (tags are `alloc` event indices).
@@ -762,6 +820,9 @@ impl<'s> Replay<'s> {
             }
         }
         if let Some(old) = self.live.remove(&e.addr) {
+            if let Some(m) = self.moment.as_mut() {
+                m.keep(e.addr, &old);
+            }
             self.warn(format!(
                 "alloc at {:#x} while a block there is live; dropping it",
                 e.addr
@@ -932,6 +993,9 @@ impl<'s> Replay<'s> {
         if entry.pending {
             return Delta::None;
         }
+        if let Some(m) = self.moment.as_mut() {
+            m.keep(e.addr, entry);
+        }
         entry.pending = true;
         let (size, small, h) = (entry.size, entry.small, entry.handle);
         if let Some(h) = h {
@@ -954,6 +1018,9 @@ impl<'s> Replay<'s> {
             ));
             return Delta::None;
         };
+        if let Some(m) = self.moment.as_mut() {
+            m.keep(e.addr, &entry);
+        }
         if let Some(h) = entry.handle {
             self.model.free_completed(h);
         }
