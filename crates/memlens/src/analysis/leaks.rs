@@ -167,6 +167,47 @@ fn judge(series: &[u64], steps_spanned: u64) -> Option<Confidence> {
     }
 }
 
+/// Growth that comes every few steps rather than every step: a tensor kept
+/// at each logging or evaluation step, every N steps. Per step it averages
+/// little (below [`MIN_GROWTH_PER_STEP`]) and most steps do not grow, so
+/// [`judge`] sees noise; but noise goes up and down, and this never goes
+/// down. A leak when the site never shrinks, keeps more blocks, grew at
+/// least [`MIN_STEPS`] times by [`MIN_GROWTH`] in all, began growing in the
+/// first half of the steps and is still growing at the end (no longer since
+/// its last growth than the longest gap between two). High confidence when
+/// the growths come at a steady pace (no gap over twice the shortest).
+fn judge_intermittent(series: &[u64], counts: &[u64]) -> Option<Confidence> {
+    let (&first, &last) = (series.first()?, series.last()?);
+    let (&first_count, &last_count) = (counts.first()?, counts.last()?);
+    if series.windows(2).any(|w| w[1] < w[0])
+        || last < first.saturating_add(MIN_GROWTH)
+        || last_count <= first_count
+    {
+        return None;
+    }
+    let grew: Vec<usize> = series
+        .windows(2)
+        .enumerate()
+        .filter(|(_, w)| w[1] > w[0])
+        .map(|(i, _)| i)
+        .collect();
+    let steps = series.len() - 1;
+    let (&begun, &latest) = (grew.first()?, grew.last()?);
+    if (grew.len() as u64) < MIN_STEPS || begun * 2 > steps {
+        return None;
+    }
+    let gaps: Vec<usize> = grew.windows(2).map(|w| w[1] - w[0]).collect();
+    let (&shortest, &longest) = (gaps.iter().min()?, gaps.iter().max()?);
+    if steps - 1 - latest > longest {
+        return None; // it stopped growing
+    }
+    Some(if longest <= 2 * shortest {
+        Confidence::High
+    } else {
+        Confidence::Medium
+    })
+}
+
 /// A site whose number of live blocks does not grow holds the same tensors,
 /// replaced by larger ones (a batch that grows, a varying shape): a leak only
 /// when the growth is steady, as a buffer grown by `torch.cat` each step is.
@@ -288,14 +329,14 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             .collect();
         // Unknown steps: each snapshot interval counts as one step.
         let span = step_span.unwrap_or((series.len() - 1) as u64);
-        let Some(conf) = judge(&series, span) else {
-            continue;
-        };
         let counts: Vec<u64> = lives
             .iter()
             .map(|l| l.get(site).map_or(0, |v| v.count))
             .collect();
-        let conf = replaced_not_kept(conf, &series, &counts);
+        let judged = judge(&series, span).map(|c| replaced_not_kept(c, &series, &counts));
+        let Some(conf) = judged.max(judge_intermittent(&series, &counts)) else {
+            continue;
+        };
         let growth = series.last().unwrap_or(&0) - series[0];
         let per = span.max(1);
         let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
@@ -445,14 +486,14 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
                 .map(|p| p.get(id).map_or(0, |v| v.0))
                 .collect();
             let intervals = (series.len() - 1) as u64;
-            let Some(conf) = judge(&series, intervals) else {
-                continue;
-            };
             let counts: Vec<u64> = points
                 .iter()
                 .map(|p| p.get(id).map_or(0, |v| v.1))
                 .collect();
-            let conf = replaced_not_kept(conf, &series, &counts);
+            let judged = judge(&series, intervals).map(|c| replaced_not_kept(c, &series, &counts));
+            let Some(conf) = judged.max(judge_intermittent(&series, &counts)) else {
+                continue;
+            };
             let stack = points
                 .iter()
                 .rev()
@@ -466,7 +507,15 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
                 .rev()
                 .find_map(|p| p.get(id))
                 .map_or(0, |v| v.3);
-            let backward_seen = facts.backward_follows(newest as usize);
+            // A block made outside a forward pass has no graph to keep: then
+            // the question is only whether the steps train at all.
+            let made_in_forward = facts.ev_phase.get(newest as usize)
+                == Some(&crate::analysis::categories::Phase::Forward);
+            let backward_seen = if made_in_forward {
+                facts.backward_follows(newest as usize)
+            } else {
+                facts.backward_in_step.iter().any(|b| *b)
+            };
             let growth = series.last().unwrap_or(&0) - series[0];
             let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
             let traits = Traits {
@@ -616,6 +665,54 @@ mod tests {
         assert_eq!(
             judge(&[5 * mib, 2 * mib, 9 * mib, mib, 7 * mib], 4),
             Some(Confidence::Low)
+        );
+    }
+
+    #[test]
+    fn judges_growth_every_few_steps() {
+        let kib = 1u64 << 10;
+        // 256 KiB kept every 10th step of 500: 25.6 KiB a step on average.
+        let every_tenth = |k: u64| (k / 10 + 1) * 256 * kib;
+        let series: Vec<u64> = (0..500).map(every_tenth).collect();
+        let counts: Vec<u64> = (0..500).map(|k| k / 10 + 1).collect();
+        assert_eq!(judge(&series, 499), None, "too little a step for judge");
+        assert_eq!(judge_intermittent(&series, &counts), Some(Confidence::High));
+        // Growth that stopped at step 100 of 500 (a cache that filled up).
+        let stopped: Vec<u64> = (0..500).map(|k| every_tenth(k.min(100))).collect();
+        let stopped_counts: Vec<u64> = (0..500).map(|k| k.min(100) / 10 + 1).collect();
+        assert_eq!(judge_intermittent(&stopped, &stopped_counts), None);
+        // Growth only in the second half began too late to call.
+        let late: Vec<u64> = (0..500).map(|k| every_tenth(k.max(300))).collect();
+        let late_counts: Vec<u64> = (0..500).map(|k| k.max(300) / 10 + 1).collect();
+        assert_eq!(judge_intermittent(&late, &late_counts), None);
+        // Up and down is noise, however it ends.
+        let mut wobble = series.clone();
+        wobble[255] = wobble[254] - 512;
+        assert_eq!(judge_intermittent(&wobble, &counts), None);
+        // The same tensors replaced by larger ones (no more blocks): not this rule.
+        assert_eq!(judge_intermittent(&series, &vec![1; 500]), None);
+        // Irregular gaps: medium.
+        let irregular: Vec<u64> = (0..500u64)
+            .map(|k| {
+                if k < 250 {
+                    every_tenth(k)
+                } else {
+                    every_tenth(k - k % 40)
+                }
+            })
+            .collect();
+        let irregular_counts: Vec<u64> = (0..500u64)
+            .map(|k| {
+                if k < 250 {
+                    k / 10 + 1
+                } else {
+                    (k - k % 40) / 10 + 1
+                }
+            })
+            .collect();
+        assert_eq!(
+            judge_intermittent(&irregular, &irregular_counts),
+            Some(Confidence::Medium)
         );
     }
 
