@@ -229,6 +229,6 @@ fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
             used.push(name);
         }
     }
-    // 22 of the 50 recordings start with the process under default settings.
+    // 24 of the 52 recordings start with the process under default settings.
     assert!(used.len() >= 20, "{} used: {used:?}", used.len());
 }
