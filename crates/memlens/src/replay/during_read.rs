@@ -22,6 +22,7 @@ use super::{start_warnings, LiveBlock, PoolTotals, Replay, ReplayOptions};
 use crate::sim::{AllocatorConfig, DeviceLimits};
 use crate::snapshot::{AllocatorSettings, EventSink, Snapshot, TraceEvent};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 
@@ -122,13 +123,20 @@ pub fn load(path: &Path) -> crate::Result<Snapshot> {
     }
     let config = recorded_config(&AllocatorSettings::default());
     let (tx, rx) = sync_channel(QUEUE);
+    let gave_up = Arc::new(AtomicBool::new(false));
+    let told = Arc::clone(&gave_up);
     let spawned = std::thread::Builder::new()
         .name("memlens-peak".into())
-        .spawn(move || replay_arriving(rx, config));
+        .spawn(move || replay_arriving(rx, config, &told));
     let Ok(worker) = spawned else {
         return Snapshot::load(path);
     };
-    let read = crate::snapshot::build::load_path_into(path, Box::new(Channel { tx, streams: 0 }));
+    let sink = Channel {
+        tx,
+        streams: 0,
+        gave_up,
+    };
+    let read = crate::snapshot::build::load_path_into(path, Box::new(sink));
     // The reader dropped its end of the channel: the worker finishes.
     let pass = worker.join().ok().flatten();
     let mut snap = read?;
@@ -153,10 +161,16 @@ enum Arrived {
 struct Channel {
     tx: SyncSender<Arrived>,
     streams: usize,
+    /// Set by the replaying thread when it gives up: the reader stops
+    /// copying batches for it.
+    gave_up: Arc<AtomicBool>,
 }
 
 impl EventSink for Channel {
     fn events(&mut self, first: usize, events: &[TraceEvent], streams: &[i64]) {
+        if self.gave_up.load(Ordering::Relaxed) {
+            return;
+        }
         // A send fails only when the worker is gone; the peak then replays
         // as before, so there is nothing to report here.
         if streams.len() > self.streams {
@@ -180,7 +194,11 @@ impl EventSink for Channel {
 /// where the model put it, mean the allocator was not empty when the trace
 /// began (or the model disagrees with it), and the peak will replay the
 /// trace from the state it reconstructs.
-fn replay_arriving(rx: Receiver<Arrived>, config: AllocatorConfig) -> Option<PeakPass> {
+fn replay_arriving(
+    rx: Receiver<Arrived>,
+    config: AllocatorConfig,
+    gave_up_flag: &AtomicBool,
+) -> Option<PeakPass> {
     let mut r = Replay::fed(config.clone());
     let mut streams = vec![0];
     let mut received = 0;
@@ -203,9 +221,11 @@ fn replay_arriving(rx: Receiver<Arrived>, config: AllocatorConfig) -> Option<Pea
                 }
                 r.drop_replayed();
                 if !r.warnings().is_empty() {
-                    // Keep taking batches (the reader must not block) but
-                    // drop them, and the figures so far.
+                    // Tell the reader to stop sending; take what is on the
+                    // way (the reader must not block) and drop it, and the
+                    // figures so far.
                     gave_up = true;
+                    gave_up_flag.store(true, Ordering::Relaxed);
                     pass = FirstPass::new(PoolTotals::default());
                 }
             }
@@ -308,7 +328,11 @@ mod tests {
     /// ends a batch, so its look-ahead waits for the next one).
     fn fed_in_pieces(events: &[TraceEvent], streams: &[i64], device: u32) -> Option<PeakPass> {
         let (tx, rx) = sync_channel(events.len() + 2);
-        let mut sink = Channel { tx, streams: 0 };
+        let mut sink = Channel {
+            tx,
+            streams: 0,
+            gave_up: Arc::new(AtomicBool::new(false)),
+        };
         let (mut at, mut k) = (0, 0usize);
         while at < events.len() {
             k = (k * 7 + 3) % 37;
@@ -318,7 +342,11 @@ mod tests {
         }
         sink.whole_trace(device, events.len());
         drop(sink);
-        replay_arriving(rx, recorded_config(&AllocatorSettings::default()))
+        replay_arriving(
+            rx,
+            recorded_config(&AllocatorSettings::default()),
+            &AtomicBool::new(false),
+        )
     }
 
     #[test]
