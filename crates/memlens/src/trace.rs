@@ -106,8 +106,8 @@ impl<'s> Analysed<'s> {
 impl TraceFacts {
     fn new(snap: &Snapshot, trace: usize, phases: &Phases) -> TraceFacts {
         // Each alloc's free does not depend on the phases and steps: the two
-        // walks run side by side (a third of the time of the whole on the
-        // 357 MB benchmark).
+        // walks run side by side (the free walk is about a third of the work
+        // on the 357 MB benchmark; on 2 busy cores the gain was within noise).
         let (free_of, (ev_phase, steps)) = rayon::join(
             || free_index_of_allocs(snap, trace),
             || {

@@ -208,6 +208,15 @@ fn judge_intermittent(series: &[u64], counts: &[u64]) -> Option<Confidence> {
     })
 }
 
+/// How sure a site's live bytes (`series`) and blocks (`counts`) over
+/// `steps_spanned` steps make a leak: steady growth ([`judge`], unless the
+/// same tensors were only replaced by larger ones) or growth every few steps
+/// ([`judge_intermittent`]), whichever is surer; `None`: no growth to judge.
+fn verdict(series: &[u64], counts: &[u64], steps_spanned: u64) -> Option<Confidence> {
+    let steady = judge(series, steps_spanned).map(|c| replaced_not_kept(c, series, counts));
+    steady.max(judge_intermittent(series, counts))
+}
+
 /// A site whose number of live blocks does not grow holds the same tensors,
 /// replaced by larger ones (a batch that grows, a varying shape): a leak only
 /// when the growth is steady, as a buffer grown by `torch.cat` each step is.
@@ -333,8 +342,7 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             .iter()
             .map(|l| l.get(site).map_or(0, |v| v.count))
             .collect();
-        let judged = judge(&series, span).map(|c| replaced_not_kept(c, &series, &counts));
-        let Some(conf) = judged.max(judge_intermittent(&series, &counts)) else {
+        let Some(conf) = verdict(&series, &counts, span) else {
             continue;
         };
         let growth = series.last().unwrap_or(&0) - series[0];
@@ -490,8 +498,7 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
                 .iter()
                 .map(|p| p.get(id).map_or(0, |v| v.1))
                 .collect();
-            let judged = judge(&series, intervals).map(|c| replaced_not_kept(c, &series, &counts));
-            let Some(conf) = judged.max(judge_intermittent(&series, &counts)) else {
+            let Some(conf) = verdict(&series, &counts, intervals) else {
                 continue;
             };
             let stack = points

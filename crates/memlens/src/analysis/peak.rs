@@ -11,7 +11,7 @@ use super::categories::{classify, Category};
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
 use crate::replay::initial::{self, InitialState};
-use crate::replay::{LiveBlock, Replay, ReplayOptions};
+use crate::replay::{LiveBlock, Peaks, Replay, ReplayOptions};
 use crate::snapshot::Snapshot;
 use crate::trace::Analysed;
 pub use crate::trace::BlockClassifier;
@@ -475,8 +475,7 @@ impl StepTracker {
 
 /// What pass 1 of the peak's replay found.
 struct FirstPass {
-    peak_allocated: (u64, Option<usize>),
-    peak_reserved: (u64, Option<usize>),
+    peaks: Peaks,
     warnings: Vec<String>,
 }
 
@@ -495,19 +494,12 @@ fn first_pass<'s>(
     let t = &snap.traces[trace];
     let mut r = Replay::from_initial(snap, t.device, opts, initial);
     let start = r.totals().all;
-    let (mut pa, mut pa_i, mut pr, mut pr_i) = (start.allocated, None, start.reserved, None);
+    let mut peaks = Peaks::new(start);
     let mut tracker = StepTracker::new(start.allocated, start.reserved);
     let mut starts: Option<&[usize]> = None;
     let mut early: Vec<(u64, u64)> = Vec::new();
     while let Some((index, a)) = r.step_totals() {
-        if a.allocated > pa {
-            pa = a.allocated;
-            pa_i = Some(index);
-        }
-        if a.reserved > pr {
-            pr = a.reserved;
-            pr_i = Some(index);
-        }
+        peaks.observe(index, &a);
         match starts {
             Some(st) => tracker.observe(st, index, a.allocated, a.reserved),
             None => {
@@ -530,12 +522,7 @@ fn first_pass<'s>(
             "the trace does not start when the allocator did (the ring buffer wrapped or recording began late): peaks are over the recorded window".into(),
         );
     }
-    let first = FirstPass {
-        peak_allocated: (pa, pa_i),
-        peak_reserved: (pr, pr_i),
-        warnings,
-    };
-    (first, tracker.finish())
+    (FirstPass { peaks, warnings }, tracker.finish())
 }
 
 /// Pass 2: the blocks live right after event `peak` (before the first event
@@ -572,13 +559,12 @@ fn peak_of_trace<'s>(
     let (first, step_peaks, (live, allocated_at_peak), an) = match pass {
         Some(p) => {
             let first = FirstPass {
-                peak_allocated: p.peak_allocated,
-                peak_reserved: p.peak_reserved,
+                peaks: p.peaks,
                 warnings: p.warnings(snap),
             };
             // Pass 2 was run too: the replay kept the blocks live at the
             // peak as it went past it.
-            let live = (p.live_at_peak().to_vec(), p.peak_allocated.0);
+            let live = (p.live_at_peak().to_vec(), p.peaks.allocated.0);
             let an = source.wait();
             let mut tracker = StepTracker::new(0, 0);
             let starts = &an.traces[trace].steps.starts;
@@ -589,13 +575,13 @@ fn peak_of_trace<'s>(
         }
         None => {
             let (first, steps) = first_pass(snap, source, trace, opts, initial.clone());
-            let live = live_at_peak(snap, t.device, opts, initial, first.peak_allocated.1);
+            let live = live_at_peak(snap, t.device, opts, initial, first.peaks.allocated.1);
             (first, steps, live, source.wait())
         }
     };
     let st = &an.traces[trace].steps;
-    let (pa, pa_i) = first.peak_allocated;
-    let (pr, pr_i) = first.peak_reserved;
+    let (pa, pa_i) = first.peaks.allocated;
+    let (pr, pr_i) = first.peaks.reserved;
     let warnings = first.warnings;
     let groups = an
         .classifier(trace)

@@ -18,7 +18,7 @@
 
 use super::config::recorded_config;
 use super::initial::InitialState;
-use super::{start_warnings, LiveBlock, PoolTotals, Replay, ReplayOptions};
+use super::{start_warnings, LiveBlock, Peaks, PoolTotals, Replay, ReplayOptions};
 use crate::sim::{AllocatorConfig, DeviceLimits};
 use crate::snapshot::{AllocatorSettings, EventSink, Snapshot, TraceEvent};
 use std::path::Path;
@@ -34,11 +34,8 @@ pub struct PeakPass {
     pub events: usize,
     /// The settings it was replayed under.
     pub config: AllocatorConfig,
-    /// Highest allocated bytes, and the event after which they were reached
-    /// (`None`: never above the start).
-    pub peak_allocated: (u64, Option<usize>),
-    /// Highest reserved bytes, and the event after which they were reached.
-    pub peak_reserved: (u64, Option<usize>),
+    /// The peaks and the events after which they were reached.
+    pub peaks: Peaks,
     /// Allocated bytes after each event.
     allocated: Vec<u64>,
     /// Reserved bytes from each event at which they changed.
@@ -53,8 +50,7 @@ impl std::fmt::Debug for PeakPass {
         f.debug_struct("PeakPass")
             .field("device", &self.device)
             .field("events", &self.events)
-            .field("peak_allocated", &self.peak_allocated)
-            .field("peak_reserved", &self.peak_reserved)
+            .field("peaks", &self.peaks)
             .finish_non_exhaustive()
     }
 }
@@ -197,50 +193,38 @@ impl EventSink for Channel {
 fn replay_arriving(
     rx: Receiver<Arrived>,
     config: AllocatorConfig,
-    gave_up_flag: &AtomicBool,
+    gave_up: &AtomicBool,
 ) -> Option<PeakPass> {
     let mut r = Replay::fed(config.clone());
-    let mut streams = vec![0];
     let mut received = 0;
     let mut in_order = true;
     let mut whole = None;
-    let mut gave_up = false;
     let mut pass = FirstPass::new(r.totals().all);
     for arrived in rx {
         match arrived {
-            Arrived::Streams(s) => streams = s,
-            Arrived::Events { .. } if gave_up => {}
+            Arrived::Streams(s) => r.set_streams(s),
+            // Taken (the reader must not block on what was on the way) and dropped.
+            Arrived::Events { .. } if gave_up.load(Ordering::Relaxed) => {}
             Arrived::Events { first, events } => {
                 in_order &= first == received;
                 received += events.len();
-                r.feed(&events, &streams);
-                while let Some((i, t)) = r.step_totals_ready() {
-                    if pass.observe(i, t) {
-                        r.keep_live_here();
-                    }
-                }
+                r.feed(&events);
+                pass.replay_ready(&mut r);
                 r.drop_replayed();
                 if !r.warnings().is_empty() {
-                    // Tell the reader to stop sending; take what is on the
-                    // way (the reader must not block) and drop it, and the
-                    // figures so far.
-                    gave_up = true;
-                    gave_up_flag.store(true, Ordering::Relaxed);
+                    // Tell the reader to stop sending, and drop the figures.
+                    gave_up.store(true, Ordering::Relaxed);
                     pass = FirstPass::new(PoolTotals::default());
                 }
             }
             Arrived::Whole { device, events } => whole = Some((device, events)),
         }
     }
-    if gave_up {
+    if gave_up.load(Ordering::Relaxed) {
         return None;
     }
     r.close();
-    while let Some((i, t)) = r.step_totals_ready() {
-        if pass.observe(i, t) {
-            r.keep_live_here();
-        }
-    }
+    pass.replay_ready(&mut r);
     let (device, events) = whole?;
     let complete = in_order && events == received && r.position() == received;
     if !complete || !r.warnings().is_empty() {
@@ -250,8 +234,7 @@ fn replay_arriving(
         device,
         events,
         config,
-        peak_allocated: pass.peak_allocated,
-        peak_reserved: pass.peak_reserved,
+        peaks: pass.peaks,
         allocated: pass.allocated,
         reserved: pass.reserved,
         // No event above the start: what was live before the first (nothing).
@@ -261,41 +244,32 @@ fn replay_arriving(
 
 /// The first pass's figures, event by event.
 struct FirstPass {
-    peak_allocated: (u64, Option<usize>),
-    peak_reserved: (u64, Option<usize>),
+    peaks: Peaks,
     allocated: Vec<u64>,
     reserved: Vec<(usize, u64)>,
-    last_reserved: u64,
 }
 
 impl FirstPass {
     fn new(start: PoolTotals) -> FirstPass {
         FirstPass {
-            peak_allocated: (start.allocated, None),
-            peak_reserved: (start.reserved, None),
+            peaks: Peaks::new(start),
             allocated: Vec::new(),
             reserved: Vec::new(),
-            last_reserved: start.reserved,
         }
     }
 
-    /// Takes the totals after event `index`; whether they are a new
-    /// allocated peak.
-    #[inline]
-    fn observe(&mut self, index: usize, t: PoolTotals) -> bool {
-        let peak = t.allocated > self.peak_allocated.0;
-        if peak {
-            self.peak_allocated = (t.allocated, Some(index));
+    /// Replays what `r` can replay now, keeping each event's totals and the
+    /// blocks live at each new allocated peak.
+    fn replay_ready(&mut self, r: &mut Replay<'_>) {
+        while let Some((index, t)) = r.step_totals_ready() {
+            self.allocated.push(t.allocated);
+            if self.reserved.last().map(|&(_, b)| b) != Some(t.reserved) {
+                self.reserved.push((index, t.reserved));
+            }
+            if self.peaks.observe(index, &t) {
+                r.keep_live_here();
+            }
         }
-        if t.reserved > self.peak_reserved.0 {
-            self.peak_reserved = (t.reserved, Some(index));
-        }
-        self.allocated.push(t.allocated);
-        if t.reserved != self.last_reserved || self.reserved.is_empty() {
-            self.reserved.push((index, t.reserved));
-            self.last_reserved = t.reserved;
-        }
-        peak
     }
 }
 
@@ -376,7 +350,7 @@ mod tests {
             let fed: Vec<(u64, u64)> = pass.totals().collect();
             assert_eq!(fed, totals, "{}", path.display());
             let mut to_peak = Replay::from_initial(&snap, t.device, &opts, InitialState::default());
-            if let Some(i) = pass.peak_allocated.1 {
+            if let Some(i) = pass.peaks.allocated.1 {
                 to_peak.run_to(i);
             }
             assert_eq!(

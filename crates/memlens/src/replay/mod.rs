@@ -212,10 +212,16 @@ struct KeptMoment {
 }
 
 impl KeptMoment {
+    /// Whether `entry` was allocated by the moment (or before the trace).
+    #[inline]
+    fn was_live(&self, entry: &LiveEntry) -> bool {
+        entry.alloc_index <= self.index || entry.alloc_index == NO_INDEX
+    }
+
     /// Keeps `entry` (at `addr`, about to change) if it was live at the moment.
     #[inline]
     fn keep(&mut self, addr: u64, entry: &LiveEntry) {
-        if entry.alloc_index <= self.index || entry.alloc_index == NO_INDEX {
+        if self.was_live(entry) {
             self.before.entry(addr).or_insert(*entry);
         }
     }
@@ -232,6 +238,40 @@ fn live_block((&addr, e): (&u64, &LiveEntry)) -> LiveBlock {
         alloc_index: (e.alloc_index != NO_INDEX).then_some(e.alloc_index),
         pending_free: e.pending,
         small: e.small,
+    }
+}
+
+/// The highest allocated and reserved bytes over a replay so far, each with
+/// the event after which it was reached (`None`: never above the start).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peaks {
+    /// Highest allocated bytes and where.
+    pub allocated: (u64, Option<usize>),
+    /// Highest reserved bytes and where.
+    pub reserved: (u64, Option<usize>),
+}
+
+impl Peaks {
+    /// The peaks before the first event: the totals at the start.
+    pub fn new(start: PoolTotals) -> Peaks {
+        Peaks {
+            allocated: (start.allocated, None),
+            reserved: (start.reserved, None),
+        }
+    }
+
+    /// Takes the totals after event `index`; whether they are a new
+    /// allocated peak.
+    #[inline]
+    pub fn observe(&mut self, index: usize, t: &PoolTotals) -> bool {
+        if t.reserved > self.reserved.0 {
+            self.reserved = (t.reserved, Some(index));
+        }
+        let higher = t.allocated > self.allocated.0;
+        if higher {
+            self.allocated = (t.allocated, Some(index));
+        }
+        higher
     }
 }
 
@@ -358,13 +398,15 @@ impl<'s> Replay<'s> {
         r
     }
 
-    /// Adds events that arrived to a fed replay, with the raw streams their
-    /// indices name so far.
-    pub(crate) fn feed(&mut self, events: &[TraceEvent], streams: &[i64]) {
-        if streams.len() > self.streams.len() {
-            self.streams = streams.to_vec();
-        }
+    /// Adds events that arrived to a fed replay.
+    pub(crate) fn feed(&mut self, events: &[TraceEvent]) {
         self.events.push(events);
+    }
+
+    /// The raw streams the stream indices of a fed replay's events name
+    /// (the reader's table so far).
+    pub(crate) fn set_streams(&mut self, streams: Vec<i64>) {
+        self.streams = streams;
     }
 
     /// No more events will arrive at a fed replay.
@@ -573,9 +615,10 @@ impl<'s> Replay<'s> {
     /// by address (`None` when none was marked).
     pub(crate) fn kept_live_blocks(&self) -> Option<Vec<LiveBlock>> {
         let m = self.moment.as_ref()?;
-        let still = self.live.iter().filter(|(addr, e)| {
-            (e.alloc_index <= m.index || e.alloc_index == NO_INDEX) && !m.before.contains_key(*addr)
-        });
+        let still = self
+            .live
+            .iter()
+            .filter(|(addr, e)| m.was_live(e) && !m.before.contains_key(*addr));
         let mut v: Vec<LiveBlock> = m.before.iter().chain(still).map(live_block).collect();
         v.sort_unstable_by_key(|b| b.addr);
         Some(v)
@@ -623,10 +666,7 @@ impl<'s> Replay<'s> {
             Action::Oom => self.on_oom(&event),
             Action::Snapshot => Delta::None,
         };
-        if !matches!(
-            event.action,
-            Action::SegmentAlloc | Action::SegmentMap | Action::SegmentFree | Action::SegmentUnmap
-        ) {
+        if !is_segment_event(event.action) {
             self.run_frees = 0;
             self.run_frees_oversize = 0;
             if !self.pending.is_empty() {
@@ -640,18 +680,12 @@ impl<'s> Replay<'s> {
 
     /// Replays every remaining event and summarises.
     pub fn run(mut self) -> ReplaySummary {
-        let mut peak_alloc = (self.totals.all.allocated, None);
-        let mut peak_res = (self.totals.all.reserved, None);
+        let mut peaks = Peaks::new(self.totals.all);
         let mut peak_active = self.totals.all.active;
         let mut peak_req = self.totals.all.requested;
         while self.advance().is_some() {
             let (index, t) = (self.pos - 1, self.totals.all);
-            if t.allocated > peak_alloc.0 {
-                peak_alloc = (t.allocated, Some(index));
-            }
-            if t.reserved > peak_res.0 {
-                peak_res = (t.reserved, Some(index));
-            }
+            peaks.observe(index, &t);
             peak_active = peak_active.max(t.active);
             peak_req = peak_req.max(t.requested);
         }
@@ -659,10 +693,10 @@ impl<'s> Replay<'s> {
         ReplaySummary {
             device: self.device,
             events: self.events.len(),
-            peak_allocated_bytes: peak_alloc.0,
-            peak_allocated_index: peak_alloc.1,
-            peak_reserved_bytes: peak_res.0,
-            peak_reserved_index: peak_res.1,
+            peak_allocated_bytes: peaks.allocated.0,
+            peak_allocated_index: peaks.allocated.1,
+            peak_reserved_bytes: peaks.reserved.0,
+            peak_reserved_index: peaks.reserved.1,
             peak_active_bytes: peak_active,
             peak_requested_bytes: peak_req,
             final_totals: self.totals,
@@ -706,15 +740,7 @@ impl<'s> Replay<'s> {
         self.events
             .from(from)
             .iter()
-            .find(|e| {
-                !matches!(
-                    e.action,
-                    Action::SegmentAlloc
-                        | Action::SegmentMap
-                        | Action::SegmentFree
-                        | Action::SegmentUnmap
-                )
-            })
+            .find(|e| !is_segment_event(e.action))
             .filter(|e| matches!(e.action, Action::Alloc | Action::Oom))
     }
 

@@ -16,15 +16,29 @@ use std::sync::Arc;
 
 /// Reads a snapshot file of any supported format.
 pub fn load_path(path: &Path) -> Result<Snapshot> {
+    read_path(path, None)
+}
+
+/// [`load_path`] that hands `sink` the trace events of a pickle as they are
+/// read (JSON is read as by [`load_path`], without it).
+pub fn load_path_into(path: &Path, sink: Box<dyn EventSink>) -> Result<Snapshot> {
+    read_path(path, Some(sink))
+}
+
+fn read_path(path: &Path, sink: Option<Box<dyn EventSink>>) -> Result<Snapshot> {
     let (container, reader) = crate::input::open(path)?;
+    if container == Container::Json {
+        return load_reader(container, reader, path);
+    }
+    let limits = Limits::default();
     if container == Container::Pickle {
         // A plain pickle is read in place (no copy into a window).
         if let Some(map) = crate::input::map(path) {
             drop(reader);
-            return read_pickle(&mut pickle::Mapped::new(map), path, Limits::default());
+            return read_pickle_into(&mut pickle::Mapped::new(map), path, limits, sink);
         }
     }
-    load_reader(container, reader, path)
+    read_pickle_into(&mut Input::new(reader), path, limits, sink)
 }
 
 /// [`load_path`] that stops early, with [`Error::Cancelled`], once `cancel`
@@ -111,23 +125,6 @@ fn read_pickle_into<S: Source>(
     heap.feed_sink();
     let root = heap.resolve(root);
     assemble(heap, root, path)
-}
-
-/// [`load_path`] that hands `sink` the trace events of a pickle as they are
-/// read (other formats are read as by [`load_path`], without it).
-pub fn load_path_into(path: &Path, sink: Box<dyn EventSink>) -> Result<Snapshot> {
-    let (container, reader) = crate::input::open(path)?;
-    if container == Container::Json {
-        return load_reader(container, reader, path);
-    }
-    let limits = Limits::default();
-    if container == Container::Pickle {
-        if let Some(map) = crate::input::map(path) {
-            drop(reader);
-            return read_pickle_into(&mut pickle::Mapped::new(map), path, limits, Some(sink));
-        }
-    }
-    read_pickle_into(&mut Input::new(reader), path, limits, Some(sink))
 }
 
 fn from_json(heap: &mut Heap, reader: Box<dyn Read + Send>, path: &Path) -> Result<Value> {
