@@ -26,6 +26,25 @@ impl World {
         std::fs::create_dir_all(dir.join("rt")).unwrap();
         let child = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = child.id();
+        // One frame (repeated forever): every sample sees the same figures.
+        let frame = format!(
+            r#"[[{{"index":0,"name":"Fake GPU","uuid":"GPU-fake-0","total_bytes":{},"used_bytes":{},
+            "processes":[{{"pid":{pid},"used_bytes":{}}}]}}]]"#,
+            80 * GIB,
+            6 * GIB,
+            4 * GIB + 512 * MIB
+        );
+        std::fs::write(dir.join("frames.json"), frame).unwrap();
+        let world = World { dir, child };
+        world.publish();
+        world
+    }
+
+    /// Writes the training process's publication, stamped now. Each command
+    /// publishes afresh: publications older than ten seconds are stale, and
+    /// on a loaded CI machine two runs of `top` can be that far apart.
+    fn publish(&self) {
+        let pid = self.child.id();
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -39,20 +58,14 @@ impl World {
             3 * GIB,
             5 * GIB
         );
-        std::fs::write(dir.join("rt").join(format!("{pid}-0.json")), doc).unwrap();
-        // One frame (repeated forever): every sample sees the same figures.
-        let frame = format!(
-            r#"[[{{"index":0,"name":"Fake GPU","uuid":"GPU-fake-0","total_bytes":{},"used_bytes":{},
-            "processes":[{{"pid":{pid},"used_bytes":{}}}]}}]]"#,
-            80 * GIB,
-            6 * GIB,
-            4 * GIB + 512 * MIB
-        );
-        std::fs::write(dir.join("frames.json"), frame).unwrap();
-        World { dir, child }
+        let tmp = self.dir.join("publication.tmp");
+        std::fs::write(&tmp, doc).unwrap();
+        // Renamed into place, as memlens.record does, so no reader sees half a file.
+        std::fs::rename(&tmp, self.dir.join("rt").join(format!("{pid}-0.json"))).unwrap();
     }
 
     fn top(&self) -> Command {
+        self.publish();
         let mut c = Command::new(env!("CARGO_BIN_EXE_memlens"));
         c.arg("top")
             .arg("--fake-source")
