@@ -601,7 +601,7 @@ class Recorder:
 def leak_alarm_line(rule: LeakRule, sites: List[Dict[str, Any]]) -> str:
     """The one-line alarm published for ``memlens top``."""
     fb = _native.format_bytes
-    line = f"+{fb(rule.per_step())}/step over {min(rule.streak, rule.steps)} steps"
+    line = f"+{fb(rule.per_step())}/step over {rule.span()} steps"
     if sites:
         line += f", top site {_where(sites[0])}"
     return line
@@ -627,11 +627,15 @@ def _where(row: Dict[str, Any]) -> str:
 def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: int) -> str:
     """The text of the :class:`LeakWarning`."""
     fb = _native.format_bytes
-    n = min(rule.streak, rule.steps)
+    span, rises = rule.span(), rule.rises
+    if rises == span:
+        grew = f"in each of the last {span} steps (+{fb(rule.growth())}, +{fb(rule.per_step())} a step; "
+    else:
+        grew = (f"in {rises} of the last {span} steps and never fell back (+{fb(rule.growth())}, "
+                f"+{fb(rule.per_step())} a step on average; ")
     text = (
         f"memlens: possible GPU memory leak: the memory still allocated after each step grew "
-        f"in each of the last {n} steps (+{fb(rule.growth())}, +{fb(rule.per_step())} a step; "
-        f"{fb(rule.history[-1])} after step {step})."
+        f"{grew}{fb(rule.history[-1])} after step {step})."
     )
     if sites:
         text += f"\nGrowing since step {since}, by allocation site (as `memlens leaks` judges it):"

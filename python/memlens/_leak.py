@@ -6,14 +6,19 @@ The rule (documented in the README and :func:`memlens.record`):
   what the step left behind (parameters, optimizer state, and anything leaked).
 * The first ``warmup`` steps (default 3) are ignored: optimizer state, cuBLAS
   workspaces and caches are created there and legitimately stay.
-* A step *grows* when the figure is strictly larger than after the step before.
-* The alarm fires, once, when the last ``steps`` steps (default 5) all grew and
-  together grew by at least ``min_bytes`` (default 8 MiB). Healthy training
-  keeps this figure flat from step to step, so steady growth is the signature
-  of a leak (a list that keeps losses with their graphs, a cache on a module).
+* A step *rises* when the figure is higher than after every step since the
+  watch began; the watch begins at the first rise (its *base* is the figure
+  just before) and ends when the figure falls back to the base or below.
+  Steps that stay flat neither count nor end it: a loop that keeps a tensor
+  every tenth step (an evaluation, a logging branch) rises once in ten steps.
+* The alarm fires, once, when the watch has seen ``steps`` rises (default 5)
+  and the figure stands at least ``min_bytes`` (default 8 MiB) above its base.
+  Healthy training keeps this figure flat from step to step, or gives back
+  what it took, so growth that is kept is the signature of a leak (a list that
+  keeps losses with their graphs, a cache on a module).
 * The total is only the trigger. memlens takes an in-memory snapshot (without
-  its trace) when a growth streak starts, halfway through it and when it
-  would fire, and asks the same rules as ``memlens leaks`` (in Rust) which
+  its trace) when the watch begins, at its middle rise and when it would
+  fire, and asks the same rules as ``memlens leaks`` (in Rust) which
   sites grew across those three points: growth over at least 3 steps, above
   the allocator's rounding noise, by the user's call path. No such site: no
   alarm (the total moved by noise), and the watch starts afresh.
@@ -45,59 +50,86 @@ class LeakRule:
     steps: int = 5
     min_bytes: int = 8 * MIB
     history: List[int] = field(default_factory=list)
-    streak: int = 0
+    rises: int = 0
+    """Rises seen since the watch began (0: no watch)."""
     fired: bool = False
     streak_start_step: Optional[int] = None
+    """The step of the watch's first rise."""
+    base: int = 0
+    """The figure just before the watch's first rise."""
+    high: int = 0
+    """The highest figure since the watch began."""
 
     def __post_init__(self) -> None:
-        # Two steps at least: the sites come from a diff between the snapshot
-        # taken after the first growing step and the one at the alarm.
+        # Two rises at least: the sites come from a diff between the snapshot
+        # taken at the first rise and the one at the alarm.
         if self.warmup < 0 or self.steps < 2 or self.min_bytes < 0:
             raise ValueError("leak rule: warmup >= 0, steps >= 2 and min_bytes >= 0 are needed")
 
+    @property
+    def streak(self) -> int:
+        """Rises since the watch began (the name of the earlier rule's count)."""
+        return self.rises
+
     def update(self, allocated: int) -> Optional[str]:
         """Records the bytes allocated after the next step; returns
-        :data:`BASELINE`, :data:`ALARM` or None."""
+        :data:`BASELINE`, :data:`MIDPOINT`, :data:`ALARM` or None."""
+        if self.fired:
+            return None  # the figures stay those of the alarm
         self.history.append(int(allocated))
         step = len(self.history)
-        if self.fired or step <= self.warmup or step < 2:
+        if step <= self.warmup or step < 2:
             return None
-        if self.history[-1] > self.history[-2]:
-            self.streak += 1
-        else:
-            self.streak = 0
-            self.streak_start_step = None
-            return None
-        if self.streak == 1:
+        now, before = self.history[-1], self.history[-2]
+        if self.rises == 0:
+            if now <= before:
+                return None
+            # The watch begins.
+            self.rises, self.base, self.high = 1, before, now
             self.streak_start_step = step
-        if self.streak >= self.steps and self.growth() >= self.min_bytes:
+        elif now <= self.base:
+            # Everything taken since the watch began was given back.
+            self.dismiss()
+            return None
+        elif now > self.high:
+            self.rises += 1
+            self.high = now
+        else:
+            return None
+        if self.rises >= self.steps and self.growth() >= self.min_bytes:
             self.fired = True
             return ALARM
-        if self.streak == 1:
+        if self.rises == 1:
             return BASELINE
-        if self.streak == self.midpoint():
+        if self.rises == self.midpoint():
             return MIDPOINT
         return None
 
     def midpoint(self) -> int:
-        """The streak length at which the middle snapshot is taken."""
+        """The rise at which the middle snapshot is taken."""
         return max(2, (self.steps + 1) // 2)
 
     def dismiss(self) -> None:
         """The sites showed no leak (the total moved by allocator noise, or a
-        tensor was replaced by a larger one): start watching afresh."""
+        tensor was replaced by a larger one), or the growth was given back:
+        start watching afresh."""
         self.fired = False
-        self.streak = 0
+        self.rises = 0
         self.streak_start_step = None
 
-    def growth(self) -> int:
-        """Bytes grown over the last ``steps`` steps (or the streak, if shorter)."""
-        n = min(self.streak, self.steps)
-        if n == 0 or len(self.history) <= n:
+    def span(self) -> int:
+        """Steps since the watch began, its first rise included."""
+        if self.streak_start_step is None:
             return 0
-        return self.history[-1] - self.history[-1 - n]
+        return len(self.history) - self.streak_start_step + 1
+
+    def growth(self) -> int:
+        """Bytes above the watch's base now."""
+        if self.rises == 0 or not self.history:
+            return 0
+        return self.history[-1] - self.base
 
     def per_step(self) -> int:
-        """Average growth per step over the same window."""
-        n = min(self.streak, self.steps)
+        """Average growth per step since the watch began."""
+        n = self.span()
         return self.growth() // n if n else 0

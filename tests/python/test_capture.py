@@ -358,12 +358,40 @@ def test_leak_rule_ignores_flat_noisy_and_small_growth():
     small = LeakRule(min_bytes=8 * MIB)
     assert ALARM not in [small.update(50 * MIB + i * 1024) for i in range(30)]
     interrupted = LeakRule()
-    seq = [10, 10, 10, 20, 30, 40, 40, 50, 60, 70, 80, 90]
-    # Three growing steps, a flat one, then a new streak that reaches five at 90.
+    seq = [10, 10, 10, 20, 30, 40, 10, 50, 60, 70, 80, 90]
+    # Three rises, then everything given back (10): the watch ends; a new one
+    # begins at 50 and reaches five rises at 90.
     assert ALARM not in [interrupted.update(v * MIB) for v in seq[:-1]]
     assert interrupted.update(seq[-1] * MIB) == ALARM
+    once = LeakRule()
+    # One rise that stays (a cache filled once) is no leak, however long it stays.
+    assert ALARM not in [once.update((50 if i < 10 else 90) * MIB) for i in range(500)]
     with pytest.raises(ValueError):
         LeakRule(steps=1)
+
+
+def test_leak_rule_fires_on_growth_every_few_steps():
+    # A loop that keeps 2 MiB every 10th step: flat steps between the rises
+    # neither count nor end the watch.
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    figures = [100 * MIB + (i // 10) * 2 * MIB for i in range(1, 101)]
+    events = {i + 1: e for i, e in enumerate(rule.update(f) for f in figures) if e}
+    assert events == {10: BASELINE, 30: MIDPOINT, 50: ALARM}
+    assert rule.rises == 5 and rule.span() == 41 and rule.growth() == 10 * MIB
+    # Noise on top (a buffer that comes and goes) does not end it either, as
+    # long as the figure stays above where the watch began.
+    noisy = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    noise = [f + (3 * MIB if i % 7 == 0 else 0) for i, f in enumerate(figures)]
+    assert ALARM in [noisy.update(f) for f in noise]
+
+
+def test_leak_message_says_how_often_it_grew():
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    for i in range(1, 51):
+        rule.update(100 * MIB + (i // 10) * 2 * MIB)
+    text = _capture.leak_message(rule, [], 50, 10)
+    assert "grew in 5 of the last 41 steps and never fell back (+10.00 MiB" in text, text
+    assert _capture.leak_alarm_line(rule, []).endswith("over 41 steps")
 
 
 def test_leak_alarm_names_the_site_that_grows(gpu, tmp_path):
