@@ -66,11 +66,6 @@ class LeakRule:
         if self.warmup < 0 or self.steps < 2 or self.min_bytes < 0:
             raise ValueError("leak rule: warmup >= 0, steps >= 2 and min_bytes >= 0 are needed")
 
-    @property
-    def streak(self) -> int:
-        """Rises since the watch began (the name of the earlier rule's count)."""
-        return self.rises
-
     def update(self, allocated: int) -> Optional[str]:
         """Records the bytes allocated after the next step; returns
         :data:`BASELINE`, :data:`MIDPOINT`, :data:`ALARM` or None."""
