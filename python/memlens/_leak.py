@@ -34,9 +34,9 @@ from typing import List, Optional
 MIB = 1024 * 1024
 
 BASELINE = "baseline"
-"""Returned by :meth:`LeakRule.update` when a snapshot should be taken now (a streak started)."""
+"""Returned by :meth:`LeakRule.update` when a snapshot should be taken now (a watch began)."""
 MIDPOINT = "midpoint"
-"""Returned by :meth:`LeakRule.update` halfway through a streak: a second snapshot, so
+"""Returned by :meth:`LeakRule.update` at the watch's middle rise: a second snapshot, so
 that the sites are judged on three points, as ``memlens leaks`` judges them."""
 ALARM = "alarm"
 """Returned by :meth:`LeakRule.update` when the alarm fires (once)."""
@@ -53,8 +53,8 @@ class LeakRule:
     rises: int = 0
     """Rises seen since the watch began (0: no watch)."""
     fired: bool = False
-    streak_start_step: Optional[int] = None
-    """The step of the watch's first rise."""
+    watch_start: int = 0
+    """The step of the watch's first rise (while ``rises`` > 0)."""
     base: int = 0
     """The figure just before the watch's first rise."""
     high: int = 0
@@ -81,7 +81,7 @@ class LeakRule:
                 return None
             # The watch begins.
             self.rises, self.base, self.high = 1, before, now
-            self.streak_start_step = step
+            self.watch_start = step
         elif now <= self.base:
             # Everything taken since the watch began was given back.
             self.dismiss()
@@ -110,17 +110,16 @@ class LeakRule:
         start watching afresh."""
         self.fired = False
         self.rises = 0
-        self.streak_start_step = None
 
     def span(self) -> int:
         """Steps since the watch began, its first rise included."""
-        if self.streak_start_step is None:
+        if self.rises == 0:
             return 0
-        return len(self.history) - self.streak_start_step + 1
+        return len(self.history) - self.watch_start + 1
 
     def growth(self) -> int:
         """Bytes above the watch's base now."""
-        if self.rises == 0 or not self.history:
+        if self.rises == 0:
             return 0
         return self.history[-1] - self.base
 

@@ -44,7 +44,7 @@ def line_of(tag):
     raise KeyError(tag)
 
 
-def run(name, steps, keep_every=0, shapes=False, eval_every=0, seed=0):
+def run(steps, keep_every=0, shapes=False, eval_every=0, seed=0):
     import torch
 
     import memlens
@@ -89,7 +89,7 @@ def main():
     sys.path.insert(0, args.proj)
     forward = line_of("forward")
     for name, steps, every in (("every10", 150, 10), ("every25", 200, 25)):
-        warned, alarm, _ = run(name, steps, keep_every=every)
+        warned, alarm, _ = run(steps, keep_every=every)
         report(len(warned) == 1, f"alarm.{name}.fires", f"{len(warned)} LeakWarnings; alarm line {alarm!r}")
         if warned:
             report(forward in warned[0], f"alarm.{name}.names_call_path",
@@ -98,7 +98,7 @@ def main():
     clean += [(f"clean_shapes{i}", dict(seed=i, shapes=True)) for i in (1, 2, 3)]
     clean += [("clean_eval", dict(seed=7, eval_every=10))]
     for name, kw in clean:
-        warned, alarm, allocated = run(name, 300, **kw)
+        warned, alarm, allocated = run(300, **kw)
         report(not warned and alarm is None, f"alarm.{name}.silent",
                f"{len(warned)} LeakWarnings {warned[:1]}; {allocated / 2**20:.1f} MiB allocated after 300 steps")
     print(f"{len(PASSED)} passed, {len(FAILED)} failed", flush=True)

@@ -35,13 +35,11 @@ impl World {
             4 * GIB + 512 * MIB
         );
         std::fs::write(dir.join("frames.json"), frame).unwrap();
-        let world = World { dir, child };
-        world.publish();
-        world
+        World { dir, child }
     }
 
     /// Writes the training process's publication, stamped now. Each command
-    /// publishes afresh: publications older than ten seconds are stale, and
+    /// of `top` publishes afresh (see [`World::top`]): publications older than ten seconds are stale, and
     /// on a loaded CI machine two runs of `top` can be that far apart.
     fn publish(&self) {
         let pid = self.child.id();
