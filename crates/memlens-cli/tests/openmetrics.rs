@@ -5,6 +5,8 @@
 //! endpoint is scraped on loopback and every figure must equal the one
 //! `top --once --json` prints.
 
+mod common;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -26,6 +28,7 @@ impl World {
         std::fs::create_dir_all(dir.join("rt")).unwrap();
         let child = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = child.id();
+        common::wait_for_sleep(pid);
         // One frame (repeated forever): every sample sees the same figures.
         let frame = format!(
             r#"[[{{"index":0,"name":"Fake GPU","uuid":"GPU-fake-0","total_bytes":{},"used_bytes":{},

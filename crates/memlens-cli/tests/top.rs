@@ -3,6 +3,8 @@
 //! the training process, and a publication file in a private
 //! `MEMLENS_RUNTIME_DIR` gives its allocator figures.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output};
 
@@ -22,6 +24,7 @@ impl World {
         std::fs::create_dir_all(dir.join("rt")).unwrap();
         let child = Command::new("sleep").arg("60").spawn().unwrap();
         let pid = child.id();
+        common::wait_for_sleep(pid);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .unwrap()
@@ -100,7 +103,7 @@ fn once_json_shows_nvml_and_allocator_figures() {
     assert_eq!(p["visibility"], "local");
     assert_eq!(
         p["cmdline"],
-        proc_cmdline(w.child.id()).map_or(serde_json::Value::Null, serde_json::Value::from)
+        common::proc_cmdline(w.child.id()).map_or(serde_json::Value::Null, serde_json::Value::from)
     );
     assert_eq!(p["used_bytes"], 3 * GIB);
     assert_eq!(p["torch"]["reserved_bytes"], 2 * GIB);
@@ -261,19 +264,4 @@ fn no_driver_is_a_clear_one_line_error() {
             );
         }
     }
-}
-
-/// What `/proc/PID/cmdline` says of `pid`, arguments joined by spaces, as
-/// memlens shows it. Normally `sleep 60`; but some CI sandboxes mount a
-/// `/proc` of another PID namespace, where the entry of the child's PID is
-/// another process (a kernel thread has no command line), and memlens must
-/// show what `/proc` says, not what the test hopes.
-fn proc_cmdline(pid: u32) -> Option<String> {
-    let bytes = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-    let text = String::from_utf8_lossy(&bytes)
-        .split('\0')
-        .filter(|a| !a.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ");
-    (!text.is_empty()).then_some(text)
 }
