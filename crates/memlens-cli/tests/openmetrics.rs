@@ -26,9 +26,8 @@ impl World {
         let dir = std::env::temp_dir().join(format!("memlens-om-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("rt")).unwrap();
-        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        let child = common::spawn_sleep();
         let pid = child.id();
-        common::wait_for_sleep(pid);
         // One frame (repeated forever): every sample sees the same figures.
         let frame = format!(
             r#"[[{{"index":0,"name":"Fake GPU","uuid":"GPU-fake-0","total_bytes":{},"used_bytes":{},
@@ -41,28 +40,19 @@ impl World {
         World { dir, child }
     }
 
-    /// Writes the training process's publication, stamped now. Each command
-    /// of `top` publishes afresh (see [`World::top`]): publications older than ten seconds are stale, and
-    /// on a loaded CI machine two runs of `top` can be that far apart.
+    /// Writes the training process's publication, stamped now (before each
+    /// run of `top`: see [`common::publish`]).
     fn publish(&self) {
-        let pid = self.child.id();
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
-        let doc = format!(
-            r#"{{"schema":"memlens/1","pid":{pid},"device":0,"rank":2,"step":41,
-            "allocated_bytes":{},"reserved_bytes":{},"active_bytes":{},"peak_allocated_bytes":{},
-            "time":{now},"leak_alarm":"+8.00 MiB/step over 5 steps","cmdline":"python train.py"}}"#,
+        let fields = format!(
+            r#""device":0,"rank":2,"step":41,"allocated_bytes":{},"reserved_bytes":{},
+            "active_bytes":{},"peak_allocated_bytes":{},
+            "leak_alarm":"+8.00 MiB/step over 5 steps","cmdline":"python train.py""#,
             3 * GIB,
             4 * GIB,
             3 * GIB,
             5 * GIB
         );
-        let tmp = self.dir.join("publication.tmp");
-        std::fs::write(&tmp, doc).unwrap();
-        // Renamed into place, as memlens.record does, so no reader sees half a file.
-        std::fs::rename(&tmp, self.dir.join("rt").join(format!("{pid}-0.json"))).unwrap();
+        common::publish(&self.dir.join("rt"), self.child.id(), &fields);
     }
 
     fn top(&self) -> Command {

@@ -22,23 +22,8 @@ impl World {
             std::env::temp_dir().join(format!("memlens-top-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(dir.join("rt")).unwrap();
-        let child = Command::new("sleep").arg("60").spawn().unwrap();
+        let child = common::spawn_sleep();
         let pid = child.id();
-        common::wait_for_sleep(pid);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_secs_f64();
-        let doc = format!(
-            r#"{{"schema":"memlens/1","pid":{pid},"device":0,"rank":null,"step":9,
-            "allocated_bytes":{},"reserved_bytes":{},"active_bytes":{},"peak_allocated_bytes":{},
-            "time":{now},"leak_alarm":null,"cmdline":"python train.py"}}"#,
-            GIB,
-            2 * GIB,
-            GIB,
-            GIB
-        );
-        std::fs::write(dir.join("rt").join(format!("{pid}-0.json")), doc).unwrap();
         // 40 frames: the child grows 40 MiB a frame; PID 4000000000 is foreign.
         let frames: Vec<String> = (0..40u64)
             .map(|t| {
@@ -55,7 +40,18 @@ impl World {
         World { dir, child }
     }
 
+    /// Runs `top` with `args`, the training process's publication written
+    /// afresh first (see [`common::publish`]).
     fn top(&self, args: &[&str]) -> Output {
+        let fields = format!(
+            r#""device":0,"rank":null,"step":9,"allocated_bytes":{},"reserved_bytes":{},
+            "active_bytes":{},"peak_allocated_bytes":{},"leak_alarm":null,"cmdline":"python train.py""#,
+            GIB,
+            2 * GIB,
+            GIB,
+            GIB
+        );
+        common::publish(&self.dir.join("rt"), self.child.id(), &fields);
         Command::new(env!("CARGO_BIN_EXE_memlens"))
             .arg("top")
             .arg("--fake-source")
