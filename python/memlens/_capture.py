@@ -628,14 +628,12 @@ def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: 
     """The text of the :class:`LeakWarning`."""
     fb = _native.format_bytes
     span, rises = rule.span(), rule.rises
-    if rises == span:
-        grew = f"in each of the last {span} steps (+{fb(rule.growth())}, +{fb(rule.per_step())} a step; "
-    else:
-        grew = (f"in {rises} of the last {span} steps and never fell back (+{fb(rule.growth())}, "
-                f"+{fb(rule.per_step())} a step on average; ")
+    steady = rises == span
+    how = f"in each of the last {span} steps" if steady else f"in {rises} of the last {span} steps and never fell back"
     text = (
         f"memlens: possible GPU memory leak: the memory still allocated after each step grew "
-        f"{grew}{fb(rule.history[-1])} after step {step})."
+        f"{how} (+{fb(rule.growth())}, +{fb(rule.per_step())} a step{'' if steady else ' on average'}; "
+        f"{fb(rule.history[-1])} after step {step})."
     )
     if sites:
         text += f"\nGrowing since step {since}, by allocation site (as `memlens leaks` judges it):"
