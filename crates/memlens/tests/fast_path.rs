@@ -1,8 +1,9 @@
-//! The reader's fast path for trace entries (`pickle/fast.rs`) gives the same
-//! snapshot as the general opcode loop: on every real snapshot we have (the
-//! fixtures and the test corpus) and on generated pickles that mix the shapes
-//! the fast path reads with those it leaves to the loop (first frames, odd
-//! values, unknown actions, memo puts out of order, cut files).
+//! The reader's fast paths for trace entries (`pickle/fast.rs`, and
+//! `pickle/entry.rs` within it) give the same snapshot as the general opcode
+//! loop: on every real snapshot we have (the fixtures and the test corpus)
+//! and on generated pickles that mix the shapes the fast paths read with
+//! those they leave to the loop (first frames, odd values, unknown actions,
+//! keys out of order, memo puts out of order, cut files).
 
 mod common;
 
@@ -11,13 +12,21 @@ use memlens::snapshot::build::load_bytes_with;
 use memlens::Snapshot;
 use std::path::{Path, PathBuf};
 
-fn limits(fast: bool) -> Limits {
+/// The three ways to read: the general loop alone, the fast path without
+/// the entry path, and both (the default).
+const WAYS: [(&str, bool, bool); 3] = [
+    ("general loop", false, false),
+    ("fast path", true, false),
+    ("entry path", true, true),
+];
+
+fn limits(fast: bool, entry: bool) -> Limits {
     Limits {
         fast_path: fast,
+        entry_path: entry,
         ..Limits::default()
     }
 }
-
 /// Every field of two snapshots, compared (strings by their text and id).
 fn assert_same(a: &Snapshot, b: &Snapshot, what: &str) {
     assert_eq!(a.segments, b.segments, "{what}: segments");
@@ -41,26 +50,30 @@ fn assert_same(a: &Snapshot, b: &Snapshot, what: &str) {
     assert_eq!(a.warnings, b.warnings, "{what}: warnings");
 }
 
-/// Reads `bytes` both ways; both must succeed alike or fail alike.
+/// Reads `bytes` the three ways; all must succeed alike or fail alike.
 fn compare(bytes: &[u8], what: &str) -> Option<Snapshot> {
     let name = Path::new(what);
-    let fast = load_bytes_with(bytes, name, limits(true));
-    let slow = load_bytes_with(bytes, name, limits(false));
-    match (fast, slow) {
-        (Ok(f), Ok(s)) => {
-            assert_same(&f, &s, what);
-            Some(f)
+    let [slow, rest @ ..] =
+        WAYS.map(|(_, fast, entry)| load_bytes_with(bytes, name, limits(fast, entry)));
+    for ((way, _, _), other) in WAYS[1..].iter().zip(&rest) {
+        match (other, &slow) {
+            (Ok(f), Ok(s)) => assert_same(f, s, &format!("{what} ({way})")),
+            (Err(f), Err(s)) => {
+                assert_eq!(
+                    f.to_string(),
+                    s.to_string(),
+                    "{what}: errors differ ({way})"
+                )
+            }
+            (f, s) => panic!(
+                "{what}: {way} {:?}, general loop {:?}",
+                f.as_ref().map(|_| "ok"),
+                s.as_ref().map(|_| "ok")
+            ),
         }
-        (Err(f), Err(s)) => {
-            assert_eq!(f.to_string(), s.to_string(), "{what}: errors differ");
-            None
-        }
-        (f, s) => panic!(
-            "{what}: fast path {:?}, general loop {:?}",
-            f.map(|_| "ok"),
-            s.map(|_| "ok")
-        ),
     }
+    let [_, entry] = rest;
+    entry.ok()
 }
 
 fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
@@ -292,6 +305,24 @@ impl Pickler {
         if rng.chance(5) {
             keys.remove(rng.below(keys.len() as u64) as usize);
         }
+        // Older PyTorch writes neither compile_context nor user_metadata.
+        if rng.chance(5) {
+            keys.retain(|k| !matches!(*k, "compile_context" | "user_metadata"));
+        }
+        // An `oom` entry says `device_free` where others say `addr`; now
+        // and then both, or a key twice.
+        if action == "oom" && rng.chance(80) {
+            for k in keys.iter_mut().filter(|k| **k == "addr") {
+                *k = "device_free";
+            }
+        }
+        if rng.chance(2) {
+            let k = keys[rng.below(keys.len() as u64) as usize];
+            keys.insert(rng.below(keys.len() as u64 + 1) as usize, k);
+        }
+        if rng.chance(1) {
+            keys.push("device_free");
+        }
         let action_at = if rng.chance(97) {
             0
         } else {
@@ -302,7 +333,9 @@ impl Pickler {
             self.str(key, rng);
             match key {
                 "action" => self.str(action, rng),
-                "addr" | "size" => match rng.below(if self.errors { 200 } else { 2 } + 2) {
+                "addr" | "size" | "device_free" => match rng
+                    .below(if self.errors { 200 } else { 2 } + 2)
+                {
                     0 if self.errors => self.long(&[0, 0, 0, 0, 0, 0, 0, 0x80, 0]),
                     0 => self.long(&(0x7f00_0000_0000 + rng.below(1 << 30) as i64).to_le_bytes()),
                     // Errors, both ways (in a tenth of the snapshots).

@@ -22,17 +22,19 @@
 //! `fast_path_equals_general_loop*` in `tests/reader.rs` check it on every
 //! fixture and on generated pickles.
 
+use super::entry::KeyTable;
 use super::input::Source;
 use super::vm::{self, decode_long, Fault, Vm};
 use super::{Builder, Value};
 
 /// Bytes of window the fast path wants in front of it: a trace entry takes
-/// about 100, one with a long stack a few hundred.
-const WANT: usize = 4096;
+/// about 100, one with a long stack a few hundred; the entry path reads a
+/// span of 4 KiB and a word past it (`entry::SPAN`).
+pub(super) const WANT: usize = 4096 + 8;
 /// Most key/value pairs in a fast dict (a trace entry has 8 or 9).
 const MAX_ITEMS: usize = 64;
 /// Most frames in an inline list (longer lists take the general loop).
-const MAX_FRAMES: usize = 2048;
+pub(super) const MAX_FRAMES: usize = 2048;
 /// Strings remembered from one dict to the next (`"N/A"`, action names).
 const CACHE: usize = 8;
 /// Longest string the cache keeps (packed in a u64).
@@ -66,13 +68,26 @@ pub(super) struct Scratch {
     /// The builder's values of `strs`, once committed.
     str_values: Vec<Value>,
     memo: Vec<Pending>,
-    frames: Vec<u32>,
+    pub(super) frames: Vec<u32>,
     /// Recently read strings and the values the builder gave them.
-    cache: Cache,
+    pub(super) cache: Cache,
     /// Memo bytes the builder is charged (as the general loop charges them).
     charge: usize,
     /// What the first phase found.
     found: Found,
+    /// The builder's trace-entry keys for the entry path (`entry.rs`), once
+    /// asked: `Some(None)` when it takes no entries that way.
+    entry_keys: Option<Option<KeyTable>>,
+}
+
+impl Scratch {
+    /// The value the string cache holds for `b[start..start + len]`, if any.
+    #[inline(always)]
+    pub(super) fn cached_at(&self, b: &[u8], start: usize, len: usize) -> Option<Value> {
+        let (x, slot) = cache_key_at(b, start, len)?;
+        let (held_len, held, value) = self.cache[slot];
+        (held_len as usize == len && held == x).then_some(value?)
+    }
 }
 
 /// What the first phase found (kept in the scratch: returned by value, the
@@ -99,6 +114,18 @@ pub(super) fn entry<S: Source, B: Builder>(
         return Ok(false);
     };
     let window = input.window(WANT)?;
+    if vm.limits.entry_path {
+        let table = *vm
+            .fast
+            .entry_keys
+            .get_or_insert_with(|| builder.entry_keys().as_ref().and_then(KeyTable::new));
+        if let Some(table) = table {
+            if let Some(n) = super::entry::read(vm, window, builder, &table)? {
+                input.skip(n);
+                return Ok(true);
+            }
+        }
+    }
     if look(vm, window, keys.first, keys.list).is_none() {
         return Ok(false);
     }
@@ -112,7 +139,7 @@ pub(super) fn entry<S: Source, B: Builder>(
 /// free slot (`next`): its length and what it charges, or `None` when there
 /// is no memo opcode there. `Err` for a put elsewhere (the general loop's).
 #[inline(always)]
-fn memo_put(b: &[u8], p: usize, next: usize) -> Result<Option<(usize, usize)>, ()> {
+pub(super) fn memo_put(b: &[u8], p: usize, next: usize) -> Result<Option<(usize, usize)>, ()> {
     match b.get(p) {
         Some(&vm::MEMOIZE) => Ok(Some((1, 4))),
         Some(&vm::BINPUT) => match b.get(p + 1) {
@@ -336,7 +363,7 @@ fn small_long(bytes: &[u8]) -> Option<i64> {
 /// The low `n` bytes (`n` <= 8) of `x`, sign-extended from the last of them:
 /// what `LONG1` of those bytes stands for.
 #[inline(always)]
-fn sign_extend(x: u64, n: usize) -> i64 {
+pub(super) fn sign_extend(x: u64, n: usize) -> i64 {
     if n == 0 {
         return 0;
     }
@@ -346,7 +373,7 @@ fn sign_extend(x: u64, n: usize) -> i64 {
 
 /// A memo reference at `b[p..]` to a slot of `kind`: its id and its length.
 #[inline(always)]
-fn memo_id(memo: &vm::Memo, b: &[u8], p: usize, kind: u32) -> Option<(u32, usize)> {
+pub(super) fn memo_id(memo: &vm::Memo, b: &[u8], p: usize, kind: u32) -> Option<(u32, usize)> {
     match *b.get(p)? {
         vm::BINGET => Some((memo.id_of_kind(*b.get(p + 1)? as usize, kind)?, 2)),
         vm::LONG_BINGET => {
@@ -431,7 +458,7 @@ fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, found: &Found) -> 
 }
 
 /// Recent short strings: `(length, bytes packed in a u64, value)`.
-type Cache = [(u8, u64, Option<Value>); CACHE];
+pub(super) type Cache = [(u8, u64, Option<Value>); CACHE];
 
 /// `bytes` (at most [`CACHE_LEN`]) packed in a u64, and its cache slot.
 #[inline(always)]
@@ -440,10 +467,27 @@ fn cache_key(bytes: &[u8]) -> Option<(u64, usize)> {
         return None;
     }
     let mut x = 0u64;
-    for &c in bytes {
-        x = x << 8 | c as u64;
+    for (i, &c) in bytes.iter().enumerate() {
+        x |= (c as u64) << (8 * i);
     }
     Some((x, (bytes.len() + x as usize) % CACHE))
+}
+
+/// [`cache_key`] of `b[start..start + len]`, read as one word when the
+/// window holds 8 bytes there (the loop was a fifth of a string's cost).
+#[inline(always)]
+fn cache_key_at(b: &[u8], start: usize, len: usize) -> Option<(u64, usize)> {
+    if len > CACHE_LEN {
+        return None;
+    }
+    match b.get(start..start + 8) {
+        Some(word) => {
+            let mask = u64::MAX.checked_shr(64 - 8 * len as u32).unwrap_or(0);
+            let x = u64::from_le_bytes(word.try_into().ok()?) & mask;
+            Some((x, (len + x as usize) % CACHE))
+        }
+        None => cache_key(b.get(start..start + len)?),
+    }
 }
 
 /// The value the cache holds for `bytes`, if any.
@@ -456,7 +500,7 @@ fn cache_slot(cache: &Cache, bytes: &[u8]) -> Option<Value> {
 
 /// The builder's value for a string, remembered for the next dicts.
 #[inline]
-fn cached_string<B: Builder>(cache: &mut Cache, bytes: &[u8], builder: &mut B) -> Value {
+pub(super) fn cached_string<B: Builder>(cache: &mut Cache, bytes: &[u8], builder: &mut B) -> Value {
     if let Some(v) = cache_slot(cache, bytes) {
         return v;
     }

@@ -17,8 +17,12 @@
 //! (`fast.rs`) when the builder asks for it ([`Builder::fast_keys`]): a whole
 //! entry is read from the window at once and handed to the builder as one
 //! dict; anything it does not expect goes through the general loop, with the
-//! same result.
+//! same result. Trace entries in PyTorch's own key order go one step further
+//! (`entry.rs`, when the builder asks for it with [`Builder::entry_keys`]):
+//! their fields are decoded straight into an [`EntryFields`], with no dict of
+//! generic values in between.
 
+mod entry;
 mod fast;
 pub mod input;
 pub mod vm;
@@ -168,6 +172,91 @@ pub trait Builder {
         let items: Vec<Value> = frames.iter().map(|&f| Value::Frame(f)).collect();
         self.append(l, &items)
     }
+    /// The keys of a trace entry, when the builder takes entries decoded
+    /// field by field ([`Builder::entry`]); `None` (the default) leaves every
+    /// dict to the fast path or the general loop.
+    fn entry_keys(&self) -> Option<EntryKeys> {
+        None
+    }
+    /// Whether [`Builder::entry`] takes an entry whose `action` is the string
+    /// `action` and whose frames are `frames` (interned frame ids). Changes
+    /// nothing: the reader asks before it commits anything, and reads the dict
+    /// the other way when the answer is no.
+    fn takes_entry(&self, action: u32, frames: &[u32]) -> bool {
+        let _ = (action, frames);
+        false
+    }
+    /// A trace entry the reader decoded field by field (only called after
+    /// [`Builder::takes_entry`] said yes): the same as
+    /// [`Builder::frames_list`] of `frames` (when the entry has a new list
+    /// of frames, [`EntryFrames::List`]) then [`Builder::filled_dict`] of its
+    /// items. Returns the entry's value and the new frames list's.
+    fn entry(&mut self, fields: &EntryFields, frames: &[u32]) -> Result<(Value, Value), String> {
+        let _ = (fields, frames);
+        Err("this builder does not take decoded trace entries".into())
+    }
+}
+
+/// Interned keys of a trace entry (see [`Builder::entry_keys`]). The reader
+/// takes a dict field by field when its keys are a subset of these, `action`
+/// first, in this order (PyTorch's), `addr` or `device_free` but not both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryKeys {
+    /// `action`: the name of what happened.
+    pub action: u32,
+    /// `addr`: a block or segment address.
+    pub addr: u32,
+    /// `device_free`: free device memory, in place of `addr` in an `oom` entry.
+    pub device_free: u32,
+    /// `size`: bytes.
+    pub size: u32,
+    /// `stream`: the CUDA stream.
+    pub stream: u32,
+    /// `time_us`: when, in epoch microseconds.
+    pub time_us: u32,
+    /// `compile_context`: a string (`"N/A"` when none).
+    pub compile_context: u32,
+    /// `user_metadata`: a string (empty when none).
+    pub user_metadata: u32,
+    /// `frames`: the list of frame dicts.
+    pub frames: u32,
+}
+
+/// A trace entry's fields as the reader decoded them (see [`Builder::entry`]).
+/// Only what the general loop would also accept reaches the builder this
+/// way: sizes and addresses are non-negative, strings are interned, frames
+/// are frames the builder made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EntryFields {
+    /// String id of the action's name.
+    pub action: u32,
+    /// `addr` or `device_free`, 0 when neither is there.
+    pub addr: u64,
+    /// `size`, 0 when absent.
+    pub size: u64,
+    /// The raw `stream`, `None` when absent.
+    pub stream: Option<i64>,
+    /// `time_us`, 0 when absent.
+    pub time_us: i64,
+    /// String id of `compile_context`, when present.
+    pub compile_context: Option<u32>,
+    /// String id of `user_metadata`, when present.
+    pub user_metadata: Option<u32>,
+    /// What the entry's `frames` key holds.
+    pub frames: EntryFrames,
+}
+
+/// The `frames` of a trace entry read field by field.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum EntryFrames {
+    /// No `frames` key.
+    #[default]
+    Absent,
+    /// A new list of frames (the frames are passed beside).
+    List,
+    /// A memo reference to a list of frames the builder already made into
+    /// this stack (PyTorch hands identical stacks over as one list).
+    Stack(u32),
 }
 
 /// Interned keys the fast path looks for (see [`Builder::fast_keys`]).

@@ -20,6 +20,10 @@ pub struct Limits {
     /// the builder asks for it. On by default; tests turn it off to prove
     /// both paths give the same snapshot.
     pub fast_path: bool,
+    /// Within the fast path, read trace entries in PyTorch's key order field
+    /// by field (module `pickle::entry`) when the builder takes them. On by
+    /// default; tests turn it off to prove it gives what the fast path gives.
+    pub entry_path: bool,
 }
 
 impl Default for Limits {
@@ -31,6 +35,7 @@ impl Default for Limits {
             max_item_bytes: 1 << 30,
             max_memo_gap: 1 << 20,
             fast_path: true,
+            entry_path: true,
         }
     }
 }
@@ -113,13 +118,17 @@ pub(super) struct Memo {
     scalars: Vec<Value>,
 }
 
-const MEMO_EMPTY: u32 = u32::MAX;
+pub(super) const MEMO_EMPTY: u32 = u32::MAX;
 /// Kind of a string in a packed memo slot.
 pub(super) const KIND_STR: u32 = 0;
 /// Kind of an interned frame in a packed memo slot.
 pub(super) const KIND_FRAME: u32 = 4;
-const ID_BITS: u32 = 28;
-const ID_MASK: u32 = (1 << ID_BITS) - 1;
+/// Kind of an interned stack (a list of frames) in a packed memo slot.
+pub(super) const KIND_STACK: u32 = 5;
+/// Bits of a packed memo slot that hold the id (the kind is above them).
+pub(super) const ID_BITS: u32 = 28;
+/// The id bits of a packed memo slot.
+pub(super) const ID_MASK: u32 = (1 << ID_BITS) - 1;
 
 impl Memo {
     #[inline]
@@ -172,6 +181,18 @@ impl Memo {
         Ok(())
     }
 
+    /// Fills the next slot with `v` (as [`Memo::put`] at the memo's length).
+    #[inline(always)]
+    pub(super) fn push(&mut self, v: Value, limits: &Limits) -> Result<(), String> {
+        match Self::handle(v) {
+            Some(h) => {
+                self.slots.push(h);
+                Ok(())
+            }
+            None => self.put(self.slots.len(), v, limits),
+        }
+    }
+
     /// After the builder converted `old` into `new`, points the memo slot that
     /// holds `old` at `new`, so later references skip the builder's lookup.
     /// A dict's memo slot is among the last few: only the memoized strings of
@@ -199,7 +220,7 @@ impl Memo {
             Value::List(i) => (2, i),
             Value::Tuple(i) => (3, i),
             Value::Frame(i) => (KIND_FRAME, i),
-            Value::Stack(i) => (5, i),
+            Value::Stack(i) => (KIND_STACK, i),
             Value::Event(i) => (6, i),
             _ => return None,
         };

@@ -9,7 +9,7 @@
 //! later memo reference to it still resolves.
 
 use super::{Action, EventSink, Frame, FrameId, StackId, StrId, Strings, TraceEvent, EMPTY_STACK};
-use crate::pickle::{Builder, FastKeys, Value};
+use crate::pickle::{Builder, EntryFields, EntryFrames, EntryKeys, FastKeys, Value};
 use hashbrown::{HashMap, HashTable};
 use std::hash::BuildHasher;
 
@@ -723,6 +723,73 @@ impl Builder for Heap {
             first: self.keys.action,
             list: self.keys.frames,
         })
+    }
+
+    fn entry_keys(&self) -> Option<EntryKeys> {
+        let k = self.keys;
+        Some(EntryKeys {
+            action: k.action,
+            addr: k.addr,
+            device_free: k.device_free,
+            size: k.size,
+            stream: k.stream,
+            time_us: k.time_us,
+            compile_context: k.compile_context,
+            user_metadata: k.user_metadata,
+            frames: k.frames,
+        })
+    }
+
+    fn takes_entry(&self, action: u32, frames: &[u32]) -> bool {
+        // A known action (their ids are the discriminants), and frames that
+        // were read; anything else takes the longer way, which reports it.
+        (action as usize) < Action::ALL.len()
+            && frames.iter().all(|&f| (f as usize) < self.frames.len())
+    }
+
+    fn entry(&mut self, e: &EntryFields, frames: &[u32]) -> Result<(Value, Value), String> {
+        // What `frames_list` then `as_event` do with the same fields.
+        let (stack, flags) = match e.frames {
+            EntryFrames::Absent => (EMPTY_STACK, 0),
+            EntryFrames::List => {
+                self.spend(8)?;
+                // The empty stack is stack 0 (`Heap::new`): no hashing.
+                let stack = match frames {
+                    [] => EMPTY_STACK,
+                    _ => self.intern_stack(frames),
+                };
+                (stack, TraceEvent::HAS_FRAMES)
+            }
+            EntryFrames::Stack(s) => (s, TraceEvent::HAS_FRAMES),
+        };
+        let mut flags = flags;
+        let action = *Action::ALL
+            .get(e.action as usize)
+            .ok_or("a trace entry with an unknown action")?;
+        let stream = match e.stream {
+            Some(raw) => self.intern_stream(raw),
+            None => 0,
+        };
+        let idx = self.events.len() as u32;
+        let cc = e.compile_context.filter(|&s| s != self.keys.na);
+        let um = e.user_metadata.filter(|&s| s != self.keys.empty);
+        if cc.is_some() || um.is_some() {
+            flags |= TraceEvent::HAS_EXTRAS;
+            self.extras.push((idx, cc, um));
+        }
+        self.events.push(TraceEvent {
+            addr: e.addr,
+            size: e.size,
+            time_us: e.time_us,
+            stack,
+            stream,
+            action,
+            flags,
+        });
+        if self.events.len() >= self.sink_at {
+            self.feed_sink();
+        }
+        Ok((Value::Event(idx), Value::Stack(stack)))
     }
 
     fn filled_dict(&mut self, items: &[Value]) -> Result<Value, String> {

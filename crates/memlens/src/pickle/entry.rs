@@ -1,0 +1,483 @@
+//! Trace entries in PyTorch's key order, decoded field by field.
+//!
+//! Nearly every dict of a snapshot is a trace entry written the same way:
+//!
+//! ```text
+//! EMPTY_DICT MEMOIZE MARK
+//!   action <str>  addr <int>  size <int>  stream <int>  time_us <int>
+//!   compile_context <str>  user_metadata <str>
+//!   frames EMPTY_LIST MEMOIZE [MARK BINGET x N APPENDS]
+//! SETITEMS
+//! ```
+//!
+//! (keys are memo references; older PyTorch leaves some keys out, an `oom`
+//! entry has `device_free` for `addr`; `frames` is a memo reference when the
+//! stack is one an earlier entry had, PyTorch handing both the same list). The fast path (`fast.rs`) reads such
+//! a dict into a list of generic [`Value`]s that the builder then walks key
+//! by key; here each value goes straight into its field of an
+//! [`EntryFields`], the one thing handed to the builder. It reads in the
+//! same two phases as the fast path: the first decodes and changes nothing,
+//! giving up on anything it does not expect (a key out of order, a negative
+//! size, a string that is neither memoized nor new, a frames list that is a
+//! memo reference...), and the fast path then reads the same bytes; the
+//! second makes the calls the fast path makes, in its order. The tests in
+//! `tests/fast_path.rs` read every fixture and thousands of generated and
+//! cut pickles all three ways.
+
+use super::fast::{cached_string, sign_extend, Scratch, MAX_FRAMES};
+use super::vm::{self, Fault, Memo, Vm};
+use super::{Builder, EntryFields, EntryFrames, EntryKeys, Value};
+
+/// The builder's trace-entry keys as the memo holds them (a packed string
+/// handle, see [`Memo::handle`]): a key reference is recognised by comparing
+/// the slot it names with these, one load and one comparison.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct KeyTable {
+    action: u32,
+    addr: u32,
+    device_free: u32,
+    size: u32,
+    stream: u32,
+    time_us: u32,
+    compile_context: u32,
+    user_metadata: u32,
+    frames: u32,
+}
+
+impl KeyTable {
+    /// The table for `keys`, or `None` when a key cannot be packed.
+    pub(super) fn new(keys: &EntryKeys) -> Option<KeyTable> {
+        let packed = |id| Memo::handle(Value::Str(id));
+        Some(KeyTable {
+            action: packed(keys.action)?,
+            addr: packed(keys.addr)?,
+            device_free: packed(keys.device_free)?,
+            size: packed(keys.size)?,
+            stream: packed(keys.stream)?,
+            time_us: packed(keys.time_us)?,
+            compile_context: packed(keys.compile_context)?,
+            user_metadata: packed(keys.user_metadata)?,
+            frames: packed(keys.frames)?,
+        })
+    }
+}
+
+/// Bytes of the window an entry may take on this path (a power of two:
+/// positions are masked into it). Longer entries, with stacks of hundreds
+/// of frames, take the fast path.
+const SPAN: usize = 4096;
+// The fast path asks its source for the span and a word past it.
+const _: () = assert!(SPAN.is_power_of_two() && SPAN + 8 <= super::fast::WANT);
+
+/// The first [`SPAN`] bytes of the window (and 8 more, so that a word read
+/// at any position in the span is in bounds), read at positions masked into
+/// the span: no bounds check on any read. A position past the span wraps to
+/// its start and reads bytes that are not the entry's; [`decode`] gives up on
+/// an entry whose end is past the span, so nothing read that way is ever
+/// used.
+#[derive(Clone, Copy)]
+struct Span<'a>(&'a [u8; SPAN + 8]);
+
+impl<'a> Span<'a> {
+    /// The span of `b`, when `b` holds it.
+    #[inline(always)]
+    fn of(b: &'a [u8]) -> Option<Self> {
+        Some(Span(b.get(..SPAN + 8)?.try_into().ok()?))
+    }
+
+    /// The byte at `p`.
+    #[inline(always)]
+    fn byte(self, p: usize) -> u8 {
+        self.0[p & (SPAN - 1)]
+    }
+
+    /// The 8 bytes from `p` as one little-endian word: an opcode and its
+    /// argument (a memo reference, a short integer) read at once.
+    #[inline(always)]
+    fn word(self, p: usize) -> u64 {
+        let i = p & (SPAN - 1);
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.0[i..i + 8]);
+        u64::from_le_bytes(w)
+    }
+}
+
+/// The memo slot that the reference at the start of `w` names, as packed
+/// there, and the reference's length; `(MEMO_EMPTY, 0)` when `w` does not
+/// start with a reference (a `SETITEMS`, say) or the slot does not exist:
+/// that equals no key.
+#[inline(always)]
+fn slot_in(memo: &Memo, w: u64) -> (u32, usize) {
+    let (i, n) = match w as u8 {
+        vm::BINGET => ((w >> 8) as u8 as usize, 2),
+        vm::LONG_BINGET => ((w >> 8) as u32 as usize, 5),
+        _ => return (vm::MEMO_EMPTY, 0),
+    };
+    (memo.slots.get(i).copied().unwrap_or(vm::MEMO_EMPTY), n)
+}
+
+/// The id of the string that the reference at the start of `w` names, and
+/// the reference's length.
+#[inline(always)]
+fn str_in(memo: &Memo, w: u64) -> Option<(u32, usize)> {
+    let (slot, n) = slot_in(memo, w);
+    (slot >> vm::ID_BITS == vm::KIND_STR).then_some((slot & vm::ID_MASK, n))
+}
+
+/// The integer at `p` (`BININT1`, `BININT2`, `BININT`, or a `LONG1` of at
+/// most 8 bytes) and its length.
+#[inline(always)]
+fn int_at(b: Span, p: usize) -> Option<(i64, usize)> {
+    let w = b.word(p);
+    match w as u8 {
+        vm::BININT1 => Some(((w >> 8) as u8 as i64, 2)),
+        vm::BININT2 => Some(((w >> 8) as u16 as i64, 3)),
+        vm::BININT => Some(((w >> 8) as u32 as i32 as i64, 5)),
+        vm::LONG1 => {
+            let n = (w >> 8) as u8 as usize;
+            match n {
+                // An address: 6 bytes, in the word already.
+                0..=6 => Some((sign_extend(w >> 16, n), 2 + n)),
+                // A time: 7 bytes, one more word.
+                7 | 8 => Some((sign_extend(b.word(p + 2), n), 2 + n)),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+/// A memo put at `p` that fills slot `next`: its length and what it
+/// charges; `Ok(None)` when there is no put there, `Err` for a put that
+/// fills another slot (the general loop's). As `fast::memo_put`.
+#[inline(always)]
+fn put_at(b: Span, p: usize, next: usize) -> Result<Option<(usize, usize)>, ()> {
+    let w = b.word(p);
+    let (i, n) = match w as u8 {
+        vm::MEMOIZE => return Ok(Some((1, 4))),
+        vm::BINPUT => ((w >> 8) as u8 as usize, 2),
+        vm::LONG_BINPUT => ((w >> 8) as u32 as usize, 5),
+        _ => return Ok(None),
+    };
+    if i == next {
+        Ok(Some((n, 8)))
+    } else {
+        Err(())
+    }
+}
+
+/// A string value: a memo reference (its id), a new string the cache knows
+/// (its value), or new bytes in the window.
+#[derive(Clone, Copy, Debug)]
+enum Text {
+    Id(u32),
+    /// A new string seen before; `memoized`: a memo put follows.
+    Cached {
+        value: Value,
+        memoized: bool,
+    },
+    /// `start..start + len` of the window; `memoized`: a memo put follows.
+    New {
+        start: usize,
+        len: usize,
+        memoized: bool,
+    },
+}
+
+impl Text {
+    /// Whether a memo put followed the string.
+    #[inline(always)]
+    fn memoized(self) -> bool {
+        match self {
+            Text::Id(_) => false,
+            Text::Cached { memoized, .. } | Text::New { memoized, .. } => memoized,
+        }
+    }
+}
+
+/// What the first phase found.
+struct Decoded {
+    fields: EntryFields,
+    compile_context: Option<Text>,
+    user_metadata: Option<Text>,
+    /// Whether the frames list is memoized.
+    list_memoized: bool,
+    /// Key/value pairs read.
+    pairs: usize,
+    /// Memo bytes the builder is charged.
+    charge: usize,
+    /// Bytes the dict takes after its `EMPTY_DICT`.
+    len: usize,
+}
+
+/// Reads the dict whose `EMPTY_DICT` is just before `b` when it is a trace
+/// entry the builder takes field by field, and pushes its value; `Ok(None)`,
+/// with nothing changed, otherwise. `Some(n)`: the dict took `n` bytes of `b`.
+#[inline]
+pub(super) fn read<B: Builder>(
+    vm: &mut Vm,
+    b: &[u8],
+    builder: &mut B,
+    keys: &KeyTable,
+) -> Result<Option<usize>, Fault> {
+    let Some(d) = Span::of(b).and_then(|span| decode(&vm.memo, &mut vm.fast, span, keys)) else {
+        return Ok(None);
+    };
+    if !builder.takes_entry(d.fields.action, &vm.fast.frames) {
+        return Ok(None);
+    }
+    commit(vm, b, builder, d).map(Some)
+}
+
+/// The first phase: decodes `b` into a [`Decoded`] and the scratch's frames,
+/// or `None` when the dict is not a trace entry in the expected form.
+///
+/// Straight-line code, one step a key in PyTorch's order: each step looks
+/// whether the key at hand is its own and, when it is, reads the value and
+/// the next key; a key left out costs one comparison. Whatever is left when
+/// the steps are done must be the `SETITEMS`: a key out of order, twice, or
+/// unknown makes the dict the fast path's.
+#[inline(always)]
+fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Decoded> {
+    let memo_len = memo.slots.len();
+    s.frames.clear();
+    let mut d = Decoded {
+        fields: EntryFields::default(),
+        compile_context: None,
+        user_metadata: None,
+        list_memoized: false,
+        pairs: 0,
+        charge: 0,
+        len: 0,
+    };
+    // Memo slots this dict fills, the dict's own first, then its MARK.
+    let mut puts = 1;
+    let (n, c) = put_at(b, 0, memo_len).ok()??;
+    d.charge += c;
+    if b.byte(n) != vm::MARK {
+        return None;
+    }
+    let mut p = n + 1;
+
+    // The pair at `p`: its key (as the memo packs it), and the key's
+    // length. `next!` moves on to the pair after a value of `m` bytes.
+    let (mut key, mut n) = slot_in(memo, b.word(p));
+    macro_rules! next {
+        ($m:expr) => {{
+            p += n + $m;
+            d.pairs += 1;
+            (key, n) = slot_in(memo, b.word(p));
+        }};
+    }
+
+    // `action` first, its value a memo reference: the first entry of each
+    // action brings a new string, left to the fast path.
+    if key != keys.action {
+        return None;
+    }
+    let (action, m) = str_in(memo, b.word(p + n))?;
+    d.fields.action = action;
+    next!(m);
+    // Sizes and addresses: a negative one is an error the fast path reports.
+    if key == keys.addr || key == keys.device_free {
+        let (x, m) = int_at(b, p + n)?;
+        d.fields.addr = u64::try_from(x).ok()?;
+        next!(m);
+    }
+    if key == keys.size {
+        let (x, m) = int_at(b, p + n)?;
+        d.fields.size = u64::try_from(x).ok()?;
+        next!(m);
+    }
+    if key == keys.stream {
+        let (x, m) = int_at(b, p + n)?;
+        d.fields.stream = Some(x);
+        next!(m);
+    }
+    if key == keys.time_us {
+        let (x, m) = int_at(b, p + n)?;
+        d.fields.time_us = x;
+        next!(m);
+    }
+    if key == keys.compile_context {
+        let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
+        puts += text.memoized() as usize;
+        d.charge += c;
+        d.compile_context = Some(text);
+        next!(m);
+    }
+    if key == keys.user_metadata {
+        let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
+        puts += text.memoized() as usize;
+        d.charge += c;
+        d.user_metadata = Some(text);
+        next!(m);
+    }
+    if key == keys.frames {
+        p += n;
+        let v = b.word(p);
+        if v as u8 == vm::EMPTY_LIST {
+            p += 1;
+            if let Some((n, c)) = put_at(b, p, memo_len + puts).ok()? {
+                d.list_memoized = true;
+                d.charge += c;
+                p += n;
+            }
+            p = read_frames(memo, s, b, p)?;
+            d.fields.frames = EntryFrames::List;
+        } else {
+            // The same stack as an earlier entry's: one list object.
+            let (slot, m) = slot_in(memo, v);
+            if slot >> vm::ID_BITS != vm::KIND_STACK {
+                return None;
+            }
+            d.fields.frames = EntryFrames::Stack(slot & vm::ID_MASK);
+            p += m;
+        }
+        d.pairs += 1;
+    }
+    // Past the span, positions wrapped: what was read is not this entry.
+    if p >= SPAN - 8 || b.byte(p) != vm::SETITEMS {
+        return None;
+    }
+    d.len = p + 1;
+    Some(d)
+}
+
+/// A string value at `p`: a memo reference to a string, or a new short
+/// string (valid UTF-8) and the memo put after it when there is one, which
+/// must fill slot `next`. Its length in bytes and the memo charge.
+#[inline(always)]
+fn read_text(
+    memo: &Memo,
+    s: &Scratch,
+    b: Span,
+    p: usize,
+    next: usize,
+) -> Option<(Text, usize, usize)> {
+    let w = b.word(p);
+    if w as u8 != vm::SHORT_BINUNICODE {
+        let (id, n) = str_in(memo, w)?;
+        return Some((Text::Id(id), n, 0));
+    }
+    let len = (w >> 8) as u8 as usize;
+    let start = p + 2;
+    let (memoized, m, charge) = match put_at(b, start + len, next).ok()? {
+        Some((m, c)) => (true, m, c),
+        None => (false, 0, 0),
+    };
+    // Bounds-checked reads here: a string at the span's end is not wrapped.
+    let text = match s.cached_at(b.0, start, len) {
+        Some(value) => Text::Cached { value, memoized },
+        None => {
+            // Invalid UTF-8 is the general loop's (it repairs it).
+            std::str::from_utf8(b.0.get(start..start + len)?).ok()?;
+            Text::New {
+                start,
+                len,
+                memoized,
+            }
+        }
+    };
+    Some((text, 2 + len + m, charge))
+}
+
+/// The items of a fresh frames list from `p` (batches of
+/// `MARK refs APPENDS`, or `ref APPEND`) into the scratch's frames; the
+/// position just past them.
+#[inline(always)]
+fn read_frames(memo: &Memo, s: &mut Scratch, b: Span, mut p: usize) -> Option<usize> {
+    let frame = |slot: u32| (slot >> vm::ID_BITS == vm::KIND_FRAME).then_some(slot & vm::ID_MASK);
+    loop {
+        let w = b.word(p);
+        match w as u8 {
+            vm::MARK => {
+                p += 1;
+                // The hot loop of a snapshot: one memo reference a frame.
+                loop {
+                    let w = b.word(p);
+                    if w as u8 == vm::APPENDS {
+                        break;
+                    }
+                    // Past the span, reads wrap: an entry this long is the
+                    // fast path's (and the loop ends).
+                    if p >= SPAN {
+                        return None;
+                    }
+                    let (slot, n) = slot_in(memo, w);
+                    s.frames.push(frame(slot)?);
+                    p += n;
+                }
+                p += 1;
+                if s.frames.len() > MAX_FRAMES {
+                    return None;
+                }
+            }
+            vm::BINGET | vm::LONG_BINGET if p < SPAN => {
+                let (slot, n) = slot_in(memo, w);
+                // Not a frame, or no APPEND after it: the next key.
+                match frame(slot) {
+                    Some(f) if (w >> (8 * n)) as u8 == vm::APPEND => {
+                        s.frames.push(f);
+                        p += n + 1;
+                    }
+                    _ => return Some(p),
+                }
+            }
+            _ => return Some(p),
+        }
+    }
+}
+
+/// The second phase: the builder's calls in the fast path's order (strings,
+/// then the entry with its frames, the memo charge, the memo slots); the
+/// entry's value ends on the stack. The bytes the dict took.
+fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, d: Decoded) -> Result<usize, Fault> {
+    // Errors are the SETITEMS's, as on the fast path.
+    let at = |m: String| Fault::At(d.len as u64, m);
+    let limits = vm.limits;
+    // What the general loop would hold on its stack at the SETITEMS.
+    let depth = 2 * d.pairs + vm.fast.frames.len() + 3;
+    if vm.stack.len() + depth > limits.max_stack || vm.marks.len() + 2 > limits.max_marks {
+        return Err(at(format!(
+            "the pickle stack grew past {} values",
+            limits.max_stack
+        )));
+    }
+    let mut fields = d.fields;
+    // Strings in the order they were read (new ones interned now).
+    let cache = &mut vm.fast.cache;
+    let mut string = |text: Option<Text>| -> (Option<u32>, Option<Value>) {
+        let value = match text {
+            None => return (None, None),
+            Some(Text::Id(id)) => return (Some(id), None),
+            Some(Text::Cached { value, .. }) => value,
+            Some(Text::New { start, len, .. }) => {
+                cached_string(cache, &b[start..start + len], builder)
+            }
+        };
+        let id = match value {
+            Value::Str(id) => Some(id),
+            _ => None,
+        };
+        // The value again for the memo, when a put followed.
+        (id, text.filter(|t| t.memoized()).map(|_| value))
+    };
+    let (cc, cc_memo) = string(d.compile_context);
+    let (um, um_memo) = string(d.user_metadata);
+    fields.compile_context = cc;
+    fields.user_metadata = um;
+    let (entry, list) = builder.entry(&fields, &vm.fast.frames).map_err(at)?;
+    builder.charge(d.charge).map_err(at)?;
+    let memo = &mut vm.memo;
+    memo.push(entry, &limits).map_err(at)?;
+    for v in [cc_memo, um_memo].into_iter().flatten() {
+        memo.push(v, &limits).map_err(at)?;
+    }
+    if d.list_memoized {
+        memo.push(list, &limits).map_err(at)?;
+    }
+    // Within the stack limit: checked above.
+    vm.stack.push(entry);
+    Ok(d.len)
+}
