@@ -122,6 +122,7 @@ pub(super) fn entry<S: Source, B: Builder>(
         if let Some(table) = table {
             if let Some(n) = super::entry::read(vm, window, builder, &table)? {
                 input.skip(n);
+                entries_after(vm, input, builder, &table, n)?;
                 return Ok(true);
             }
         }
@@ -133,6 +134,38 @@ pub(super) fn entry<S: Source, B: Builder>(
     commit(vm, window, builder, &found)?;
     input.skip(found.len);
     Ok(true)
+}
+
+/// The entries that follow one the entry path read (a device trace is
+/// batches of a thousand of them, back to back), read here rather than
+/// going back through the general loop's dispatch for each `EMPTY_DICT`.
+/// Stops, leaving the byte for the loop, at anything else and at an entry
+/// the entry path does not take. `done`: bytes read since the step began
+/// (errors are placed from the step's opcode).
+#[inline]
+fn entries_after<S: Source, B: Builder>(
+    vm: &mut Vm,
+    input: &mut S,
+    builder: &mut B,
+    table: &KeyTable,
+    mut done: usize,
+) -> Result<(), Fault> {
+    loop {
+        let window = input.window(WANT + 1)?;
+        let Some((&vm::EMPTY_DICT, rest)) = window.split_first() else {
+            return Ok(());
+        };
+        // This entry's offsets are from its own EMPTY_DICT, `done + 1` bytes
+        // past the step's opcode.
+        let n = match super::entry::read(vm, rest, builder, table) {
+            Ok(Some(n)) => n,
+            Ok(None) => return Ok(()),
+            Err(Fault::At(at, m)) => return Err(Fault::At(at + done as u64 + 1, m)),
+            Err(e) => return Err(e),
+        };
+        input.skip(1 + n);
+        done += 1 + n;
+    }
 }
 
 /// A `MEMOIZE`/`BINPUT`/`LONG_BINPUT` at `b[p..]` that stores into the next

@@ -828,6 +828,29 @@ impl Builder for Heap {
                 "a list was modified after it was complete (not a PyTorch snapshot layout)".into(),
             );
         };
+        // A batch of a device trace: the events that follow the list's run.
+        let body = &mut self.list_bodies[b as usize];
+        if body.items.is_empty() {
+            let first = match (body.ev_len, items.first()) {
+                (0, Some(&Value::Event(e))) => Some(e),
+                (0, _) => None,
+                (n, _) => Some(body.ev_start.wrapping_add(n)),
+            };
+            let follows = |first: u32| {
+                (items.iter().enumerate())
+                    .all(|(i, v)| *v == Value::Event(first.wrapping_add(i as u32)))
+            };
+            if let Some(first) = first.filter(|&f| follows(f)) {
+                if body.ev_len == 0 {
+                    body.ev_start = first;
+                }
+                body.ev_len += items.len() as u32;
+                // The budget check every append makes (strings are charged
+                // without one).
+                self.spend(0)?;
+                return Ok(list);
+            }
+        }
         // Runs of events cost nothing (they are kept as a range); other items
         // are 16 bytes each until the list becomes a stack. Charged after the
         // batch, which the reader's stack limit bounds.
