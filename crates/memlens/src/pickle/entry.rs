@@ -24,7 +24,7 @@
 //! `tests/fast_path.rs` read every fixture and thousands of generated and
 //! cut pickles all three ways.
 
-use super::fast::{cached_string, sign_extend, Scratch, MAX_FRAMES};
+use super::fast::{cached_string, sign_extend, Cache, Scratch, MAX_FRAMES};
 use super::vm::{self, Fault, Memo, Vm};
 use super::{Builder, EntryFields, EntryFrames, EntryKeys, Value};
 
@@ -193,6 +193,20 @@ impl Text {
             Text::Cached { memoized, .. } | Text::New { memoized, .. } => memoized,
         }
     }
+
+    /// The string's id when it is known before the commit (all but new
+    /// strings the cache does not hold).
+    #[inline(always)]
+    fn known_id(self) -> Option<u32> {
+        match self {
+            Text::Id(id)
+            | Text::Cached {
+                value: Value::Str(id),
+                ..
+            } => Some(id),
+            _ => None,
+        }
+    }
 }
 
 /// What the first phase found.
@@ -223,7 +237,8 @@ pub(super) fn read<B: Builder>(
     let Some(d) = Span::of(b).and_then(|span| decode(&vm.memo, &mut vm.fast, span, keys)) else {
         return Ok(None);
     };
-    if !builder.takes_entry(d.fields.action, &vm.fast.frames) {
+    let highest_frame = vm.fast.frames.iter().copied().max();
+    if !builder.takes_entry(d.fields.action, highest_frame) {
         return Ok(None);
     }
     commit(vm, b, builder, d).map(Some)
@@ -303,6 +318,7 @@ fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Deco
         let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
         puts += text.memoized() as usize;
         d.charge += c;
+        d.fields.compile_context = text.known_id();
         d.compile_context = Some(text);
         next!(m);
     }
@@ -310,6 +326,7 @@ fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Deco
         let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
         puts += text.memoized() as usize;
         d.charge += c;
+        d.fields.user_metadata = text.known_id();
         d.user_metadata = Some(text);
         next!(m);
     }
@@ -432,7 +449,12 @@ fn read_frames(memo: &Memo, s: &mut Scratch, b: Span, mut p: usize) -> Option<us
 /// The second phase: the builder's calls in the fast path's order (strings,
 /// then the entry with its frames, the memo charge, the memo slots); the
 /// entry's value ends on the stack. The bytes the dict took.
-fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, d: Decoded) -> Result<usize, Fault> {
+fn commit<B: Builder>(
+    vm: &mut Vm,
+    b: &[u8],
+    builder: &mut B,
+    mut d: Decoded,
+) -> Result<usize, Fault> {
     // Errors are the SETITEMS's, as on the fast path.
     let at = |m: String| Fault::At(d.len as u64, m);
     let limits = vm.limits;
@@ -444,34 +466,30 @@ fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, d: Decoded) -> Res
             limits.max_stack
         )));
     }
-    let mut fields = d.fields;
-    // Strings in the order they were read (new ones interned now).
+    // New strings are interned now, in the order they were read.
     let cache = &mut vm.fast.cache;
-    let mut string = |text: Option<Text>| -> (Option<u32>, Option<Value>) {
-        let value = match text {
-            None => return (None, None),
-            Some(Text::Id(id)) => return (Some(id), None),
-            Some(Text::Cached { value, .. }) => value,
-            Some(Text::New { start, len, .. }) => {
-                cached_string(cache, &b[start..start + len], builder)
-            }
-        };
-        let id = match value {
-            Value::Str(id) => Some(id),
-            _ => None,
-        };
-        // The value again for the memo, when a put followed.
-        (id, text.filter(|t| t.memoized()).map(|_| value))
-    };
-    let (cc, cc_memo) = string(d.compile_context);
-    let (um, um_memo) = string(d.user_metadata);
-    fields.compile_context = cc;
-    fields.user_metadata = um;
-    let (entry, list) = builder.entry(&fields, &vm.fast.frames).map_err(at)?;
+    let cc = settle(
+        d.compile_context,
+        &mut d.fields.compile_context,
+        cache,
+        b,
+        builder,
+    );
+    let um = settle(
+        d.user_metadata,
+        &mut d.fields.user_metadata,
+        cache,
+        b,
+        builder,
+    );
+    let (entry, list) = builder.entry(&d.fields, &vm.fast.frames).map_err(at)?;
     builder.charge(d.charge).map_err(at)?;
     let memo = &mut vm.memo;
     memo.push(entry, &limits).map_err(at)?;
-    for v in [cc_memo, um_memo].into_iter().flatten() {
+    if let Some(v) = cc {
+        memo.push(v, &limits).map_err(at)?;
+    }
+    if let Some(v) = um {
         memo.push(v, &limits).map_err(at)?;
     }
     if d.list_memoized {
@@ -480,4 +498,33 @@ fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, d: Decoded) -> Res
     // Within the stack limit: checked above.
     vm.stack.push(entry);
     Ok(d.len)
+}
+
+/// A string value at commit: interns a new one (setting `field`, which the
+/// first phase set for the others), and gives the value for the memo when a
+/// memo put followed it.
+#[inline(always)]
+fn settle<B: Builder>(
+    text: Option<Text>,
+    field: &mut Option<u32>,
+    cache: &mut Cache,
+    b: &[u8],
+    builder: &mut B,
+) -> Option<Value> {
+    let (value, memoized) = match text? {
+        Text::Id(_) => return None,
+        Text::Cached { value, memoized } => (value, memoized),
+        Text::New {
+            start,
+            len,
+            memoized,
+        } => {
+            let value = cached_string(cache, &b[start..start + len], builder);
+            if let Value::Str(id) = value {
+                *field = Some(id);
+            }
+            (value, memoized)
+        }
+    };
+    memoized.then_some(value)
 }

@@ -179,11 +179,12 @@ pub trait Builder {
         None
     }
     /// Whether [`Builder::entry`] takes an entry whose `action` is the string
-    /// `action` and whose frames are `frames` (interned frame ids). Changes
-    /// nothing: the reader asks before it commits anything, and reads the dict
-    /// the other way when the answer is no.
-    fn takes_entry(&self, action: u32, frames: &[u32]) -> bool {
-        let _ = (action, frames);
+    /// `action` and whose new frames list holds frames up to `highest_frame`
+    /// (an interned frame id; `None` for no frames). Changes nothing: the
+    /// reader asks before it commits anything, and reads the dict the other
+    /// way when the answer is no.
+    fn takes_entry(&self, action: u32, highest_frame: Option<u32>) -> bool {
+        let _ = (action, highest_frame);
         false
     }
     /// A trace entry the reader decoded field by field (only called after

@@ -740,11 +740,11 @@ impl Builder for Heap {
         })
     }
 
-    fn takes_entry(&self, action: u32, frames: &[u32]) -> bool {
+    fn takes_entry(&self, action: u32, highest_frame: Option<u32>) -> bool {
         // A known action (their ids are the discriminants), and frames that
         // were read; anything else takes the longer way, which reports it.
         (action as usize) < Action::ALL.len()
-            && frames.iter().all(|&f| (f as usize) < self.frames.len())
+            && highest_frame.is_none_or(|f| (f as usize) < self.frames.len())
     }
 
     fn entry(&mut self, e: &EntryFields, frames: &[u32]) -> Result<(Value, Value), String> {

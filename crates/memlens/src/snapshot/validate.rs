@@ -106,6 +106,23 @@ pub fn check(snap: &Snapshot) -> Result<(), String> {
         }
     }
     for t in &snap.traces {
+        // One pass without branches over millions of events; the pass that
+        // names the first bad one runs only when there is one.
+        let mut bad = false;
+        for e in &t.events {
+            let limit = match e.action {
+                Action::Oom => e.addr > MAX_SIZE,
+                _ => e
+                    .addr
+                    .checked_add(e.size)
+                    .is_none_or(|x| x > MAX_ADDRESS_END),
+            };
+            bad |= (e.size > MAX_SIZE) | limit;
+            total += (e.action != Action::Snapshot) as u128 * e.size as u128;
+        }
+        if !bad {
+            continue;
+        }
         for (k, e) in t.events.iter().enumerate() {
             let what = || format!("device_traces[{}][{k}]", t.device);
             size(what, "size", e.size)?;
@@ -114,9 +131,6 @@ pub fn check(snap: &Snapshot) -> Result<(), String> {
                 _ => {
                     end(what, e.addr, e.size)?;
                 }
-            }
-            if e.action != Action::Snapshot {
-                total += e.size as u128;
             }
         }
     }
