@@ -12,17 +12,20 @@
 //!
 //! (keys are memo references; older PyTorch leaves some keys out, an `oom`
 //! entry has `device_free` for `addr`; `frames` is a memo reference when the
-//! stack is one an earlier entry had, PyTorch handing both the same list). The fast path (`fast.rs`) reads such
-//! a dict into a list of generic [`Value`]s that the builder then walks key
-//! by key; here each value goes straight into its field of an
-//! [`EntryFields`], the one thing handed to the builder. It reads in the
-//! same two phases as the fast path: the first decodes and changes nothing,
-//! giving up on anything it does not expect (a key out of order, a negative
-//! size, a string that is neither memoized nor new, a frames list that is a
-//! memo reference...), and the fast path then reads the same bytes; the
-//! second makes the calls the fast path makes, in its order. The tests in
-//! `tests/fast_path.rs` read every fixture and thousands of generated and
-//! cut pickles all three ways.
+//! stack is one an earlier entry had, PyTorch handing both the same list).
+//! The fast path (`fast.rs`) reads such a dict into a list of generic
+//! [`Value`]s that the builder then walks key by key; here each value goes
+//! straight into its field of an [`EntryFields`], the one thing handed to
+//! the builder, and the bytes are read from a fixed span at masked positions
+//! (see [`Span`]), with no bounds check per byte. It reads in the same two
+//! phases as the fast path: the first decodes and changes nothing, giving up
+//! on anything it does not expect (a key out of order or twice, a negative
+//! size, a new action name, a string that is neither memoized nor new, a
+//! frames list the builder has not made a stack of, an entry longer than
+//! the span), and the fast path then reads the same bytes; the second makes
+//! the calls the fast path makes, in its order. The tests in
+//! `tests/fast_path.rs` read every fixture and thousands of generated and cut
+//! pickles all three ways (general loop, fast path, entry path).
 
 use super::fast::{cached_string, sign_extend, Cache, Scratch, MAX_FRAMES};
 use super::vm::{self, Fault, Memo, Vm};

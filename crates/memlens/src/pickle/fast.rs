@@ -19,7 +19,7 @@
 //! same bytes. The second phase makes the calls the general loop would have
 //! made, in the same order: strings, the list of frames, the dict, then the
 //! memo slots. The result is the same snapshot either way; the tests
-//! `fast_path_equals_general_loop*` in `tests/reader.rs` check it on every
+//! `fast_path_equals_general_loop*` in `tests/fast_path.rs` check it on every
 //! fixture and on generated pickles.
 
 use super::entry::KeyTable;
