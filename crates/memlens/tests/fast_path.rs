@@ -246,6 +246,9 @@ impl Pickler {
                 let n = match rng.below(10) {
                     0 => 0,
                     1 => 1,
+                    // Now and then a stack longer than the entry path's
+                    // 4 KiB span, or than the fast path's 2,048 frames.
+                    2 if rng.chance(3) => 1000 + rng.below(2000) as usize,
                     _ => rng.below(40) as usize,
                 };
                 if n == 1 && rng.chance(70) {
@@ -259,7 +262,15 @@ impl Pickler {
                         let k = left.min(batch);
                         self.out.push(b'(');
                         for _ in 0..k {
-                            self.frame(rng);
+                            // A long stack of frames read before (a new
+                            // frame inline makes the entry the loop's early).
+                            match self.frames.len() {
+                                f if n >= 1000 && f > 0 => {
+                                    let i = self.frames[rng.below(f as u64) as usize];
+                                    self.get(i, rng);
+                                }
+                                _ => self.frame(rng),
+                            }
                         }
                         self.out.push(b'e');
                         left -= k;
