@@ -317,22 +317,22 @@ fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Deco
         d.fields.time_us = x;
         next!(m);
     }
-    if key == keys.compile_context {
-        let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
-        puts += text.memoized() as usize;
-        d.charge += c;
-        d.fields.compile_context = text.known_id();
-        d.compile_context = Some(text);
-        next!(m);
+    // The two string fields: the id now when it is known, the text for the
+    // commit (a new string is interned there; a memoized one fills a slot).
+    macro_rules! text {
+        ($field:ident) => {
+            if key == keys.$field {
+                let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
+                puts += text.memoized() as usize;
+                d.charge += c;
+                d.fields.$field = text.known_id();
+                d.$field = Some(text);
+                next!(m);
+            }
+        };
     }
-    if key == keys.user_metadata {
-        let (text, m, c) = read_text(memo, s, b, p + n, memo_len + puts)?;
-        puts += text.memoized() as usize;
-        d.charge += c;
-        d.fields.user_metadata = text.known_id();
-        d.user_metadata = Some(text);
-        next!(m);
-    }
+    text!(compile_context);
+    text!(user_metadata);
     if key == keys.frames {
         p += n;
         let v = b.word(p);
