@@ -749,7 +749,7 @@ impl Builder for Heap {
 
     fn entry(&mut self, e: &EntryFields, frames: &[u32]) -> Result<(Value, Value), String> {
         // What `frames_list` then `as_event` do with the same fields.
-        let (stack, flags) = match e.frames {
+        let (stack, mut flags) = match e.frames {
             EntryFrames::Absent => (EMPTY_STACK, 0),
             EntryFrames::List => {
                 self.spend(8)?;
@@ -762,7 +762,6 @@ impl Builder for Heap {
             }
             EntryFrames::Stack(s) => (s, TraceEvent::HAS_FRAMES),
         };
-        let mut flags = flags;
         let action = *Action::ALL
             .get(e.action as usize)
             .ok_or("a trace entry with an unknown action")?;
