@@ -124,7 +124,7 @@ fn slot_in(memo: &Memo, w: u64) -> (u32, usize) {
 #[inline(always)]
 fn str_in(memo: &Memo, w: u64) -> Option<(u32, usize)> {
     let (slot, n) = slot_in(memo, w);
-    (slot >> vm::ID_BITS == vm::KIND_STR).then_some((slot & vm::ID_MASK, n))
+    Some((Memo::kind_id(slot, vm::KIND_STR)?, n))
 }
 
 /// The integer at `p` (`BININT1`, `BININT2`, `BININT`, or a `LONG1` of at
@@ -348,10 +348,7 @@ fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Deco
         } else {
             // The same stack as an earlier entry's: one list object.
             let (slot, m) = slot_in(memo, v);
-            if slot >> vm::ID_BITS != vm::KIND_STACK {
-                return None;
-            }
-            d.fields.frames = EntryFrames::Stack(slot & vm::ID_MASK);
+            d.fields.frames = EntryFrames::Stack(Memo::kind_id(slot, vm::KIND_STACK)?);
             p += m;
         }
         d.pairs += 1;
@@ -407,7 +404,7 @@ fn read_text(
 /// position just past them.
 #[inline(always)]
 fn read_frames(memo: &Memo, s: &mut Scratch, b: Span, mut p: usize) -> Option<usize> {
-    let frame = |slot: u32| (slot >> vm::ID_BITS == vm::KIND_FRAME).then_some(slot & vm::ID_MASK);
+    let frame = |slot: u32| Memo::kind_id(slot, vm::KIND_FRAME);
     loop {
         let w = b.word(p);
         match w as u8 {
@@ -462,13 +459,8 @@ fn commit<B: Builder>(
     let at = |m: String| Fault::At(d.len as u64, m);
     let limits = vm.limits;
     // What the general loop would hold on its stack at the SETITEMS.
-    let depth = 2 * d.pairs + vm.fast.frames.len() + 3;
-    if vm.stack.len() + depth > limits.max_stack || vm.marks.len() + 2 > limits.max_marks {
-        return Err(at(format!(
-            "the pickle stack grew past {} values",
-            limits.max_stack
-        )));
-    }
+    vm.stack_room(2 * d.pairs + vm.fast.frames.len() + 3)
+        .map_err(at)?;
     // New strings are interned now, in the order they were read.
     let cache = &mut vm.fast.cache;
     let cc = settle(

@@ -84,9 +84,7 @@ impl Scratch {
     /// The value the string cache holds for `b[start..start + len]`, if any.
     #[inline(always)]
     pub(super) fn cached_at(&self, b: &[u8], start: usize, len: usize) -> Option<Value> {
-        let (x, slot) = cache_key_at(b, start, len)?;
-        let (held_len, held, value) = self.cache[slot];
-        (held_len as usize == len && held == x).then_some(value?)
+        cache_held(&self.cache, cache_key_at(b, start, len)?, len)
     }
 }
 
@@ -439,13 +437,8 @@ fn commit<B: Builder>(vm: &mut Vm, b: &[u8], builder: &mut B, found: &Found) -> 
     let at = |m: String| Fault::At(found.setitems as u64, m);
     let limits = vm.limits;
     // What the general loop would hold on its stack at the SETITEMS.
-    let depth = vm.fast.items.len() + vm.fast.frames.len() + 3;
-    if vm.stack.len() + depth > limits.max_stack || vm.marks.len() + 2 > limits.max_marks {
-        return Err(at(format!(
-            "the pickle stack grew past {} values",
-            limits.max_stack
-        )));
-    }
+    vm.stack_room(vm.fast.items.len() + vm.fast.frames.len() + 3)
+        .map_err(at)?;
     let s = &mut vm.fast;
     s.str_values.clear();
     for ns in &s.strs {
@@ -526,9 +519,15 @@ fn cache_key_at(b: &[u8], start: usize, len: usize) -> Option<(u64, usize)> {
 /// The value the cache holds for `bytes`, if any.
 #[inline(always)]
 fn cache_slot(cache: &Cache, bytes: &[u8]) -> Option<Value> {
-    let (x, slot) = cache_key(bytes)?;
-    let (len, held, value) = cache[slot];
-    (len as usize == bytes.len() && held == x).then_some(value?)
+    cache_held(cache, cache_key(bytes)?, bytes.len())
+}
+
+/// The value the cache holds under `(packed bytes, slot)` for a string of
+/// `len` bytes, if any.
+#[inline(always)]
+fn cache_held(cache: &Cache, (x, slot): (u64, usize), len: usize) -> Option<Value> {
+    let (held_len, held, value) = cache[slot];
+    (held_len as usize == len && held == x).then_some(value?)
 }
 
 /// The builder's value for a string, remembered for the next dicts.

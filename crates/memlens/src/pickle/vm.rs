@@ -125,10 +125,8 @@ pub(super) const KIND_STR: u32 = 0;
 pub(super) const KIND_FRAME: u32 = 4;
 /// Kind of an interned stack (a list of frames) in a packed memo slot.
 pub(super) const KIND_STACK: u32 = 5;
-/// Bits of a packed memo slot that hold the id (the kind is above them).
-pub(super) const ID_BITS: u32 = 28;
-/// The id bits of a packed memo slot.
-pub(super) const ID_MASK: u32 = (1 << ID_BITS) - 1;
+const ID_BITS: u32 = 28;
+const ID_MASK: u32 = (1 << ID_BITS) - 1;
 
 impl Memo {
     #[inline]
@@ -271,8 +269,13 @@ impl Memo {
     /// handle of kind `kind` (0 string, 4 frame: see `pack`): its id.
     #[inline(always)]
     pub(super) fn id_of_kind(&self, index: usize, kind: u32) -> Option<u32> {
-        // An empty slot (all ones) has kind 15, which no caller asks for.
-        let p = *self.slots.get(index)?;
+        Memo::kind_id(*self.slots.get(index)?, kind)
+    }
+
+    /// The id in packed slot content `p` when it is of kind `kind`. An empty
+    /// slot (all ones) has kind 15, which no caller asks for.
+    #[inline(always)]
+    pub(super) fn kind_id(p: u32, kind: u32) -> Option<u32> {
         (p >> ID_BITS == kind).then_some(p & ID_MASK)
     }
 
@@ -435,6 +438,22 @@ impl From<String> for Fault {
 }
 
 impl Vm {
+    /// Room on the stack for what the general loop would hold at a fast
+    /// dict's `SETITEMS`: `depth` values and two marks (the fast paths check
+    /// once, before they commit, what the loop checks value by value).
+    #[inline(always)]
+    pub(super) fn stack_room(&self, depth: usize) -> Result<(), String> {
+        if self.stack.len() + depth > self.limits.max_stack
+            || self.marks.len() + 2 > self.limits.max_marks
+        {
+            return Err(format!(
+                "the pickle stack grew past {} values",
+                self.limits.max_stack
+            ));
+        }
+        Ok(())
+    }
+
     fn run<S: Source, B: Builder>(
         &mut self,
         input: &mut S,

@@ -566,6 +566,15 @@ impl Heap {
                 self.strings.get(key)
             ));
         }
+        Ok(Some(self.push_event(ev, cc, um)))
+    }
+
+    /// Adds a trace event, with its compile context and user metadata when
+    /// either is not the default (`None`), and hands a full batch to the
+    /// sink; its index.
+    #[inline]
+    fn push_event(&mut self, mut ev: TraceEvent, cc: Option<StrId>, um: Option<StrId>) -> u32 {
+        let idx = self.events.len() as u32;
         if cc.is_some() || um.is_some() {
             ev.flags |= TraceEvent::HAS_EXTRAS;
             self.extras.push((idx, cc, um));
@@ -574,7 +583,7 @@ impl Heap {
         if self.events.len() >= self.sink_at {
             self.feed_sink();
         }
-        Ok(Some(idx))
+        idx
     }
 
     /// Hands `sink` every trace event from now on, in batches, as it is read.
@@ -749,7 +758,7 @@ impl Builder for Heap {
 
     fn entry(&mut self, e: &EntryFields, frames: &[u32]) -> Result<(Value, Value), String> {
         // What `frames_list` then `as_event` do with the same fields.
-        let (stack, mut flags) = match e.frames {
+        let (stack, flags) = match e.frames {
             EntryFrames::Absent => (EMPTY_STACK, 0),
             EntryFrames::List => {
                 self.spend(8)?;
@@ -769,14 +778,9 @@ impl Builder for Heap {
             Some(raw) => self.intern_stream(raw),
             None => 0,
         };
-        let idx = self.events.len() as u32;
         let cc = e.compile_context.filter(|&s| s != self.keys.na);
         let um = e.user_metadata.filter(|&s| s != self.keys.empty);
-        if cc.is_some() || um.is_some() {
-            flags |= TraceEvent::HAS_EXTRAS;
-            self.extras.push((idx, cc, um));
-        }
-        self.events.push(TraceEvent {
+        let ev = TraceEvent {
             addr: e.addr,
             size: e.size,
             time_us: e.time_us,
@@ -784,10 +788,8 @@ impl Builder for Heap {
             stream,
             action,
             flags,
-        });
-        if self.events.len() >= self.sink_at {
-            self.feed_sink();
-        }
+        };
+        let idx = self.push_event(ev, cc, um);
         Ok((Value::Event(idx), Value::Stack(stack)))
     }
 
