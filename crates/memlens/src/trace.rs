@@ -79,28 +79,80 @@ impl<'s> Analysed<'s> {
     /// pseudo-site its history gives when the stack names none (a cuBLAS
     /// workspace, the autograd thread, a block from before recording).
     pub fn block_site(&self, trace: usize, alloc_index: Option<u32>, stack: StackId) -> Site {
-        let mut site = self.sites.describe(stack);
-        let facts = self.traces.get(trace);
-        let workspace = facts.is_some_and(|f| f.is_cublas_workspace(alloc_index));
-        if workspace {
-            site = Site::pseudo(&if site.user_code {
-                format!("<cuBLAS workspace: first matmul at {}>", site.site)
-            } else {
-                "<cuBLAS workspace: autograd thread>".to_string()
-            });
-        } else if site.site == NO_STACK {
-            let birth = match (alloc_index, facts) {
-                (Some(i), Some(f)) => f.ev_phase.get(i as usize).copied(),
-                _ => None,
-            };
-            if alloc_index.is_none() {
-                site = Site::pseudo(BEFORE_RECORDING);
-            } else if birth == Some(Phase::Backward) {
-                site = Site::pseudo(BACKWARD_PASS);
-            }
-        }
-        site
+        self.site_of(self.block_site_key(trace, alloc_index, stack))
     }
+
+    /// What [`Analysed::block_site`] depends on, without building the
+    /// [`Site`] (strings): for loops over every allocation, which build each
+    /// distinct site once. Equal keys give equal sites; different keys
+    /// usually give different sites, but not always (two call paths ending
+    /// at one line are two sites, yet the same cuBLAS workspace pseudo-site).
+    pub fn block_site_key(
+        &self,
+        trace: usize,
+        alloc_index: Option<u32>,
+        stack: StackId,
+    ) -> BlockSiteKey {
+        let key = self.sites.key(stack);
+        let facts = self.traces.get(trace);
+        if facts.is_some_and(|f| f.is_cublas_workspace(alloc_index)) {
+            return BlockSiteKey::Workspace(key);
+        }
+        if self
+            .sites
+            .site_of_key(key)
+            .is_some_and(|s| s.site != NO_STACK)
+        {
+            return BlockSiteKey::Stack(key);
+        }
+        let birth = match (alloc_index, facts) {
+            (Some(i), Some(f)) => f.ev_phase.get(i as usize).copied(),
+            _ => None,
+        };
+        if alloc_index.is_none() {
+            BlockSiteKey::BeforeRecording
+        } else if birth == Some(Phase::Backward) {
+            BlockSiteKey::BackwardPass
+        } else {
+            BlockSiteKey::Stack(key)
+        }
+    }
+
+    /// The site a [`BlockSiteKey`] stands for.
+    pub fn site_of(&self, key: BlockSiteKey) -> Site {
+        let of_key = |k: u32| {
+            self.sites
+                .site_of_key(k)
+                .cloned()
+                .unwrap_or_else(|| Site::pseudo(NO_STACK))
+        };
+        match key {
+            BlockSiteKey::Stack(k) => of_key(k),
+            BlockSiteKey::Workspace(k) => {
+                let site = of_key(k);
+                Site::pseudo(&if site.user_code {
+                    format!("<cuBLAS workspace: first matmul at {}>", site.site)
+                } else {
+                    "<cuBLAS workspace: autograd thread>".to_string()
+                })
+            }
+            BlockSiteKey::BeforeRecording => Site::pseudo(BEFORE_RECORDING),
+            BlockSiteKey::BackwardPass => Site::pseudo(BACKWARD_PASS),
+        }
+    }
+}
+
+/// A block's site as a small value ([`Analysed::block_site_key`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BlockSiteKey {
+    /// The site of the stack (key of [`SiteIndex::key`]).
+    Stack(u32),
+    /// A cuBLAS workspace first made under the stack of that key.
+    Workspace(u32),
+    /// A block live when recording began, with no stack.
+    BeforeRecording,
+    /// A block made in a backward pass, with no stack.
+    BackwardPass,
 }
 
 impl TraceFacts {

@@ -20,7 +20,7 @@ use super::diff::live_by_site;
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
 use crate::snapshot::{Action, Snapshot, StackId};
-use crate::trace::Analysed;
+use crate::trace::{Analysed, BlockSiteKey};
 use serde::Serialize;
 use std::collections::HashMap;
 
@@ -434,8 +434,11 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
             cuts.push(trace.events.len());
         }
         // Sites are numbered once each (a block alive across many steps
-        // would otherwise clone and hash its site at every one).
+        // would otherwise clone and hash its site at every one), and built
+        // once per distinct key: an allocation costs a small key's lookup,
+        // not a site's strings.
         let mut site_ids: HashMap<Site, u32> = HashMap::new();
+        let mut key_ids: hashbrown::HashMap<BlockSiteKey, u32> = hashbrown::HashMap::new();
         let mut sites: Vec<Site> = Vec::new();
         let mut points: Vec<hashbrown::HashMap<u32, (u64, u64, StackId, u32)>> =
             vec![hashbrown::HashMap::new(); cuts.len()];
@@ -453,16 +456,15 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
             // 512-byte rounding: the allocator's block sizes, so a site's
             // bytes do not move with unrounded request noise.
             let bytes = e.size.div_ceil(512).max(1) * 512;
-            let site = an.block_site(ti, Some(i as u32), e.stack);
-            let id = match site_ids.get(&site) {
-                Some(&id) => id,
-                None => {
-                    let id = sites.len() as u32;
+            let key = an.block_site_key(ti, Some(i as u32), e.stack);
+            let id = *key_ids.entry(key).or_insert_with(|| {
+                let site = an.site_of(key);
+                let next = sites.len() as u32;
+                *site_ids.entry(site).or_insert_with_key(|site| {
                     sites.push(site.clone());
-                    site_ids.insert(site, id);
-                    id
-                }
-            };
+                    next
+                })
+            });
             for point in &mut points[first..last] {
                 let v = point.entry(id).or_insert((0, 0, e.stack, i as u32));
                 v.0 += bytes;
