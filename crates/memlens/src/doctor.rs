@@ -9,7 +9,7 @@ use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::{tune, TuneResult};
-use crate::snapshot::Snapshot;
+use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
 
@@ -203,7 +203,14 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     // An OOM in the trace.
     // The same OOM `memlens oom` explains (the last one), so the finding's
     // bytes and its title speak of one failure.
-    let oom = crate::oom::chosen_oom(last).map(|(t, i)| last.traces[t].events[i]);
+    // The summary counted every action: without an `oom` there is no trace
+    // of millions of events to search backwards for one.
+    let oom = summary
+        .trace_events_by_action
+        .contains_key(Action::Oom.as_str())
+        .then(|| crate::oom::chosen_oom(last))
+        .flatten()
+        .map(|(t, i)| last.traces[t].events[i]);
     let oom_report = match oom {
         Some(_) => {
             let o = crate::oom::OomOptions {

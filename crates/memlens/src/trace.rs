@@ -161,7 +161,15 @@ impl TraceFacts {
         // walks run side by side (the free walk is about a third of the work
         // on the 357 MB benchmark; on 2 busy cores the gain was within noise).
         let (free_of, (ev_phase, steps)) = rayon::join(
-            || free_index_of_allocs(snap, trace),
+            || {
+                // The replay beside the reader paired them already, if it
+                // went through this trace (it may still be finishing).
+                let t = &snap.traces[trace];
+                match snap.peak_pass().filter(|p| p.replayed(t)) {
+                    Some(p) => p.free_of().to_vec(),
+                    None => free_index_of_allocs(snap, trace),
+                }
+            },
             || {
                 let ev_phase = event_phases(snap, trace, phases);
                 let steps = steps::detect(snap, trace, &ev_phase);
@@ -171,13 +179,17 @@ impl TraceFacts {
         let workspaces = cublas_workspaces(snap, trace, &ev_phase, &free_of);
         let mut backward_in_step = vec![false; steps.len()];
         let events = &snap.traces[trace].events;
-        for (i, (e, p)) in events.iter().zip(&ev_phase).enumerate() {
-            if *p == Phase::Backward && e.action == Action::Alloc {
-                let s = steps.step_of(i);
-                if let Some(b) = backward_in_step.get_mut(s) {
-                    *b = true;
-                }
-            }
+        // Step by step: the phases (a byte an event) are read first, and a
+        // step's events only until its first backward `alloc`.
+        for (s, seen) in backward_in_step.iter_mut().enumerate() {
+            let range = steps.range(s);
+            let (Some(ev), Some(ph)) = (events.get(range.clone()), ev_phase.get(range)) else {
+                continue;
+            };
+            *seen = ph
+                .iter()
+                .zip(ev)
+                .any(|(p, e)| *p == Phase::Backward && e.action == Action::Alloc);
         }
         TraceFacts {
             trace,

@@ -267,35 +267,42 @@ pub fn cublas_workspaces(
 ) -> Vec<u32> {
     let events = &snap.traces[trace].events;
     let phase = |i: usize| ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
-    // Workspace sizes some block made while building the model also has: one
-    // pass, not one per candidate.
+    // One pass over the trace (millions of events, 32 bytes each): the
+    // workspace sizes some block made while building the model also has, and
+    // the candidates, never freed and born in a forward pass, in backward or
+    // with no stack. Which candidates stand needs every model-building block,
+    // so they are judged after the pass, in trace order.
     let mut param_sized: Vec<u64> = Vec::new();
+    let mut candidates: Vec<u32> = Vec::new();
     for (i, e) in events.iter().enumerate() {
-        if e.action == Action::Alloc
-            && CUBLAS_WORKSPACE_SIZES.contains(&e.size)
-            && phase(i) == Phase::ModelBuild
-            && !param_sized.contains(&e.size)
-        {
-            param_sized.push(e.size);
+        if e.action != Action::Alloc || !CUBLAS_WORKSPACE_SIZES.contains(&e.size) {
+            continue;
+        }
+        match phase(i) {
+            Phase::ModelBuild => {
+                if !param_sized.contains(&e.size) {
+                    param_sized.push(e.size);
+                }
+            }
+            Phase::Forward | Phase::Backward | Phase::Unknown
+                if free_of.get(i) == Some(&u32::MAX) =>
+            {
+                candidates.push(i as u32);
+            }
+            _ => {}
         }
     }
     // (stream, has a Python stack) pairs that already have their workspace.
     let mut seen: Vec<(u16, bool)> = Vec::new();
     let mut out = Vec::new();
-    for (i, e) in events.iter().enumerate() {
-        if e.action != Action::Alloc
-            || !CUBLAS_WORKSPACE_SIZES.contains(&e.size)
-            || free_of.get(i).is_none_or(|&f| f != u32::MAX)
-            || !matches!(phase(i), Phase::Forward | Phase::Backward | Phase::Unknown)
-        {
-            continue;
-        }
+    for i in candidates {
+        let e = &events[i as usize];
         let slot = (e.stream, e.stack != EMPTY_STACK);
         if seen.contains(&slot) || param_sized.contains(&e.size) {
             continue;
         }
         seen.push(slot);
-        out.push(i as u32);
+        out.push(i);
     }
     out
 }

@@ -442,17 +442,23 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         let mut sites: Vec<Site> = Vec::new();
         let mut points: Vec<hashbrown::HashMap<u32, (u64, u64, StackId, u32)>> =
             vec![hashbrown::HashMap::new(); cuts.len()];
+        // The first boundary after the event at hand: events come in order,
+        // so it only moves forward.
+        let mut first = 0;
         for (i, e) in trace.events.iter().enumerate() {
             if e.action != Action::Alloc {
                 continue;
             }
+            while cuts.get(first).is_some_and(|&c| c <= i) {
+                first += 1;
+            }
             let freed = facts.free_of.get(i).map_or(usize::MAX, |&f| f as usize);
-            // Boundaries `c` with i < c <= freed see the block alive.
-            let first = cuts.partition_point(|&c| c <= i);
-            let last = cuts.partition_point(|&c| c <= freed);
-            if first >= last {
+            // Boundaries `c` with i < c <= freed see the block alive. Most
+            // blocks die before the next one: one comparison, no search.
+            if cuts.get(first).is_none_or(|&c| c > freed) {
                 continue;
             }
+            let last = first + cuts[first..].partition_point(|&c| c <= freed);
             // 512-byte rounding: the allocator's block sizes, so a site's
             // bytes do not move with unrounded request noise.
             let bytes = e.size.div_ceil(512).max(1) * 512;

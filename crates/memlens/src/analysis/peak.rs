@@ -473,6 +473,49 @@ impl StepTracker {
     }
 }
 
+/// What [`StepTracker`] gives from a trace that starts empty, step by step
+/// over whole ranges instead of event by event: the maximum of a slice of
+/// allocated bytes, the reserved bytes' changes within the step. `None` when
+/// `starts` are not strictly increasing from 0 and within the trace (then
+/// the tracker's event-by-event rules apply).
+fn step_peaks_of_ranges(
+    allocated: &[u64],
+    reserved: &[(usize, u64)],
+    starts: &[usize],
+) -> Option<Vec<StepPeak>> {
+    let n = allocated.len();
+    let ordered = starts.first() == Some(&0)
+        && starts.windows(2).all(|w| w[0] < w[1])
+        && starts.last().is_some_and(|&s| s < n);
+    if !ordered {
+        return None;
+    }
+    let mut peaks = Vec::with_capacity(starts.len());
+    for (k, &a) in starts.iter().enumerate() {
+        let b = starts.get(k + 1).copied().unwrap_or(n);
+        // Allocated before the step's first event (0 before the trace).
+        let before = a.checked_sub(1).map_or(0, |i| allocated[i]);
+        let peak_allocated = allocated[a..b].iter().copied().fold(before, u64::max);
+        // Reserved at the first event (the last change at or before it),
+        // then every change inside the step.
+        let first = reserved.partition_point(|&(at, _)| at <= a);
+        let at_start = first.checked_sub(1).map_or(0, |i| reserved[i].1);
+        let peak_reserved = reserved[first..]
+            .iter()
+            .take_while(|&&(at, _)| at < b)
+            .map(|&(_, r)| r)
+            .fold(at_start, u64::max);
+        peaks.push(StepPeak {
+            step: k + 1,
+            start_event: a,
+            peak_allocated_bytes: peak_allocated,
+            peak_reserved_bytes: peak_reserved,
+            retained_bytes: allocated[b - 1],
+        });
+    }
+    Some(peaks)
+}
+
 /// What pass 1 of the peak's replay found.
 struct FirstPass {
     peaks: Peaks,
@@ -553,8 +596,7 @@ fn peak_of_trace<'s>(
     // Pass 1 (the peaks, each event's totals) was run while the file was
     // read, if the snapshot was read that way and its guesses held.
     let pass = snap
-        .peak_pass
-        .as_deref()
+        .peak_pass()
         .filter(|p| p.fits(snap, t.device, &initial, opts));
     let (first, step_peaks, (live, allocated_at_peak), an) = match pass {
         Some(p) => {
@@ -566,12 +608,16 @@ fn peak_of_trace<'s>(
             // peak as it went past it.
             let live = (p.live_at_peak().to_vec(), p.peaks.allocated.0);
             let an = source.wait();
-            let mut tracker = StepTracker::new(0, 0);
             let starts = &an.traces[trace].steps.starts;
-            for (index, (allocated, reserved)) in p.totals().enumerate() {
-                tracker.observe(starts, index, allocated, reserved);
-            }
-            (first, tracker.finish(), live, an)
+            let steps = step_peaks_of_ranges(p.allocated(), p.reserved_changes(), starts)
+                .unwrap_or_else(|| {
+                    let mut tracker = StepTracker::new(0, 0);
+                    for (index, (allocated, reserved)) in p.totals().enumerate() {
+                        tracker.observe(starts, index, allocated, reserved);
+                    }
+                    tracker.finish()
+                });
+            (first, steps, live, an)
         }
         None => {
             let (first, steps) = first_pass(snap, source, trace, opts, initial.clone());
@@ -613,4 +659,64 @@ fn peak_of_trace<'s>(
         allocated: allocated_at_peak,
     };
     (report, live)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Step peaks over ranges equal the tracker's, event by event, on
+    /// random totals and random step starts.
+    #[test]
+    fn step_peaks_of_ranges_equal_the_trackers() {
+        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
+        let mut next = move |m: u64| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x % m
+        };
+        for round in 0..300 {
+            let n = 1 + next(200) as usize;
+            let allocated: Vec<u64> = (0..n).map(|_| next(1000)).collect();
+            let mut reserved = Vec::new();
+            let mut last = None;
+            for i in 0..n {
+                let r = if next(4) == 0 || last.is_none() {
+                    next(2000)
+                } else {
+                    last.unwrap_or(0)
+                };
+                if last != Some(r) {
+                    reserved.push((i, r));
+                    last = Some(r);
+                }
+            }
+            let mut starts = vec![0];
+            for i in 1..n {
+                if next(1 + round % 20) == 0 {
+                    starts.push(i);
+                }
+            }
+            let mut tracker = StepTracker::new(0, 0);
+            let mut r = 0;
+            let mut changes = reserved.iter().peekable();
+            for (i, &a) in allocated.iter().enumerate() {
+                while let Some(&&(at, v)) = changes.peek() {
+                    if at > i {
+                        break;
+                    }
+                    r = v;
+                    changes.next();
+                }
+                tracker.observe(&starts, i, a, r);
+            }
+            let ranges = step_peaks_of_ranges(&allocated, &reserved, &starts);
+            assert_eq!(ranges, Some(tracker.finish()), "round {round}");
+        }
+        // Starts the ranges cannot take are left to the tracker.
+        assert_eq!(step_peaks_of_ranges(&[1, 2], &[(0, 5)], &[0, 2]), None);
+        assert_eq!(step_peaks_of_ranges(&[1, 2], &[(0, 5)], &[0, 1, 1]), None);
+        assert_eq!(step_peaks_of_ranges(&[], &[], &[0]), None);
+    }
 }

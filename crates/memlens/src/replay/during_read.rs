@@ -20,11 +20,12 @@ use super::config::recorded_config;
 use super::initial::InitialState;
 use super::{start_warnings, LiveBlock, Peaks, PoolTotals, Replay, ReplayOptions};
 use crate::sim::{AllocatorConfig, DeviceLimits};
-use crate::snapshot::{AllocatorSettings, EventSink, Snapshot, TraceEvent};
+use crate::snapshot::{AllocatorSettings, DeviceTrace, EventSink, Snapshot, TraceEvent};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread::JoinHandle;
 
 /// What the peak's first pass found over a trace replayed while it was read.
 pub struct PeakPass {
@@ -43,6 +44,10 @@ pub struct PeakPass {
     /// The blocks live at the allocated peak, by address (kept as the replay
     /// went past it: no second replay to the peak).
     live_at_peak: Vec<LiveBlock>,
+    /// For each `alloc` event, the index of its first free (`u32::MAX`:
+    /// never), as [`crate::analysis::categories::free_index_of_allocs`]
+    /// pairs them; other events `u32::MAX`.
+    free_of: Vec<u32>,
 }
 
 impl std::fmt::Debug for PeakPass {
@@ -78,6 +83,13 @@ impl PeakPass {
                 .any(|s| s.device == device && s.pool_id != (0, 0))
     }
 
+    /// Whether this pass went through the whole of `trace`. A pass is kept
+    /// only when its replay gave no warning, so then every `free_requested`
+    /// of the trace found its block live: none lacks its allocation.
+    pub fn replayed(&self, trace: &DeviceTrace) -> bool {
+        self.device == trace.device && self.events == trace.events.len()
+    }
+
     /// The blocks live at the allocated peak, by address.
     pub fn live_at_peak(&self) -> &[LiveBlock] {
         &self.live_at_peak
@@ -99,6 +111,27 @@ impl PeakPass {
         })
     }
 
+    /// For each `alloc` event of the trace, the index of its first free
+    /// (`u32::MAX`: never); the same as
+    /// [`crate::analysis::categories::free_index_of_allocs`] of the trace
+    /// this pass [`replayed`](PeakPass::replayed): both pair a free with the
+    /// last `alloc` at its address, and a warning-free replay met no free
+    /// without one and no `alloc` over a live block.
+    pub fn free_of(&self) -> &[u32] {
+        &self.free_of
+    }
+
+    /// Allocated bytes after each event, in order.
+    pub fn allocated(&self) -> &[u64] {
+        &self.allocated
+    }
+
+    /// Reserved bytes as (event, bytes from that event on), one entry per
+    /// change, in order.
+    pub fn reserved_changes(&self) -> &[(usize, u64)] {
+        &self.reserved
+    }
+
     /// The replay's warnings as a replay of `snap` gives them (a pass is
     /// kept only when the trace itself gave none).
     pub fn warnings(&self, snap: &Snapshot) -> Vec<String> {
@@ -106,13 +139,68 @@ impl PeakPass {
     }
 }
 
+/// The peak's first pass of a snapshot read with [`load`]: still running
+/// beside the analyses when the file has been read, or done. Whoever needs it
+/// first waits for it ([`PendingPass::get`]); the analyses that do not (the
+/// analysed trace, the leak search) start at once, on the core the reader
+/// leaves free.
+pub struct PendingPass {
+    /// The replaying thread, until someone has waited for it.
+    worker: Mutex<Option<JoinHandle<Option<PeakPass>>>>,
+    /// Its pass, once waited for (`None`: the trace could not be replayed
+    /// that way).
+    done: OnceLock<Option<PeakPass>>,
+}
+
+impl PendingPass {
+    /// A pass already there (or known not to be).
+    pub fn ready(pass: Option<PeakPass>) -> PendingPass {
+        PendingPass {
+            worker: Mutex::new(None),
+            done: OnceLock::from(pass),
+        }
+    }
+
+    fn running(worker: JoinHandle<Option<PeakPass>>) -> PendingPass {
+        PendingPass {
+            worker: Mutex::new(Some(worker)),
+            done: OnceLock::new(),
+        }
+    }
+
+    /// The pass, once the replaying thread has finished (it waits for it).
+    pub fn get(&self) -> Option<&PeakPass> {
+        self.done
+            .get_or_init(|| {
+                let worker = self.worker.lock().ok().and_then(|mut w| w.take());
+                // A replay that panicked only costs the shortcut.
+                worker.and_then(|w| w.join().ok().flatten())
+            })
+            .as_ref()
+    }
+}
+
+impl std::fmt::Debug for PendingPass {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.done.get() {
+            Some(pass) => f.debug_tuple("PendingPass").field(pass).finish(),
+            None => f.write_str("PendingPass(running)"),
+        }
+    }
+}
+
 /// Reads the snapshot at `path` while a second thread replays its trace as
 /// it arrives; the snapshot carries that replay's first pass
-/// ([`Snapshot::peak_pass`]) when the trace could be replayed that way.
+/// ([`Snapshot::peak_pass`]) when the trace could be replayed that way. The
+/// replay may still be running when this returns: the model costs more an
+/// event than the reader, and what it has left overlaps the analyses that
+/// do not need it.
 pub fn load(path: &Path) -> crate::Result<Snapshot> {
-    // Batches in flight: the reader runs ahead of the model by at most
-    // this many (4,096 events each, 8 MB in all).
-    const QUEUE: usize = 64;
+    // Batches in flight: the reader runs ahead of the model by at most this
+    // many (4,096 events each, 64 MB in all). The model is about a third
+    // slower than the reader, so this lets the reader finish a snapshot of a
+    // few hundred MB without waiting, and bounds the copies on larger ones.
+    const QUEUE: usize = 512;
     // With one core the replay would only slow the reader down.
     if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
         return Snapshot::load(path);
@@ -132,11 +220,10 @@ pub fn load(path: &Path) -> crate::Result<Snapshot> {
         streams: 0,
         gave_up,
     };
-    let read = crate::snapshot::build::load_path_into(path, Box::new(sink));
-    // The reader dropped its end of the channel: the worker finishes.
-    let pass = worker.join().ok().flatten();
-    let mut snap = read?;
-    snap.peak_pass = pass.map(Arc::new);
+    // The reader drops its end of the channel when it is done: the worker
+    // then finishes what it has and ends.
+    let mut snap = crate::snapshot::build::load_path_into(path, Box::new(sink))?;
+    snap.peak_pass = Some(Arc::new(PendingPass::running(worker)));
     Ok(snap)
 }
 
@@ -239,6 +326,7 @@ fn replay_arriving(
         reserved: pass.reserved,
         // No event above the start: what was live before the first (nothing).
         live_at_peak: r.kept_live_blocks().unwrap_or_default(),
+        free_of: r.take_free_of(),
     })
 }
 
@@ -328,9 +416,10 @@ mod tests {
         let mut compared = 0;
         for path in snapshots() {
             let snap = Snapshot::load(&path).unwrap_or_else(|e| panic!("{e}"));
-            let Some(t) = snap.traces.iter().find(|t| !t.events.is_empty()) else {
+            let Some(ti) = snap.traces.iter().position(|t| !t.events.is_empty()) else {
                 continue;
             };
+            let t = &snap.traces[ti];
             let pass = fed_in_pieces(&t.events, &snap.streams, t.device);
             let opts = ReplayOptions {
                 config: Some(recorded_config(&AllocatorSettings::default())),
@@ -349,6 +438,14 @@ mod tests {
             assert!(whole.warnings().is_empty(), "{}", path.display());
             let fed: Vec<(u64, u64)> = pass.totals().collect();
             assert_eq!(fed, totals, "{}", path.display());
+            // Each alloc's free, as the analysed trace would pair them.
+            assert!(pass.replayed(t));
+            assert_eq!(
+                pass.free_of(),
+                crate::analysis::categories::free_index_of_allocs(&snap, ti),
+                "{}",
+                path.display()
+            );
             let mut to_peak = Replay::from_initial(&snap, t.device, &opts, InitialState::default());
             if let Some(i) = pass.peaks.allocated.1 {
                 to_peak.run_to(i);
@@ -371,7 +468,7 @@ mod tests {
             .find(|p| p.ends_with("gpt2_train.pickle.zst"))
             .expect("gpt2_train fixture");
         let snap = load(&path).expect("loads");
-        let pass = snap.peak_pass.as_deref().expect("replayed while read");
+        let pass = snap.peak_pass().expect("replayed while read");
         let t = &snap.traces[0];
         let initial = super::super::initial::reconstruct(&snap, t.device, &t.events);
         let opts = ReplayOptions::default();

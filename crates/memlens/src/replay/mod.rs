@@ -313,6 +313,11 @@ pub struct Replay<'s> {
     segment_sizes: Vec<u64>,
     /// The moment whose live blocks are kept, if any ([`Replay::keep_live_here`]).
     moment: Option<KeptMoment>,
+    /// For each event replayed, when it is an `alloc`, the index of its
+    /// first free (`free_requested`, or `free_completed` without one);
+    /// [`NO_INDEX`] otherwise. Kept by a fed replay only (the analysed trace
+    /// takes it from there instead of pairing every free again).
+    free_of: Option<Vec<u32>>,
 }
 
 impl<'s> Replay<'s> {
@@ -367,6 +372,7 @@ impl<'s> Replay<'s> {
             initial: InitialState::default(),
             segment_sizes: Vec::new(),
             moment: None,
+            free_of: None,
         };
         for w in start_warnings(snap) {
             r.warn(w);
@@ -395,7 +401,28 @@ impl<'s> Replay<'s> {
             last_plain: None,
             closed: false,
         };
+        r.free_of = Some(Vec::new());
         r
+    }
+
+    /// What a fed replay found of each `alloc`'s first free (see
+    /// `free_of`), event by event; empty for other replays.
+    pub(crate) fn take_free_of(&mut self) -> Vec<u32> {
+        self.free_of.take().unwrap_or_default()
+    }
+
+    /// Notes that the block allocated by event `alloc_index` is freed by
+    /// the event being replayed.
+    #[inline]
+    fn freed_by_this_event(&mut self, alloc_index: u32) {
+        let index = self.pos.wrapping_sub(1) as u32;
+        if let Some(slot) = self
+            .free_of
+            .as_mut()
+            .and_then(|f| f.get_mut(alloc_index as usize))
+        {
+            *slot = index;
+        }
     }
 
     /// Adds events that arrived to a fed replay.
@@ -657,6 +684,9 @@ impl<'s> Replay<'s> {
         let index = self.pos;
         let event = *self.events.get(index)?;
         self.pos += 1;
+        if let Some(f) = self.free_of.as_mut() {
+            f.push(NO_INDEX);
+        }
         let delta = match event.action {
             Action::Alloc => self.on_alloc(index, &event),
             Action::FreeRequested => self.on_free_requested(&event),
@@ -1023,10 +1053,11 @@ impl<'s> Replay<'s> {
             m.keep(e.addr, entry);
         }
         entry.pending = true;
-        let (size, small, h) = (entry.size, entry.small, entry.handle);
+        let (size, small, h, alloc) = (entry.size, entry.small, entry.handle, entry.alloc_index);
         if let Some(h) = h {
             self.model.free_requested(h);
         }
+        self.freed_by_this_event(alloc);
         self.totals
             .add(small, |t| t.allocated = t.allocated.saturating_sub(size));
         Delta::FreeRequested {
@@ -1051,6 +1082,9 @@ impl<'s> Replay<'s> {
             self.model.free_completed(h);
         }
         let (size, req, small, also) = (entry.size, entry.requested, entry.small, !entry.pending);
+        if also {
+            self.freed_by_this_event(entry.alloc_index);
+        }
         self.totals.add(small, |t| {
             if also {
                 t.allocated = t.allocated.saturating_sub(size);

@@ -19,7 +19,7 @@ pub mod validate;
 pub use strings::{StrId, Strings};
 // The container belongs to the input layer; re-exported for the model's users.
 pub use crate::input::Container;
-pub use crate::replay::during_read::PeakPass;
+pub use crate::replay::during_read::{PeakPass, PendingPass};
 
 use serde::Serialize;
 use std::path::Path;
@@ -305,11 +305,18 @@ pub struct Snapshot {
     /// The peak's first pass, when the trace was replayed while the file was
     /// read ([`crate::replay::during_read::load`]); the peak uses it only
     /// where it still fits the trace ([`PeakPass::fits`]). Code that edits
-    /// `traces` should set it to `None`.
-    pub peak_pass: Option<std::sync::Arc<PeakPass>>,
+    /// `traces` should set it to `None`. It may still be running:
+    /// [`Snapshot::peak_pass`] waits for it.
+    pub peak_pass: Option<std::sync::Arc<PendingPass>>,
 }
 
 impl Snapshot {
+    /// The peak's first pass made while the file was read, if any, once it
+    /// is done (this waits for it).
+    pub fn peak_pass(&self) -> Option<&PeakPass> {
+        self.peak_pass.as_deref().and_then(PendingPass::get)
+    }
+
     /// Reads a snapshot from a file in any supported format.
     pub fn load(path: &Path) -> crate::Result<Snapshot> {
         build::load_path(path)
