@@ -197,6 +197,8 @@ fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
     use memlens::analysis::peak::peak_and_live;
     use memlens::replay::during_read;
     let mut used = Vec::new();
+    let mut shown = Vec::new();
+    let mut not_shown = 0;
     for path in every_snapshot() {
         let name = path.display().to_string();
         let plain = Snapshot::load(&path).unwrap_or_else(|e| panic!("{e}"));
@@ -223,6 +225,24 @@ fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
         let device = replayed.first_traced_device();
         let t = replayed.device_trace(device);
         let initial = memlens::replay::initial::reconstruct(&replayed, device, t);
+        // Where the pass shows the allocator empty before the trace, undoing
+        // the trace gives exactly that.
+        let shown_empty = replayed
+            .peak_pass()
+            .is_some_and(|p| p.starts_empty(&replayed, device));
+        if shown_empty {
+            assert_eq!(initial, Default::default(), "{name}");
+            shown.push(name.clone());
+        } else if replayed.peak_pass().is_some() && !initial.is_empty() {
+            // A pass that replayed a trace begun after the allocator was
+            // used, and says so.
+            not_shown += 1;
+        }
+        assert_eq!(
+            memlens::replay::initial::before_trace(&replayed, device),
+            initial,
+            "{name}"
+        );
         let default = memlens::replay::config::recorded_config(&Default::default());
         let expected = initial.is_empty()
             && memlens::replay::config::recorded_config(&replayed.settings) == default;
@@ -236,4 +256,14 @@ fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
     }
     // 24 of the 52 recordings start with the process under default settings.
     assert!(used.len() >= 20, "{} used: {used:?}", used.len());
+    // The pass shows most of those empty without undoing the trace, and
+    // does not where a warning-free replay began after the allocator was
+    // used (one recording here).
+    assert!(shown.len() >= 15, "{} shown empty: {shown:?}", shown.len());
+    assert!(not_shown >= 1, "no replayed trace that began late");
+    eprintln!(
+        "{} traces replayed while read, {} shown empty by the pass, {not_shown} replayed but not empty before",
+        used.len(),
+        shown.len()
+    );
 }

@@ -592,7 +592,7 @@ fn peak_of_trace<'s>(
     opts: &ReplayOptions,
 ) -> (PeakReport, LiveAtPeak) {
     let t = &snap.traces[trace];
-    let initial = initial::reconstruct(snap, t.device, snap.device_trace(t.device));
+    let initial = initial::before_trace(snap, t.device);
     // Pass 1 (the peaks, each event's totals) was run while the file was
     // read, if the snapshot was read that way and its guesses held.
     let pass = snap

@@ -18,9 +18,11 @@
 
 use super::config::recorded_config;
 use super::initial::InitialState;
-use super::{start_warnings, LiveBlock, Peaks, PoolTotals, Replay, ReplayOptions};
+use super::{start_warnings, FedFacts, LiveBlock, Peaks, PoolTotals, Replay, ReplayOptions};
 use crate::sim::{AllocatorConfig, DeviceLimits};
-use crate::snapshot::{AllocatorSettings, DeviceTrace, EventSink, Snapshot, TraceEvent};
+use crate::snapshot::{
+    AllocatorSettings, BlockState, DeviceTrace, EventSink, Snapshot, TraceEvent,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
@@ -44,10 +46,8 @@ pub struct PeakPass {
     /// The blocks live at the allocated peak, by address (kept as the replay
     /// went past it: no second replay to the peak).
     live_at_peak: Vec<LiveBlock>,
-    /// For each `alloc` event, the index of its first free (`u32::MAX`:
-    /// never), as [`crate::analysis::categories::free_index_of_allocs`]
-    /// pairs them; other events `u32::MAX`.
-    free_of: Vec<u32>,
+    /// Each alloc's free, the segments made, the blocks live at the end.
+    facts: FedFacts,
 }
 
 impl std::fmt::Debug for PeakPass {
@@ -118,7 +118,42 @@ impl PeakPass {
     /// last `alloc` at its address, and a warning-free replay met no free
     /// without one and no `alloc` over a live block.
     pub fn free_of(&self) -> &[u32] {
-        &self.free_of
+        &self.facts.free_of
+    }
+
+    /// Whether this pass shows that `device`'s allocator held nothing when
+    /// its trace began, so that [`super::initial::reconstruct`] would give
+    /// the empty state without undoing the trace. Undone from the dumped
+    /// state, an address ends up live before the trace unless its first
+    /// event is its `alloc` (a segment's: its `segment_alloc`), and a
+    /// dumped block or segment with no event stays. A pass replayed from
+    /// an empty allocator without a warning met no free of a block or
+    /// segment that was not there, so every address's first event made it;
+    /// what is left is that every dumped block is one the replay left live
+    /// and every dumped segment one the trace made. Mapped ranges
+    /// (expandable segments) are not judged: `false`, and the state is
+    /// reconstructed.
+    pub fn starts_empty(&self, snap: &Snapshot, device: u32) -> bool {
+        let made = {
+            let mut m = self.facts.segments_made.clone();
+            m.sort_unstable();
+            m
+        };
+        self.device == device
+            && self.events == snap.device_trace(device).len()
+            && !self.facts.mapped
+            && snap
+                .segments
+                .iter()
+                .filter(|s| s.device == device)
+                .all(|s| {
+                    !s.is_expandable
+                        && made.binary_search(&s.address).is_ok()
+                        && s.blocks
+                            .iter()
+                            .filter(|b| b.state != BlockState::Inactive)
+                            .all(|b| self.facts.live_at_end.binary_search(&b.address).is_ok())
+                })
     }
 
     /// Allocated bytes after each event, in order.
@@ -326,7 +361,7 @@ fn replay_arriving(
         reserved: pass.reserved,
         // No event above the start: what was live before the first (nothing).
         live_at_peak: r.kept_live_blocks().unwrap_or_default(),
-        free_of: r.take_free_of(),
+        facts: r.take_fed_facts(),
     })
 }
 

@@ -64,6 +64,19 @@ impl InitialState {
     }
 }
 
+/// The state before the first event of `device`'s trace: empty where the
+/// replay beside the reader showed it ([`super::during_read::PeakPass::starts_empty`],
+/// no walk back over the trace), else [`reconstruct`]ed.
+pub fn before_trace(snap: &Snapshot, device: u32) -> InitialState {
+    if snap
+        .peak_pass()
+        .is_some_and(|p| p.starts_empty(snap, device))
+    {
+        return InitialState::default();
+    }
+    reconstruct(snap, device, snap.device_trace(device))
+}
+
 /// Undoes `events` from the dumped state of `device`.
 pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> InitialState {
     let mut segs: BTreeMap<u64, InitialSegment> = BTreeMap::new();

@@ -313,18 +313,31 @@ pub struct Replay<'s> {
     segment_sizes: Vec<u64>,
     /// The moment whose live blocks are kept, if any ([`Replay::keep_live_here`]).
     moment: Option<KeptMoment>,
+    /// What a fed replay notes beside the totals (see [`FedFacts`]).
+    fed: Option<FedFacts>,
+}
+
+/// What a fed replay (the peak's replay beside the reader) notes as it goes,
+/// so that the analyses after the read need not walk the trace again.
+#[derive(Debug, Default)]
+pub(crate) struct FedFacts {
     /// For each event replayed, when it is an `alloc`, the index of its
     /// first free (`free_requested`, or `free_completed` without one);
-    /// [`NO_INDEX`] otherwise. Kept by a fed replay only (the analysed trace
-    /// takes it from there instead of pairing every free again).
-    free_of: Option<Vec<u32>>,
+    /// [`NO_INDEX`] otherwise.
+    pub free_of: Vec<u32>,
+    /// The address of every `segment_alloc`, in trace order.
+    pub segments_made: Vec<u64>,
+    /// Whether any segment was mapped or unmapped (expandable segments).
+    pub mapped: bool,
+    /// The addresses of the blocks live after the last event, sorted.
+    pub live_at_end: Vec<u64>,
 }
 
 impl<'s> Replay<'s> {
     /// Prepares the replay of `device`'s trace (an empty replay when the
     /// snapshot has no trace for it).
     pub fn new(snap: &'s Snapshot, device: u32, opts: &ReplayOptions) -> Replay<'s> {
-        let initial = initial::reconstruct(snap, device, snap.device_trace(device));
+        let initial = initial::before_trace(snap, device);
         Replay::from_initial(snap, device, opts, initial)
     }
 
@@ -372,7 +385,7 @@ impl<'s> Replay<'s> {
             initial: InitialState::default(),
             segment_sizes: Vec::new(),
             moment: None,
-            free_of: None,
+            fed: None,
         };
         for w in start_warnings(snap) {
             r.warn(w);
@@ -401,14 +414,17 @@ impl<'s> Replay<'s> {
             last_plain: None,
             closed: false,
         };
-        r.free_of = Some(Vec::new());
+        r.fed = Some(FedFacts::default());
         r
     }
 
-    /// What a fed replay found of each `alloc`'s first free (see
-    /// `free_of`), event by event; empty for other replays.
-    pub(crate) fn take_free_of(&mut self) -> Vec<u32> {
-        self.free_of.take().unwrap_or_default()
+    /// What a fed replay noted (empty for other replays), with the blocks
+    /// live now.
+    pub(crate) fn take_fed_facts(&mut self) -> FedFacts {
+        let mut facts = self.fed.take().unwrap_or_default();
+        facts.live_at_end = self.live.keys().copied().collect();
+        facts.live_at_end.sort_unstable();
+        facts
     }
 
     /// Notes that the block allocated by event `alloc_index` is freed by
@@ -417,9 +433,9 @@ impl<'s> Replay<'s> {
     fn freed_by_this_event(&mut self, alloc_index: u32) {
         let index = self.pos.wrapping_sub(1) as u32;
         if let Some(slot) = self
-            .free_of
+            .fed
             .as_mut()
-            .and_then(|f| f.get_mut(alloc_index as usize))
+            .and_then(|f| f.free_of.get_mut(alloc_index as usize))
         {
             *slot = index;
         }
@@ -684,8 +700,8 @@ impl<'s> Replay<'s> {
         let index = self.pos;
         let event = *self.events.get(index)?;
         self.pos += 1;
-        if let Some(f) = self.free_of.as_mut() {
-            f.push(NO_INDEX);
+        if let Some(f) = self.fed.as_mut() {
+            f.free_of.push(NO_INDEX);
         }
         let delta = match event.action {
             Action::Alloc => self.on_alloc(index, &event),
@@ -782,6 +798,12 @@ impl<'s> Replay<'s> {
             Some(t) => is_small(t.size),
             None => e.size == crate::sim::rounding::SMALL_BUFFER,
         };
+        if let Some(f) = self.fed.as_mut() {
+            match e.action {
+                Action::SegmentAlloc => f.segments_made.push(e.addr),
+                _ => f.mapped = true,
+            }
+        }
         self.pending.push_back(PendingOp {
             map: e.action == Action::SegmentMap,
             addr: e.addr,
@@ -826,6 +848,9 @@ impl<'s> Replay<'s> {
             .model
             .pool_at(e.addr)
             .map_or(e.size == crate::sim::rounding::SMALL_BUFFER, |p| p.0);
+        if let Some(f) = self.fed.as_mut() {
+            f.mapped |= e.action == Action::SegmentUnmap;
+        }
         let mut dev = NullDevice;
         let ok = if e.action == Action::SegmentFree {
             self.model.release_segment_at(e.addr, &mut dev)
@@ -1235,7 +1260,7 @@ fn is_segment_event(a: Action) -> bool {
 /// `empty_cache()` call. Whether the cache could serve the allocation is
 /// answered by the replay, in the state just before the frees.
 pub fn release_runs(snap: &Snapshot, device: u32, opts: &ReplayOptions) -> Vec<ReleaseRun> {
-    let initial = initial::reconstruct(snap, device, snap.device_trace(device));
+    let initial = initial::before_trace(snap, device);
     release_runs_from(snap, device, opts, initial)
 }
 
