@@ -279,11 +279,7 @@ pub fn cublas_workspaces(
             continue;
         }
         match phase(i) {
-            Phase::ModelBuild => {
-                if !param_sized.contains(&e.size) {
-                    param_sized.push(e.size);
-                }
-            }
+            Phase::ModelBuild if !param_sized.contains(&e.size) => param_sized.push(e.size),
             Phase::Forward | Phase::Backward | Phase::Unknown
                 if free_of.get(i) == Some(&u32::MAX) =>
             {
