@@ -12,3 +12,4 @@ pub mod ranks;
 pub mod sites;
 pub mod steps;
 pub mod summary;
+pub mod trace_tally;

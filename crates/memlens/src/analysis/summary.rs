@@ -209,22 +209,11 @@ pub fn summarize(snap: &Snapshot) -> Summary {
         }
         // A free whose allocation is not in the trace means the ring buffer
         // dropped the oldest events.
-        let mut live: hashbrown::HashSet<u64> = hashbrown::HashSet::new();
-        for e in &t.events {
-            counts[e.action as usize] += 1;
-            match e.action {
-                Action::Alloc => {
-                    live.insert(e.addr);
-                }
-                Action::FreeRequested if !live.contains(&e.addr) => {
-                    s.frees_without_alloc += 1;
-                }
-                Action::FreeCompleted => {
-                    live.remove(&e.addr);
-                }
-                _ => {}
-            }
+        let t = super::trace_tally::tally(&t.events);
+        for (c, n) in counts.iter_mut().zip(t.counts) {
+            *c += n;
         }
+        s.frees_without_alloc += t.frees_without_alloc;
     }
     for (a, n) in Action::ALL.iter().zip(counts) {
         if n > 0 {
