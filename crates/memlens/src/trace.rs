@@ -8,11 +8,12 @@
 //! rulebook, [`crate::frames`]) and the phase of every stack.
 
 use crate::analysis::categories::{
-    classify, cublas_workspaces, event_phases, free_index_of_allocs, Category, Phase, Phases,
+    classify, event_phases, free_index_of_allocs, Category, Phase, Phases, WorkspaceCandidates,
 };
 use crate::analysis::sites::{Site, SiteIndex, BACKWARD_PASS, BEFORE_RECORDING, NO_STACK};
 use crate::analysis::steps::{self, Steps};
 use crate::snapshot::{Action, Snapshot, StackId};
+use std::sync::Arc;
 
 /// The facts of one device trace.
 #[derive(Clone, Debug)]
@@ -24,7 +25,11 @@ pub struct TraceFacts {
     /// The phase of every event.
     pub ev_phase: Vec<Phase>,
     /// For every `alloc` event, the index of its free (`u32::MAX`: never).
-    pub free_of: Vec<u32>,
+    /// Shared with the replay beside the reader when it paired them.
+    pub free_of: Arc<Vec<u32>>,
+    /// The index of every `alloc` event, in order (a walk over allocations
+    /// need not read the whole trace).
+    pub allocs: Vec<u32>,
     /// `alloc` events that made cuBLAS workspaces, sorted.
     pub workspaces: Vec<u32>,
     /// The steps, and how they were found.
@@ -155,47 +160,67 @@ pub enum BlockSiteKey {
     BackwardPass,
 }
 
+/// For each step: whether a backward pass allocated in it. Step by step: the
+/// phases (a byte an event) are read first, and a step's events only until
+/// its first backward `alloc`.
+fn backward_in_each_step(
+    snap: &Snapshot,
+    trace: usize,
+    ev_phase: &[Phase],
+    steps: &Steps,
+) -> Vec<bool> {
+    let events = &snap.traces[trace].events;
+    (0..steps.len())
+        .map(|s| {
+            let range = steps.range(s);
+            match (events.get(range.clone()), ev_phase.get(range)) {
+                (Some(ev), Some(ph)) => ph
+                    .iter()
+                    .zip(ev)
+                    .any(|(p, e)| *p == Phase::Backward && e.action == Action::Alloc),
+                _ => false,
+            }
+        })
+        .collect()
+}
+
 impl TraceFacts {
     fn new(snap: &Snapshot, trace: usize, phases: &Phases) -> TraceFacts {
         // Each alloc's free does not depend on the phases and steps: the two
         // walks run side by side (the free walk is about a third of the work
         // on the 357 MB benchmark; on 2 busy cores the gain was within noise).
-        let (free_of, (ev_phase, steps)) = rayon::join(
+        // Everything that needs no frees runs beside the pairing (which may
+        // wait for the replay beside the reader to finish), so that what is
+        // left after it is short.
+        let (free_of, (ev_phase, steps, candidates, backward_in_step, allocs)) = rayon::join(
             || {
                 // The replay beside the reader paired them already, if it
-                // went through this trace (it may still be finishing).
+                // went through this trace.
                 let t = &snap.traces[trace];
                 match snap.peak_pass().filter(|p| p.replayed(t)) {
-                    Some(p) => p.free_of().to_vec(),
-                    None => free_index_of_allocs(snap, trace),
+                    Some(p) => Arc::clone(p.free_of()),
+                    None => Arc::new(free_index_of_allocs(snap, trace)),
                 }
             },
             || {
                 let ev_phase = event_phases(snap, trace, phases);
                 let steps = steps::detect(snap, trace, &ev_phase);
-                (ev_phase, steps)
+                let candidates = WorkspaceCandidates::new(snap, trace, &ev_phase);
+                let backward_in_step = backward_in_each_step(snap, trace, &ev_phase, &steps);
+                let allocs = (snap.traces[trace].events.iter().enumerate())
+                    .filter(|(_, e)| e.action == Action::Alloc)
+                    .map(|(i, _)| i as u32)
+                    .collect();
+                (ev_phase, steps, candidates, backward_in_step, allocs)
             },
         );
-        let workspaces = cublas_workspaces(snap, trace, &ev_phase, &free_of);
-        let mut backward_in_step = vec![false; steps.len()];
-        let events = &snap.traces[trace].events;
-        // Step by step: the phases (a byte an event) are read first, and a
-        // step's events only until its first backward `alloc`.
-        for (s, seen) in backward_in_step.iter_mut().enumerate() {
-            let range = steps.range(s);
-            let (Some(ev), Some(ph)) = (events.get(range.clone()), ev_phase.get(range)) else {
-                continue;
-            };
-            *seen = ph
-                .iter()
-                .zip(ev)
-                .any(|(p, e)| *p == Phase::Backward && e.action == Action::Alloc);
-        }
+        let workspaces = candidates.settle(snap, trace, &free_of);
         TraceFacts {
             trace,
             device: snap.traces[trace].device,
             ev_phase,
             free_of,
+            allocs,
             workspaces,
             steps,
             backward_in_step,

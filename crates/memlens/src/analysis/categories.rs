@@ -265,42 +265,63 @@ pub fn cublas_workspaces(
     ev_phase: &[Phase],
     free_of: &[u32],
 ) -> Vec<u32> {
-    let events = &snap.traces[trace].events;
-    let phase = |i: usize| ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
-    // One pass over the trace (millions of events, 32 bytes each): the
-    // workspace sizes some block made while building the model also has, and
-    // the candidates, never freed and born in a forward pass, in backward or
-    // with no stack. Which candidates stand needs every model-building block,
-    // so they are judged after the pass, in trace order.
-    let mut param_sized: Vec<u64> = Vec::new();
-    let mut candidates: Vec<u32> = Vec::new();
-    for (i, e) in events.iter().enumerate() {
-        if e.action != Action::Alloc || !CUBLAS_WORKSPACE_SIZES.contains(&e.size) {
-            continue;
-        }
-        match phase(i) {
-            Phase::ModelBuild if !param_sized.contains(&e.size) => param_sized.push(e.size),
-            Phase::Forward | Phase::Backward | Phase::Unknown
-                if free_of.get(i) == Some(&u32::MAX) =>
-            {
-                candidates.push(i as u32);
+    WorkspaceCandidates::new(snap, trace, ev_phase).settle(snap, trace, free_of)
+}
+
+/// The `alloc` events that may be cuBLAS workspaces, found from the phases
+/// alone; which of them are is settled once each allocation's free is known
+/// ([`WorkspaceCandidates::settle`]). The split lets the walk over the whole
+/// trace run before the frees are paired.
+#[derive(Clone, Debug, Default)]
+pub struct WorkspaceCandidates {
+    /// Workspace sizes some block made while building the model also has.
+    param_sized: Vec<u64>,
+    /// Allocations of a workspace size born in a forward pass, in backward
+    /// or with no stack, in trace order.
+    candidates: Vec<u32>,
+}
+
+impl WorkspaceCandidates {
+    /// One walk over trace `trace` (millions of events, 32 bytes each).
+    pub fn new(snap: &Snapshot, trace: usize, ev_phase: &[Phase]) -> WorkspaceCandidates {
+        let events = &snap.traces[trace].events;
+        let phase = |i: usize| ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
+        let mut c = WorkspaceCandidates::default();
+        for (i, e) in events.iter().enumerate() {
+            if e.action != Action::Alloc || !CUBLAS_WORKSPACE_SIZES.contains(&e.size) {
+                continue;
             }
-            _ => {}
+            match phase(i) {
+                Phase::ModelBuild if !c.param_sized.contains(&e.size) => c.param_sized.push(e.size),
+                Phase::Forward | Phase::Backward | Phase::Unknown => c.candidates.push(i as u32),
+                _ => {}
+            }
         }
+        c
     }
-    // (stream, has a Python stack) pairs that already have their workspace.
-    let mut seen: Vec<(u16, bool)> = Vec::new();
-    let mut out = Vec::new();
-    for i in candidates {
-        let e = &events[i as usize];
-        let slot = (e.stream, e.stack != EMPTY_STACK);
-        if seen.contains(&slot) || param_sized.contains(&e.size) {
-            continue;
+
+    /// The workspaces among the candidates: never freed, the first of each
+    /// (stream, has a Python stack) pair, of a size no model-building block
+    /// has; sorted.
+    pub fn settle(&self, snap: &Snapshot, trace: usize, free_of: &[u32]) -> Vec<u32> {
+        let events = &snap.traces[trace].events;
+        // (stream, has a Python stack) pairs that already have their workspace.
+        let mut seen: Vec<(u16, bool)> = Vec::new();
+        let mut out = Vec::new();
+        for &i in &self.candidates {
+            let e = &events[i as usize];
+            if free_of.get(i as usize) != Some(&u32::MAX) {
+                continue;
+            }
+            let slot = (e.stream, e.stack != EMPTY_STACK);
+            if seen.contains(&slot) || self.param_sized.contains(&e.size) {
+                continue;
+            }
+            seen.push(slot);
+            out.push(i);
         }
-        seen.push(slot);
-        out.push(i);
+        out
     }
-    out
 }
 
 /// Classifies one block from the phase of its birth and of its death (`None`

@@ -19,7 +19,7 @@
 use super::diff::live_by_site;
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
-use crate::snapshot::{Action, Snapshot, StackId};
+use crate::snapshot::{Snapshot, StackId};
 use crate::trace::{Analysed, BlockSiteKey};
 use serde::Serialize;
 use std::collections::HashMap;
@@ -445,10 +445,8 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         // The first boundary after the event at hand: events come in order,
         // so it only moves forward.
         let mut first = 0;
-        for (i, e) in trace.events.iter().enumerate() {
-            if e.action != Action::Alloc {
-                continue;
-            }
+        for &i in &facts.allocs {
+            let (i, e) = (i as usize, &trace.events[i as usize]);
             while cuts.get(first).is_some_and(|&c| c <= i) {
                 first += 1;
             }

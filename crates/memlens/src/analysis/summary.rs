@@ -199,13 +199,20 @@ pub fn summarize(snap: &Snapshot) -> Summary {
 
     let mut counts = [0u64; Action::ALL.len()];
     for t in &snap.traces {
-        // The replay beside the reader (`doctor`) already found every free's
-        // allocation: only the counts are left.
-        if snap.peak_pass().is_some_and(|p| p.replayed(t)) {
+        // The replay beside the reader (`doctor`) finds every free's
+        // allocation, if it goes through the trace: then only the counts are
+        // left, made while it finishes.
+        if snap.peak_pass.is_some() {
+            let mut own = [0u64; Action::ALL.len()];
             for e in &t.events {
-                counts[e.action as usize] += 1;
+                own[e.action as usize] += 1;
             }
-            continue;
+            if snap.peak_pass().is_some_and(|p| p.replayed(t)) {
+                for (c, n) in counts.iter_mut().zip(own) {
+                    *c += n;
+                }
+                continue;
+            }
         }
         // A free whose allocation is not in the trace means the ring buffer
         // dropped the oldest events.

@@ -46,8 +46,10 @@ pub struct PeakPass {
     /// The blocks live at the allocated peak, by address (kept as the replay
     /// went past it: no second replay to the peak).
     live_at_peak: Vec<LiveBlock>,
-    /// Each alloc's free, the segments made, the blocks live at the end.
+    /// The segments made, the blocks live at the end.
     facts: FedFacts,
+    /// Each alloc's free (the facts' own, shared with the analysed trace).
+    free_of: Arc<Vec<u32>>,
 }
 
 impl std::fmt::Debug for PeakPass {
@@ -117,8 +119,8 @@ impl PeakPass {
     /// this pass [`replayed`](PeakPass::replayed): both pair a free with the
     /// last `alloc` at its address, and a warning-free replay met no free
     /// without one and no `alloc` over a live block.
-    pub fn free_of(&self) -> &[u32] {
-        &self.facts.free_of
+    pub fn free_of(&self) -> &Arc<Vec<u32>> {
+        &self.free_of
     }
 
     /// Whether this pass shows that `device`'s allocator held nothing when
@@ -352,6 +354,7 @@ fn replay_arriving(
     if !complete || !r.warnings().is_empty() {
         return None;
     }
+    let mut facts = r.take_fed_facts();
     Some(PeakPass {
         device,
         events,
@@ -361,7 +364,8 @@ fn replay_arriving(
         reserved: pass.reserved,
         // No event above the start: what was live before the first (nothing).
         live_at_peak: r.kept_live_blocks().unwrap_or_default(),
-        facts: r.take_fed_facts(),
+        free_of: Arc::new(std::mem::take(&mut facts.free_of)),
+        facts,
     })
 }
 
@@ -476,7 +480,7 @@ mod tests {
             // Each alloc's free, as the analysed trace would pair them.
             assert!(pass.replayed(t));
             assert_eq!(
-                pass.free_of(),
+                **pass.free_of(),
                 crate::analysis::categories::free_index_of_allocs(&snap, ti),
                 "{}",
                 path.display()
