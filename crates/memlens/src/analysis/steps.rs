@@ -294,29 +294,39 @@ fn loop_chains(snap: &Snapshot) -> Vec<Vec<u32>> {
 const MAX_DEPTH: usize = 16;
 
 fn by_loop_frame(snap: &Snapshot, events: &[TraceEvent], phases: &[Phase]) -> Option<Steps> {
-    let chains = loop_chains(snap);
-    let key = |f: u32| {
-        let fr = snap.frame(f);
-        (fr.filename, fr.name)
-    };
+    // Each stack's chain as the walk below reads it, worked out once per
+    // stack rather than once per allocation: (function key, line) per
+    // depth, at most MAX_DEPTH deep, ending before a frame named `step` (a
+    // loop inside an optimizer's `step` is over parameters).
+    let chains: Vec<Vec<((u32, u32), u32)>> = loop_chains(snap)
+        .into_iter()
+        .map(|chain| {
+            chain
+                .into_iter()
+                .take(MAX_DEPTH)
+                .map(|f| snap.frame(f))
+                .take_while(|fr| snap.str(fr.name) != "step")
+                .map(|fr| ((fr.filename, fr.name), fr.line))
+                .collect()
+        })
+        .collect();
     // For each depth: the previous (function key, line), and jumps per function.
     let mut prev: Vec<Option<((u32, u32), u32)>> = vec![None; MAX_DEPTH];
     let mut jumps: Vec<std::collections::HashMap<(u32, u32), Vec<usize>>> =
         vec![Default::default(); MAX_DEPTH];
+    // An allocation under the stack of the one before it changes nothing:
+    // each depth already holds its own (key, line), and a line is not
+    // below itself.
+    let mut last_stack = None;
     for (i, e) in events.iter().enumerate() {
-        if e.action != Action::Alloc {
+        if e.action != Action::Alloc || last_stack == Some(e.stack) {
             continue;
         }
+        last_stack = Some(e.stack);
         let Some(chain) = chains.get(e.stack as usize) else {
             continue;
         };
-        for (d, &f) in chain.iter().enumerate().take(MAX_DEPTH) {
-            // A loop inside an optimizer's `step` is over parameters.
-            if snap.str(snap.frame(f).name) == "step" {
-                break;
-            }
-            let k = key(f);
-            let line = snap.frame(f).line;
+        for (d, &(k, line)) in chain.iter().enumerate() {
             if let Some((pk, pl)) = prev[d] {
                 if pk == k && line < pl {
                     jumps[d].entry(k).or_default().push(i);
