@@ -332,7 +332,7 @@ fn replay_arriving(
             Arrived::Events { first, events } => {
                 in_order &= first == received;
                 received += events.len();
-                r.feed(&events);
+                r.feed(events);
                 pass.replay_ready(&mut r);
                 r.drop_replayed();
                 if !r.warnings().is_empty() {

@@ -69,8 +69,10 @@ impl<'s> Events<'s> {
         }
     }
 
-    /// Adds events that arrived (a window only).
-    pub fn push(&mut self, events: &[TraceEvent]) {
+    /// Adds events that arrived (a window only). The replay has usually
+    /// taken everything before them, so the batch becomes the window as it
+    /// is, without a copy.
+    pub fn push(&mut self, events: Vec<TraceEvent>) {
         if let Events::Window {
             buf,
             base,
@@ -79,9 +81,13 @@ impl<'s> Events<'s> {
         } = self
         {
             let start = *base + buf.len();
-            buf.extend_from_slice(events);
             if let Some(k) = events.iter().rposition(|e| !is_segment_event(e.action)) {
                 *last_plain = Some(start + k);
+            }
+            if buf.is_empty() {
+                *buf = events;
+            } else {
+                buf.extend_from_slice(&events);
             }
         }
     }

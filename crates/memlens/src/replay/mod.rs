@@ -442,7 +442,7 @@ impl<'s> Replay<'s> {
     }
 
     /// Adds events that arrived to a fed replay.
-    pub(crate) fn feed(&mut self, events: &[TraceEvent]) {
+    pub(crate) fn feed(&mut self, events: Vec<TraceEvent>) {
         self.events.push(events);
     }
 
