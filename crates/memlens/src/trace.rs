@@ -186,12 +186,9 @@ fn backward_in_each_step(
 
 impl TraceFacts {
     fn new(snap: &Snapshot, trace: usize, phases: &Phases) -> TraceFacts {
-        // Each alloc's free does not depend on the phases and steps: the two
-        // walks run side by side (the free walk is about a third of the work
-        // on the 357 MB benchmark; on 2 busy cores the gain was within noise).
-        // Everything that needs no frees runs beside the pairing (which may
-        // wait for the replay beside the reader to finish), so that what is
-        // left after it is short.
+        // Each alloc's free does not depend on the phases and steps: what
+        // needs no frees runs beside the pairing (which may wait for the
+        // replay beside the reader to finish), so that little is left after.
         let (free_of, (ev_phase, steps, candidates, backward_in_step, allocs)) = rayon::join(
             || {
                 // The replay beside the reader paired them already, if it

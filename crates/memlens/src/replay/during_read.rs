@@ -136,11 +136,7 @@ impl PeakPass {
     /// (expandable segments) are not judged: `false`, and the state is
     /// reconstructed.
     pub fn starts_empty(&self, snap: &Snapshot, device: u32) -> bool {
-        let made = {
-            let mut m = self.facts.segments_made.clone();
-            m.sort_unstable();
-            m
-        };
+        let made = &self.facts.segments_made;
         self.device == device
             && self.events == snap.device_trace(device).len()
             && !self.facts.mapped

@@ -325,7 +325,8 @@ pub(crate) struct FedFacts {
     /// first free (`free_requested`, or `free_completed` without one);
     /// [`NO_INDEX`] otherwise.
     pub free_of: Vec<u32>,
-    /// The address of every `segment_alloc`, in trace order.
+    /// The address of every `segment_alloc` (sorted once the replay is
+    /// done).
     pub segments_made: Vec<u64>,
     /// Whether any segment was mapped or unmapped (expandable segments).
     pub mapped: bool,
@@ -424,6 +425,7 @@ impl<'s> Replay<'s> {
         let mut facts = self.fed.take().unwrap_or_default();
         facts.live_at_end = self.live.keys().copied().collect();
         facts.live_at_end.sort_unstable();
+        facts.segments_made.sort_unstable();
         facts
     }
 
