@@ -186,14 +186,6 @@ pub struct PendingPass {
 }
 
 impl PendingPass {
-    /// A pass already there (or known not to be).
-    pub fn ready(pass: Option<PeakPass>) -> PendingPass {
-        PendingPass {
-            worker: Mutex::new(None),
-            done: OnceLock::from(pass),
-        }
-    }
-
     fn running(worker: JoinHandle<Option<PeakPass>>) -> PendingPass {
         PendingPass {
             worker: Mutex::new(Some(worker)),
