@@ -49,3 +49,19 @@ pub use snapshot::Snapshot;
 
 /// The schema tag every JSON document memlens writes carries (`"schema": "memlens/1"`).
 pub const JSON_SCHEMA: &str = "memlens/1";
+
+/// Helpers for the unit tests.
+#[cfg(test)]
+pub(crate) mod test_support {
+    /// A xorshift64 generator from `seed`: the same numbers on every run,
+    /// for tests that compare two ways of computing on many random inputs.
+    pub(crate) fn xorshift(seed: u64) -> impl FnMut() -> u64 {
+        let mut x = seed;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        }
+    }
+}

@@ -669,13 +669,8 @@ mod tests {
     /// random totals and random step starts.
     #[test]
     fn step_peaks_of_ranges_equal_the_trackers() {
-        let mut x: u64 = 0x2545_F491_4F6C_DD1D;
-        let mut next = move |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut raw = crate::test_support::xorshift(0x2545_F491_4F6C_DD1D);
+        let mut next = move |m: u64| raw() % m;
         for round in 0..300 {
             let n = 1 + next(200) as usize;
             let allocated: Vec<u64> = (0..n).map(|_| next(1000)).collect();

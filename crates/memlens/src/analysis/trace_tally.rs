@@ -131,13 +131,8 @@ mod tests {
     /// every size from one event to the whole: the same tally as one walk.
     #[test]
     fn pieces_tally_as_one_walk() {
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = move |m: u64| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x % m
-        };
+        let mut raw = crate::test_support::xorshift(0x9E37_79B9_7F4A_7C15);
+        let mut next = move |m: u64| raw() % m;
         let mut unmatched_seen = 0;
         for round in 0..400 {
             let n = 1 + next(300) as usize;

@@ -240,13 +240,7 @@ mod tests {
         let mut s = FreeSet::default();
         let mut reference: BTreeMap<(u64, u64, u64), u32> = BTreeMap::new();
         // A deterministic mix of sizes and addresses on two streams.
-        let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut next = crate::test_support::xorshift(0x9E37_79B9_7F4A_7C15);
         let check = |s: &FreeSet, r: &BTreeMap<(u64, u64, u64), u32>, probe: u64| {
             assert_eq!(s.len(), r.len());
             let all: Vec<u32> = r.values().copied().collect();
