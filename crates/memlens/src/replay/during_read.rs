@@ -46,10 +46,14 @@ pub struct PeakPass {
     /// The blocks live at the allocated peak, by address (kept as the replay
     /// went past it: no second replay to the peak).
     live_at_peak: Vec<LiveBlock>,
-    /// The segments made, the blocks live at the end.
-    facts: FedFacts,
-    /// Each alloc's free (the facts' own, shared with the analysed trace).
+    /// Each alloc's free (shared with the analysed trace).
     free_of: Arc<Vec<u32>>,
+    /// The address of every `segment_alloc`, sorted.
+    segments_made: Vec<u64>,
+    /// Whether any segment was mapped or unmapped.
+    mapped: bool,
+    /// The addresses of the blocks live after the last event, sorted.
+    live_at_end: Vec<u64>,
 }
 
 impl std::fmt::Debug for PeakPass {
@@ -136,21 +140,20 @@ impl PeakPass {
     /// (expandable segments) are not judged: `false`, and the state is
     /// reconstructed.
     pub fn starts_empty(&self, snap: &Snapshot, device: u32) -> bool {
-        let made = &self.facts.segments_made;
         self.device == device
             && self.events == snap.device_trace(device).len()
-            && !self.facts.mapped
+            && !self.mapped
             && snap
                 .segments
                 .iter()
                 .filter(|s| s.device == device)
                 .all(|s| {
                     !s.is_expandable
-                        && made.binary_search(&s.address).is_ok()
+                        && self.segments_made.binary_search(&s.address).is_ok()
                         && s.blocks
                             .iter()
                             .filter(|b| b.state != BlockState::Inactive)
-                            .all(|b| self.facts.live_at_end.binary_search(&b.address).is_ok())
+                            .all(|b| self.live_at_end.binary_search(&b.address).is_ok())
                 })
     }
 
@@ -342,7 +345,12 @@ fn replay_arriving(
     if !complete || !r.warnings().is_empty() {
         return None;
     }
-    let mut facts = r.take_fed_facts();
+    let FedFacts {
+        free_of,
+        segments_made,
+        mapped,
+        live_at_end,
+    } = r.take_fed_facts();
     Some(PeakPass {
         device,
         events,
@@ -352,8 +360,10 @@ fn replay_arriving(
         reserved: pass.reserved,
         // No event above the start: what was live before the first (nothing).
         live_at_peak: r.kept_live_blocks().unwrap_or_default(),
-        free_of: Arc::new(std::mem::take(&mut facts.free_of)),
-        facts,
+        free_of: Arc::new(free_of),
+        segments_made,
+        mapped,
+        live_at_end,
     })
 }
 
