@@ -8,7 +8,7 @@ use crate::analysis::ranks::{self, RanksReport};
 use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::SimulateOptions;
-use crate::replay::tune::{tune, TuneResult};
+use crate::replay::tune::TuneResult;
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
@@ -211,13 +211,34 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         .then(|| crate::oom::chosen_oom(last))
         .flatten()
         .map(|(t, i)| last.traces[t].events[i]);
+    // Fragmentation: reserved memory at the reserved peak that held no tensor.
+    let slack = peak
+        .peak_reserved_bytes
+        .saturating_sub(peak.peak_allocated_bytes);
+    let fragmented = peak.peak_reserved_bytes > 0
+        && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
+        && slack > 512 << 20;
+    // One replay of the run under its recorded settings serves the OOM
+    // (the state it met) and the what-ifs (where empty_cache() was called).
+    let tune_device = last.first_traced_device();
+    let oom_at = oom
+        .is_some()
+        .then(|| crate::oom::chosen_oom(last))
+        .flatten();
+    let oom_device = oom_at.map(|(t, _)| last.traces[t].device);
+    let run = (oom.is_some() || fragmented).then(|| {
+        let watch = oom_at.filter(|_| oom_device == Some(tune_device));
+        crate::replay::observe::recorded_run(last, tune_device, watch.map(|(_, i)| i))
+    });
     let oom_report = match oom {
         Some(_) => {
             let o = crate::oom::OomOptions {
                 device_memory: opts.device_memory,
                 ..Default::default()
             };
-            crate::oom::analyze_snapshot(last, &o).ok().flatten()
+            crate::oom::snapshot::analyze_observed(analysed, run.as_ref(), &o)
+                .ok()
+                .flatten()
         }
         None => None,
     };
@@ -265,15 +286,8 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         });
     }
 
-    // Fragmentation: reserved memory at the reserved peak that held no tensor.
-    let slack = peak
-        .peak_reserved_bytes
-        .saturating_sub(peak.peak_allocated_bytes);
-    let fragmented = peak.peak_reserved_bytes > 0
-        && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
-        && slack > 512 << 20;
-    let tune = if fragmented || oom.is_some() {
-        let device = last.first_traced_device();
+    let tune = if let Some(run) = &run {
+        let device = tune_device;
         let sim = SimulateOptions {
             config: recorded_config(&last.settings),
             device_memory: opts.device_memory,
@@ -283,7 +297,8 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         // Under the limits the run had (inferred from its OOM), as `memlens
         // tune` does: a setting that fails there is no fix.
         let (sim, _) = crate::replay::limits::with_inferred(last, device, &sim, None);
-        tune(last, device, &sim).ok()
+        let prep = crate::replay::simulate::Prepared::from_run(last, run);
+        crate::replay::tune::tune_prepared(last, &sim, &prep).ok()
     } else {
         None
     };

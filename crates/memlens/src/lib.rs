@@ -43,6 +43,7 @@ pub mod snapshot;
 pub mod source;
 pub mod trace;
 pub mod units;
+pub mod work;
 
 pub use error::{Error, Result};
 pub use snapshot::Snapshot;

@@ -53,6 +53,7 @@ pub struct Analysed<'s> {
 impl<'s> Analysed<'s> {
     /// Analyses `snap`: one pass over each trace for phases, frees and steps.
     pub fn new(snap: &'s Snapshot) -> Analysed<'s> {
+        crate::work::note_analysed();
         let sites = SiteIndex::new(snap);
         let phases = Phases::new(snap);
         let traces = (0..snap.traces.len())

@@ -18,7 +18,7 @@ use crate::analysis::categories::Category;
 use crate::analysis::peak::{group_live, LiveSite};
 use crate::analysis::sites::{stack_lines, Site};
 use crate::replay::config::recorded_config;
-use crate::replay::{Replay, ReplayOptions};
+use crate::replay::observe::{recorded_run, RecordedRun};
 use crate::sim::allocator::BlockStatus;
 use crate::sim::rounding::{allocation_size, is_small};
 use crate::sim::SegmentView;
@@ -250,7 +250,8 @@ pub struct OomReport {
     pub warnings: Vec<String>,
 }
 
-/// The replayed state right before the failure.
+/// The replayed state right before the failure, and where the program
+/// called `empty_cache()` before it: one replay, two observers.
 struct State {
     allocated: u64,
     reserved: u64,
@@ -258,33 +259,50 @@ struct State {
     segments: Vec<SegmentView>,
     live: Vec<crate::replay::LiveBlock>,
     warnings: Vec<String>,
+    empty_cache_at: hashbrown::HashSet<usize>,
 }
 
-fn state_before(snap: &Snapshot, device: u32, index: usize) -> State {
-    let mut r = Replay::new(snap, device, &ReplayOptions::default());
-    let mut peak = r.totals().all.reserved;
-    while r.position() < index {
-        match r.step() {
-            Some(s) => peak = peak.max(s.totals.all.reserved),
-            None => break,
+/// The state before the OOM at `index` on `device`, from `run` when it
+/// watched that event, else from a replay of its own.
+fn state_before(snap: &Snapshot, device: u32, index: usize, run: Option<&RecordedRun>) -> State {
+    let own;
+    let run = match run
+        .filter(|r| r.device == device && r.before_oom.as_ref().is_some_and(|b| b.0 == index))
+    {
+        Some(r) => r,
+        None => {
+            own = recorded_run(snap, device, Some(index));
+            &own
         }
-    }
-    let t = r.totals().all;
-    let mut warnings = r.warnings().to_vec();
-    if r.mismatches() > 0 {
+    };
+    let empty_cache_at = run.empty_cache_at.iter().copied().collect();
+    let Some((_, st)) = &run.before_oom else {
+        return State {
+            allocated: 0,
+            reserved: 0,
+            peak_reserved: 0,
+            segments: Vec::new(),
+            live: Vec::new(),
+            warnings: Vec::new(),
+            empty_cache_at,
+        };
+    };
+    let mut warnings = st.warnings.clone();
+    if st.mismatches > 0 {
         warnings.push(format!(
             "the allocator model placed {} events differently from the trace before the OOM \
              (the trace's placement was kept)",
-            r.mismatches()
+            st.mismatches
         ));
     }
     State {
-        allocated: t.allocated,
-        reserved: t.reserved,
-        peak_reserved: peak,
-        segments: r.segments(),
-        live: r.live_blocks(),
+        allocated: st.allocated,
+        reserved: st.reserved,
+        peak_reserved: st.peak_reserved,
+        segments: st.segments.clone(),
+        live: st.live.clone(),
         warnings,
+        empty_cache_at,
     }
 }
 
@@ -292,6 +310,24 @@ fn state_before(snap: &Snapshot, device: u32, index: usize) -> State {
 /// no `oom` event (the snapshot was not taken at or after an OOM, or the
 /// trace was not recorded).
 pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Option<OomReport>> {
+    analyze_analysed(&Analysed::new(snap), opts)
+}
+
+/// [`analyze_snapshot`] of a snapshot already analysed (the one analysed
+/// trace `doctor` builds).
+pub fn analyze_analysed(an: &Analysed<'_>, opts: &OomOptions) -> crate::Result<Option<OomReport>> {
+    analyze_observed(an, None, opts)
+}
+
+/// [`analyze_analysed`] with the replay of the run under its recorded
+/// settings already made (`run`, when it watched the chosen OOM): no replay
+/// of its own.
+pub fn analyze_observed(
+    an: &Analysed<'_>,
+    run: Option<&RecordedRun>,
+    opts: &OomOptions,
+) -> crate::Result<Option<OomReport>> {
+    let snap = an.snap;
     let found = super::chosen_oom(snap);
     let Some((trace, k)) = found else {
         return Ok(None);
@@ -304,7 +340,7 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     let tried = allocation_size(&config, request);
     let small = is_small(request);
     let stream_key = snap.stream(oom.stream);
-    let st = state_before(snap, t.device, k);
+    let st = state_before(snap, t.device, k, run);
     let mut warnings = st.warnings.clone();
     if ooms_in_trace > 1 {
         warnings.push(format!(
@@ -387,12 +423,11 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     );
 
     // What was live.
-    let an = Analysed::new(snap);
     let Some(classifier) = an.classifier(trace) else {
         return Ok(None);
     };
     let classifier = classifier.until(k);
-    let groups = group_live(&an, &classifier, &st.live, opts.top);
+    let groups = group_live(an, &classifier, &st.live, opts.top);
     let mut category_detail: Vec<CategoryBytes> = groups
         .categories
         .iter()
@@ -433,7 +468,7 @@ pub fn analyze_snapshot(snap: &Snapshot, opts: &OomOptions) -> crate::Result<Opt
     }
 
     // Predictions.
-    let whatif = WhatIf::new(&an, trace, k);
+    let whatif = WhatIf::with_empty_cache_at(an, trace, k, &st.empty_cache_at);
     let leftovers = fixes::leftovers(snap, &classifier, &st.live, whatif.as_ref());
     let autocast = uses_autocast(snap);
     let ctx = fixes::Context {

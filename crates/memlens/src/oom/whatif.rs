@@ -152,6 +152,26 @@ impl WhatIf {
     /// Builds the model of the step in which the `oom` event `oom_index` of
     /// trace `trace` happened.
     pub fn new(an: &Analysed, trace: usize, oom_index: usize) -> Option<WhatIf> {
+        let device = an.snap.traces.get(trace)?.device;
+        // Where the program called empty_cache(), judged on the recorded run.
+        let empty_cache_at: HashSet<usize> =
+            release_runs(an.snap, device, &ReplayOptions::default())
+                .into_iter()
+                .filter(|r| r.cause == ReleaseCause::EmptyCache)
+                .map(|r| r.start)
+                .collect();
+        WhatIf::with_empty_cache_at(an, trace, oom_index, &empty_cache_at)
+    }
+
+    /// [`WhatIf::new`] given the events at which the program called
+    /// `empty_cache()` (the starts of [`ReleaseCause::EmptyCache`] runs),
+    /// found by a replay the caller already made.
+    pub fn with_empty_cache_at(
+        an: &Analysed,
+        trace: usize,
+        oom_index: usize,
+        empty_cache_at: &HashSet<usize>,
+    ) -> Option<WhatIf> {
         let snap = an.snap;
         let t = snap.traces.get(trace)?;
         let oom = *t.events.get(oom_index)?;
@@ -162,17 +182,10 @@ impl WhatIf {
             .checked_sub(1)?;
         let start = steps.starts.get(f).copied()?;
         let classifier = an.classifier(trace)?;
-        // Where the program called empty_cache(), judged on the recorded run.
-        let empty_cache_at: HashSet<usize> =
-            release_runs(snap, t.device, &ReplayOptions::default())
-                .into_iter()
-                .filter(|r| r.cause == ReleaseCause::EmptyCache)
-                .map(|r| r.start)
-                .collect();
         let rec = Recorded {
             snap,
             events: &t.events,
-            empty_cache_at: &empty_cache_at,
+            empty_cache_at,
         };
         let mut prefix = initial_allocs(snap, t);
         prefix.extend(rec.ops(0..start).into_iter().map(|(_, op)| op));
@@ -259,7 +272,7 @@ impl WhatIf {
 /// Allocations that recreate the blocks live before a trace that does not
 /// start at the allocator's birth (the model places them itself).
 fn initial_allocs(snap: &Snapshot, t: &DeviceTrace) -> Vec<Op> {
-    let init = initial::reconstruct(snap, t.device, &t.events);
+    let init = initial::before_trace(snap, t.device);
     init.blocks
         .iter()
         .filter(|b| !b.pending)

@@ -79,6 +79,7 @@ pub fn before_trace(snap: &Snapshot, device: u32) -> InitialState {
 
 /// Undoes `events` from the dumped state of `device`.
 pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> InitialState {
+    crate::work::note_backward_rebuild();
     let mut segs: BTreeMap<u64, InitialSegment> = BTreeMap::new();
     let mut live: HashMap<u64, InitialBlock> = HashMap::new();
     for s in snap.segments.iter().filter(|s| s.device == device) {

@@ -76,7 +76,7 @@ pub fn infer(snap: &Snapshot, device: u32, message: Option<&OomMessage>) -> RunL
     let mut out = RunLimits::default();
     let config = recorded_config(&snap.settings);
     let events = snap.device_trace(device);
-    let initial = super::initial::reconstruct(snap, device, events);
+    let initial = super::initial::before_trace(snap, device);
     let mut reserved: u64 = initial.segments.iter().map(|s| s.size).sum();
     let mut peak = reserved;
     // Tightest bounds over every OOM of the run: the cap did not change.

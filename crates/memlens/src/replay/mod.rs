@@ -21,6 +21,7 @@ pub mod during_read;
 mod events;
 pub mod initial;
 pub mod limits;
+pub mod observe;
 pub mod simulate;
 mod trace_device;
 pub mod tune;
@@ -350,6 +351,22 @@ impl<'s> Replay<'s> {
         opts: &ReplayOptions,
         initial: InitialState,
     ) -> Replay<'s> {
+        let recorded = opts
+            .config
+            .as_ref()
+            .is_none_or(|c| *c == config::recorded_config(&snap.settings));
+        crate::work::note_replay(recorded && opts.limits == DeviceLimits::default());
+        Replay::unnoted(snap, device, opts, initial)
+    }
+
+    /// [`Replay::from_initial`] without counting it ([`crate::work`]): the
+    /// fed replay counts itself.
+    fn unnoted(
+        snap: &'s Snapshot,
+        device: u32,
+        opts: &ReplayOptions,
+        initial: InitialState,
+    ) -> Replay<'s> {
         let events = snap.device_trace(device);
         let config = opts
             .config
@@ -408,7 +425,8 @@ impl<'s> Replay<'s> {
             config: Some(config),
             limits: DeviceLimits::default(),
         };
-        let mut r = Replay::from_initial(&NO_SNAPSHOT, 0, &opts, InitialState::default());
+        crate::work::note_replay(true);
+        let mut r = Replay::unnoted(&NO_SNAPSHOT, 0, &opts, InitialState::default());
         r.events = Events::Window {
             buf: Vec::new(),
             base: 0,

@@ -107,14 +107,30 @@ pub struct Prepared {
 impl Prepared {
     /// Studies `device`'s trace (one replay when it has segment frees).
     pub fn new(snap: &Snapshot, device: u32) -> Prepared {
-        let events = snap.device_trace(device);
-        let initial = initial::reconstruct(snap, device, events);
+        let initial = initial::before_trace(snap, device);
         let empty_cache_at =
             super::release_runs_from(snap, device, &ReplayOptions::default(), initial.clone())
                 .into_iter()
                 .filter(|r| r.cause == ReleaseCause::EmptyCache)
                 .map(|r| r.start)
                 .collect();
+        Prepared::with_empty_cache_at(snap, device, initial, empty_cache_at)
+    }
+
+    /// [`Prepared::new`] from a replay of the run already made
+    /// ([`super::observe::recorded_run`]): no replay of its own.
+    pub fn from_run(snap: &Snapshot, run: &super::observe::RecordedRun) -> Prepared {
+        let initial = initial::before_trace(snap, run.device);
+        Prepared::with_empty_cache_at(snap, run.device, initial, run.empty_cache_at.clone())
+    }
+
+    fn with_empty_cache_at(
+        snap: &Snapshot,
+        device: u32,
+        initial: InitialState,
+        empty_cache_at: Vec<usize>,
+    ) -> Prepared {
+        let events = snap.device_trace(device);
         let mut reserved: u64 = initial.segments.iter().map(|s| s.size).sum();
         let mut reserved_at_oom = None;
         for e in events {

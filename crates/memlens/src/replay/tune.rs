@@ -84,8 +84,17 @@ pub fn candidate_configs(
 
 /// Simulates every candidate on `device`'s trace and ranks them.
 pub fn tune(snap: &Snapshot, device: u32, opts: &SimulateOptions) -> crate::Result<TuneResult> {
+    tune_prepared(snap, opts, &Prepared::new(snap, device))
+}
+
+/// [`tune`] on a trace already studied ([`Prepared`]; `doctor` makes it from
+/// its one replay of the run).
+pub fn tune_prepared(
+    snap: &Snapshot,
+    opts: &SimulateOptions,
+    prep: &Prepared,
+) -> crate::Result<TuneResult> {
     let recorded = crate::replay::config::recorded_config(&snap.settings);
-    let prep = Prepared::new(snap, device);
     let overhead = match (opts.device_memory, opts.overhead) {
         (Some(total), None) => Some(prep.overhead(total).unwrap_or(0)),
         (_, o) => o,

@@ -17,9 +17,9 @@ use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
 use crate::analysis::leaks::Confidence;
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::Diagnosis;
-use crate::replay::{state_at, Delta, Replay, ReplayOptions, ReplayState};
+use crate::replay::{Delta, Replay, ReplayOptions, ReplayState};
 use crate::sim::BlockStatus;
-use crate::snapshot::{Action, Snapshot, StackId};
+use crate::snapshot::{Snapshot, StackId};
 use crate::trace::Analysed;
 use hashbrown::HashMap;
 
@@ -85,47 +85,38 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         ));
         return data;
     };
-    let opts = ReplayOptions::default();
-    data.timeline = Some(timeline(snap, device, d, (&an, trace), &category_of, &opts));
-
-    let peak_index = d.peak.peak_event_index;
-    let peak_state = peak_index.map(|i| state_at(snap, device, i, &opts));
-    if let Some(st) = &peak_state {
+    let views = observe_views(
+        snap,
+        d,
+        &ViewInput {
+            an: &an,
+            trace,
+            device,
+            events,
+            category_of: &category_of,
+        },
+    );
+    data.timeline = Some(views.timeline);
+    if let Some(st) = &views.peak_state {
         let mut fb = FlameBuilder::new(format!("live at the peak (event {})", st.index));
         for b in st.live.iter().filter(|b| !b.pending_free) {
             fb.add_innermost_first(&stack_labels(snap, b.stack), b.size);
         }
         data.flame = Some(fb.finish());
     }
-    // The OOM `memlens oom` and doctor explain: the last one.
-    let oom = events.iter().rposition(|e| e.action == Action::Oom);
-    data.moments = Some(super::moments::build_moments(
-        snap,
-        &super::moments::MomentInput {
-            an: &an,
-            trace,
-            device,
-            events,
-            must: peak_index.into_iter().chain(oom).collect(),
-            category_of: &category_of,
-            index,
-        },
-    ));
-    let (state, when) = match (oom, peak_state) {
-        (Some(i), _) => (
-            Some(state_at(snap, device, i, &opts)),
-            format!("at the OOM (event {i})"),
-        ),
+    data.moments = Some(views.moments);
+    let (state, when, state_events) = match (views.oom_state, views.peak_state) {
+        (Some((i, st, ev)), _) => (Some(st), format!("at the OOM (event {i})"), ev),
         (None, Some(st)) => {
             let w = format!("at the peak (event {})", st.index);
-            (Some(st), w)
+            (Some(st), w, events)
         }
-        (None, None) => (None, String::new()),
+        (None, None) => (None, String::new(), events),
     };
     if let Some(st) = state {
         data.segments = Some(segments_of_state(
             snap,
-            events,
+            state_events,
             &st,
             &when,
             index,
@@ -133,6 +124,73 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         ));
     }
     data
+}
+
+/// What the report draws from the trace of the shown device.
+struct ViewInput<'a> {
+    an: &'a Analysed<'a>,
+    trace: usize,
+    device: u32,
+    events: &'a [crate::snapshot::TraceEvent],
+    category_of: &'a dyn Fn(&str) -> Category,
+}
+
+/// What the one replay of the shown trace gives the report.
+struct Views<'s> {
+    timeline: Timeline,
+    peak_state: Option<ReplayState>,
+    moments: super::moments::Moments,
+    /// The OOM the diagnosis explains: its event, the state right after it
+    /// and the events of its trace (its device's, which may not be the
+    /// shown one).
+    oom_state: Option<(usize, ReplayState, &'s [crate::snapshot::TraceEvent])>,
+}
+
+/// Replays the shown trace once, with every view of the page watching
+/// (timeline, the state at the peak, the moments, the state at the OOM),
+/// and the OOM's own trace once more only when it is on another device.
+fn observe_views<'s>(snap: &'s Snapshot, d: &Diagnosis, inp: &ViewInput<'s>) -> Views<'s> {
+    use crate::replay::observe::{observe, Observer, StateAfter};
+    let opts = ReplayOptions::default();
+    let peak_index = d.peak.peak_event_index;
+    // The OOM `memlens oom` and doctor explain, as the diagnosis chose it.
+    let oom = d.oom.as_ref().map(|o| (o.device, o.event_index));
+    let oom_here = oom.filter(|&(dev, _)| dev == inp.device).map(|(_, i)| i);
+    let moment_input = super::moments::MomentInput {
+        an: inp.an,
+        trace: inp.trace,
+        events: inp.events,
+        must: peak_index.into_iter().chain(oom_here).collect(),
+        category_of: inp.category_of,
+        index: &inp.an.sites,
+    };
+    let mut timeline =
+        TimelineObserver::new(snap, d, (inp.an, inp.trace), inp.category_of, inp.events);
+    let mut moments = super::moments::MomentsObserver::new(snap, &moment_input);
+    let mut at_peak = peak_index.map(StateAfter::new);
+    let mut at_oom = oom_here.map(StateAfter::new);
+    {
+        let mut observers: Vec<&mut dyn Observer> = vec![&mut timeline, &mut moments];
+        observers.extend(at_peak.as_mut().map(|o| o as &mut dyn Observer));
+        observers.extend(at_oom.as_mut().map(|o| o as &mut dyn Observer));
+        observe(snap, inp.device, &opts, &mut observers);
+    }
+    let oom_state = match (oom, oom_here) {
+        (Some((_, i)), Some(_)) => at_oom
+            .and_then(StateAfter::into_state)
+            .map(|st| (i, st, inp.events)),
+        (Some((dev, i)), None) => {
+            let st = crate::replay::state_at(snap, dev, i, &opts);
+            Some((i, st, snap.device_trace(dev)))
+        }
+        _ => None,
+    };
+    Views {
+        timeline: timeline.finish(),
+        peak_state: at_peak.and_then(StateAfter::into_state),
+        moments: moments.finish(),
+        oom_state,
+    }
 }
 
 fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
@@ -252,77 +310,116 @@ fn tune(d: &Diagnosis) -> Option<Tune> {
     })
 }
 
-/// Replays the trace once more, with the bytes of the top sites of the peak.
-fn timeline(
-    snap: &Snapshot,
-    device: u32,
-    d: &Diagnosis,
-    (an, trace): (&Analysed, usize),
-    category_of: &dyn Fn(&str) -> Category,
-    opts: &ReplayOptions,
-) -> Timeline {
-    let index = &an.sites;
-    let facts = an.trace(trace);
-    let mut sites: Vec<TimelineSite> = Vec::new();
-    for l in &d.peak.live_at_peak {
-        if sites.len() == TIMELINE_TOP_SITES {
-            break;
+/// Watches the replay for the timeline: the totals after each event and the
+/// bytes of the top sites of the peak, each in its band.
+struct TimelineObserver<'a> {
+    snap: &'a Snapshot,
+    an: &'a Analysed<'a>,
+    trace: usize,
+    sites: Vec<TimelineSite>,
+    /// The band of a stack, and whether its blocks may belong to a
+    /// pseudo-site (no stack: the backward pass or before recording) that the
+    /// peak lists under its own name: those are placed block by block, as the
+    /// peak does, so that their band holds their bytes rather than "other
+    /// sites".
+    band_of_stack: HashMap<StackId, (Option<usize>, bool)>,
+    time: bool,
+    bands: Vec<u64>,
+    peaks: Vec<u64>,
+    live: HashMap<u64, (u64, Option<usize>)>,
+    keep: Option<usize>,
+    builder: TimelineBuilder,
+}
+
+impl<'a> TimelineObserver<'a> {
+    fn new(
+        snap: &'a Snapshot,
+        d: &Diagnosis,
+        (an, trace): (&'a Analysed<'a>, usize),
+        category_of: &dyn Fn(&str) -> Category,
+        events: &[crate::snapshot::TraceEvent],
+    ) -> TimelineObserver<'a> {
+        let mut sites: Vec<TimelineSite> = Vec::new();
+        for l in &d.peak.live_at_peak {
+            if sites.len() == TIMELINE_TOP_SITES {
+                break;
+            }
+            if !sites.iter().any(|s| s.site == l.site) {
+                sites.push(TimelineSite {
+                    site: l.site.clone(),
+                    function: l.function.clone(),
+                    stack: l.stack.clone(),
+                    category: category_of(&l.site),
+                    peak_bytes: 0,
+                });
+            }
         }
-        if !sites.iter().any(|s| s.site == l.site) {
-            sites.push(TimelineSite {
-                site: l.site.clone(),
-                function: l.function.clone(),
-                stack: l.stack.clone(),
-                category: category_of(&l.site),
-                peak_bytes: 0,
-            });
+        let time = events.last().is_some_and(|e| e.time_us != 0);
+        let builder = TimelineBuilder::new(
+            if time { XUnit::TimeUs } else { XUnit::Event },
+            sites.clone(),
+            events.len() as u64,
+            DEFAULT_MAX_POINTS,
+        );
+        TimelineObserver {
+            snap,
+            an,
+            trace,
+            bands: vec![0; sites.len()],
+            peaks: vec![0; sites.len()],
+            sites,
+            band_of_stack: HashMap::default(),
+            time,
+            live: HashMap::default(),
+            keep: d.peak.peak_event_index,
+            builder,
         }
     }
-    // The band of a stack, and whether its blocks may belong to a pseudo-site
-    // (no stack: the backward pass or before recording) that the peak lists
-    // under its own name: those are placed block by block, as the peak does,
-    // so that their band holds their bytes rather than "other sites".
-    let mut band_of_stack: HashMap<StackId, (Option<usize>, bool)> = HashMap::default();
-    let mut band_of = |stack: StackId, alloc: usize| -> Option<usize> {
-        let (band, no_stack) = *band_of_stack.entry(stack).or_insert_with(|| {
-            let site = Site::of(snap, index, stack).site;
+
+    /// The band of an allocation with `stack` at event `alloc`.
+    fn band_of(&mut self, stack: StackId, alloc: usize) -> Option<usize> {
+        let (snap, an, sites) = (self.snap, self.an, &self.sites);
+        let (band, no_stack) = *self.band_of_stack.entry(stack).or_insert_with(|| {
+            let site = Site::of(snap, &an.sites, stack).site;
             (
                 sites.iter().position(|s| s.site == site),
                 site == crate::analysis::sites::NO_STACK,
             )
         });
         let alloc = u32::try_from(alloc).ok();
+        let facts = an.trace(self.trace);
         if no_stack || facts.is_some_and(|f| f.is_cublas_workspace(alloc)) {
-            let site = an.block_site(trace, alloc, stack).site;
+            let site = an.block_site(self.trace, alloc, stack).site;
             return sites.iter().position(|s| s.site == site);
         }
         band
-    };
-    let mut r = Replay::new(snap, device, opts);
-    let events = r.events();
-    let time = events.last().is_some_and(|e| e.time_us != 0);
-    let n = events.len();
-    // Per-site bytes after each event, and where each live block belongs.
-    let mut bands = vec![0u64; sites.len()];
-    let mut peaks = vec![0u64; sites.len()];
-    let mut live: HashMap<u64, (u64, Option<usize>)> = HashMap::default();
-    let keep = d.peak.peak_event_index;
-    let site_list = sites.clone();
-    let mut b = TimelineBuilder::new(
-        if time { XUnit::TimeUs } else { XUnit::Event },
-        site_list,
-        n as u64,
-        DEFAULT_MAX_POINTS,
-    );
-    while let Some(s) = r.step() {
+    }
+
+    fn finish(self) -> Timeline {
+        let mut t = self.builder.finish();
+        for (s, p) in t.sites.iter_mut().zip(self.peaks) {
+            s.peak_bytes = p;
+        }
+        // The analysis' peak event wins over the first highest point kept.
+        if let Some(k) = self.keep {
+            if let Some(j) = t.event.iter().position(|&e| e == k as u64) {
+                t.peak = Some(j);
+            }
+        }
+        t
+    }
+}
+
+impl crate::replay::observe::Observer for TimelineObserver<'_> {
+    fn after(&mut self, _r: &Replay<'_>, s: &crate::replay::Step) {
         let oom = match s.delta {
             Delta::Alloc { addr, size, .. } => {
-                let k = band_of(s.event.stack, s.index);
+                let k = self.band_of(s.event.stack, s.index);
                 if let Some(k) = k {
-                    bands[k] = bands[k].saturating_add(size);
-                    peaks[k] = peaks[k].max(bands[k]);
+                    self.bands[k] = self.bands[k].saturating_add(size);
+                    self.peaks[k] = self.peaks[k].max(self.bands[k]);
                 }
-                live.insert(addr, (size, k));
+                self.live.insert(addr, (size, k));
                 false
             }
             Delta::FreeRequested { addr, .. }
@@ -331,8 +428,8 @@ fn timeline(
                 also_requested: true,
                 ..
             } => {
-                if let Some((size, Some(k))) = live.remove(&addr) {
-                    bands[k] = bands[k].saturating_sub(size);
+                if let Some((size, Some(k))) = self.live.remove(&addr) {
+                    self.bands[k] = self.bands[k].saturating_sub(size);
                 }
                 false
             }
@@ -340,8 +437,8 @@ fn timeline(
             _ => false,
         };
         let t = s.totals.all;
-        b.push(TimelinePoint {
-            x: if time {
+        self.builder.push(TimelinePoint {
+            x: if self.time {
                 s.event.time_us
             } else {
                 s.index as i64
@@ -350,22 +447,11 @@ fn timeline(
             allocated: t.allocated,
             reserved: t.reserved,
             active: Some(t.active),
-            bands: &bands,
+            bands: &self.bands,
             oom,
-            keep: keep == Some(s.index),
+            keep: self.keep == Some(s.index),
         });
     }
-    let mut t = b.finish();
-    for (s, p) in t.sites.iter_mut().zip(peaks) {
-        s.peak_bytes = p;
-    }
-    // The analysis' peak event wins over the first highest point kept.
-    if let Some(k) = keep {
-        if let Some(j) = t.event.iter().position(|&e| e == k as u64) {
-            t.peak = Some(j);
-        }
-    }
-    t
 }
 
 /// The flame graph of the blocks allocated at dump time.

@@ -15,7 +15,8 @@ use super::convert::stack_labels;
 use super::model::{Category, SegmentMap};
 use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT};
 use crate::analysis::sites::SiteIndex;
-use crate::replay::{Delta, Replay, ReplayOptions, ReplayState};
+use crate::replay::observe::Observer;
+use crate::replay::{Delta, Replay, ReplayState, Step};
 use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::HashMap;
@@ -66,8 +67,6 @@ pub(super) struct MomentInput<'a> {
     pub an: &'a Analysed<'a>,
     /// Index of the device's trace in `snap.traces`.
     pub trace: usize,
-    /// The device.
-    pub device: u32,
     /// Its events.
     pub events: &'a [TraceEvent],
     /// Events whose segment map must be saved (the peak, the OOM).
@@ -78,164 +77,226 @@ pub(super) struct MomentInput<'a> {
     pub index: &'a SiteIndex,
 }
 
-/// Replays the trace once, keeping the largest allocations' lifetimes and the
-/// segment maps at the chosen events.
-pub(super) fn build_moments(snap: &Snapshot, inp: &MomentInput<'_>) -> Moments {
-    let events = inp.events;
-    // The size threshold: the MAX_KEPT_ALLOCS-th largest allocation.
-    let mut sizes: Vec<u64> = events
-        .iter()
-        .filter(|e| e.action == Action::Alloc)
-        .map(|e| e.size)
-        .collect();
-    let threshold = if sizes.len() > MAX_KEPT_ALLOCS {
-        let (_, t, _) = sizes.select_nth_unstable_by(MAX_KEPT_ALLOCS - 1, |a, b| b.cmp(a));
-        *t
-    } else {
-        0
-    };
-    drop(sizes);
+/// A kept allocation's lifetime.
+struct Interval {
+    alloc: i64,
+    free: i64,
+    size: u64,
+    addr: u64,
+    stack: StackId,
+    alloc_index: Option<u32>,
+}
 
-    // Where to save segment maps: the must-haves and evenly spaced events.
-    let n = events.len();
-    let mut targets: Vec<usize> = inp.must.iter().copied().filter(|&i| i < n).collect();
-    let spaced = MOMENT_SEGMENT_MAPS.saturating_sub(targets.len()).max(1);
-    for k in 1..=spaced {
-        targets.push((n.saturating_sub(1) * k) / spaced);
-    }
-    targets.sort_unstable();
-    targets.dedup();
+/// Watches the one replay of the trace, keeping the largest allocations'
+/// lifetimes and the segment maps at the chosen events; [`Self::finish`]
+/// gives the [`Moments`].
+pub(super) struct MomentsObserver<'a> {
+    snap: &'a Snapshot,
+    inp: &'a MomentInput<'a>,
+    threshold: u64,
+    targets: Vec<usize>,
+    next: usize,
+    kept: Vec<Interval>,
+    open: HashMap<u64, usize>,
+    total: u64,
+    maps: Vec<(u64, SegmentMap)>,
+}
 
-    struct Interval {
-        alloc: i64,
-        free: i64,
-        size: u64,
-        addr: u64,
-        stack: StackId,
-        alloc_index: Option<u32>,
-    }
-    let opts = ReplayOptions::default();
-    let mut r = Replay::new(snap, inp.device, &opts);
-    let mut kept: Vec<Interval> = Vec::new();
-    let mut open: HashMap<u64, usize> = HashMap::default();
-    let mut total: u64 = 0;
-    for b in r.live_blocks().iter().filter(|b| !b.pending_free) {
-        total += 1;
-        if b.size >= threshold.max(1) && kept.len() < MAX_KEPT_ALLOCS {
-            open.insert(b.addr, kept.len());
-            kept.push(Interval {
-                alloc: -1,
-                free: -1,
-                size: b.size,
-                addr: b.addr,
-                stack: b.stack,
-                alloc_index: b.alloc_index,
-            });
+impl<'a> MomentsObserver<'a> {
+    /// Ready to watch the replay of `inp`'s trace.
+    pub(super) fn new(snap: &'a Snapshot, inp: &'a MomentInput<'a>) -> MomentsObserver<'a> {
+        let events = inp.events;
+        // The size threshold: the MAX_KEPT_ALLOCS-th largest allocation.
+        let mut sizes: Vec<u64> = events
+            .iter()
+            .filter(|e| e.action == Action::Alloc)
+            .map(|e| e.size)
+            .collect();
+        let threshold = if sizes.len() > MAX_KEPT_ALLOCS {
+            let (_, t, _) = sizes.select_nth_unstable_by(MAX_KEPT_ALLOCS - 1, |a, b| b.cmp(a));
+            *t
+        } else {
+            0
+        };
+        drop(sizes);
+        // Where to save segment maps: the must-haves and evenly spaced events.
+        let n = events.len();
+        let mut targets: Vec<usize> = inp.must.iter().copied().filter(|&i| i < n).collect();
+        let spaced = MOMENT_SEGMENT_MAPS.saturating_sub(targets.len()).max(1);
+        for k in 1..=spaced {
+            targets.push((n.saturating_sub(1) * k) / spaced);
+        }
+        targets.sort_unstable();
+        targets.dedup();
+        MomentsObserver {
+            snap,
+            inp,
+            threshold,
+            targets,
+            next: 0,
+            kept: Vec::new(),
+            open: HashMap::default(),
+            total: 0,
+            maps: Vec::new(),
         }
     }
-    let mut maps: Vec<(u64, SegmentMap)> = Vec::new();
-    let mut next = 0;
-    while let Some(s) = r.step() {
-        match s.delta {
-            Delta::Alloc { addr, size, .. } => {
-                total += 1;
-                if size >= threshold && kept.len() < MAX_KEPT_ALLOCS {
-                    open.insert(addr, kept.len());
-                    kept.push(Interval {
-                        alloc: s.index as i64,
-                        free: -1,
-                        size,
-                        addr,
-                        stack: s.event.stack,
-                        alloc_index: u32::try_from(s.index).ok(),
-                    });
-                }
+
+    /// Keeps an allocation when it is among the largest.
+    fn consider(&mut self, i: Interval, min: u64) {
+        self.total += 1;
+        if i.size >= min && self.kept.len() < MAX_KEPT_ALLOCS {
+            self.open.insert(i.addr, self.kept.len());
+            self.kept.push(i);
+        }
+    }
+
+    /// Saves the segment map after event `index` when it is a target.
+    fn save_maps(&mut self, r: &Replay<'_>, index: usize) {
+        while self.next < self.targets.len() && self.targets[self.next] <= index {
+            if self.targets[self.next] == index {
+                let st = ReplayState {
+                    index,
+                    totals: r.totals(),
+                    live: r.live_blocks(),
+                    segments: r.segments(),
+                };
+                let when = format!("at event {index}");
+                let inp = self.inp;
+                let m = segments_of_state(
+                    self.snap,
+                    inp.events,
+                    &st,
+                    &when,
+                    inp.index,
+                    inp.category_of,
+                );
+                self.maps.push((
+                    index as u64,
+                    cap_segments(&m, MOMENT_MAX_SEGMENTS, DEFAULT_MAX_BLOCKS_PER_SEGMENT),
+                ));
             }
+            self.next += 1;
+        }
+    }
+}
+
+impl Observer for MomentsObserver<'_> {
+    fn before(&mut self, r: &Replay<'_>, index: usize) {
+        if index != 0 {
+            return;
+        }
+        // The blocks live before the trace.
+        let min = self.threshold.max(1);
+        for b in r.live_blocks().iter().filter(|b| !b.pending_free) {
+            self.consider(
+                Interval {
+                    alloc: -1,
+                    free: -1,
+                    size: b.size,
+                    addr: b.addr,
+                    stack: b.stack,
+                    alloc_index: b.alloc_index,
+                },
+                min,
+            );
+        }
+    }
+
+    fn after(&mut self, r: &Replay<'_>, s: &Step) {
+        match s.delta {
+            Delta::Alloc { addr, size, .. } => self.consider(
+                Interval {
+                    alloc: s.index as i64,
+                    free: -1,
+                    size,
+                    addr,
+                    stack: s.event.stack,
+                    alloc_index: u32::try_from(s.index).ok(),
+                },
+                self.threshold,
+            ),
             Delta::FreeRequested { addr, .. }
             | Delta::FreeCompleted {
                 addr,
                 also_requested: true,
                 ..
             } => {
-                if let Some(j) = open.remove(&addr) {
-                    kept[j].free = s.index as i64;
+                if let Some(j) = self.open.remove(&addr) {
+                    self.kept[j].free = s.index as i64;
                 }
             }
             _ => {}
         }
-        while next < targets.len() && targets[next] <= s.index {
-            if targets[next] == s.index {
-                let st = ReplayState {
-                    index: s.index,
-                    totals: r.totals(),
-                    live: r.live_blocks(),
-                    segments: r.segments(),
-                };
-                let when = format!("at event {}", s.index);
-                let m = segments_of_state(snap, events, &st, &when, inp.index, inp.category_of);
-                maps.push((
-                    s.index as u64,
-                    cap_segments(&m, MOMENT_MAX_SEGMENTS, DEFAULT_MAX_BLOCKS_PER_SEGMENT),
-                ));
-            }
-            next += 1;
-        }
+        self.save_maps(r, s.index);
     }
+}
 
-    // Largest first, so that a reader of the JSON sees what matters first.
-    kept.sort_by(|a, b| b.size.cmp(&a.size).then(a.alloc.cmp(&b.alloc)));
-    let mut out = Moments {
-        total_allocs: total,
-        min_kept_bytes: if (kept.len() as u64) < total {
-            kept.last().map_or(0, |k| k.size)
-        } else {
-            0
-        },
-        ..Moments::default()
-    };
-    let mut frame_ids: HashMap<String, u32> = HashMap::default();
-    let mut stack_ids: HashMap<StackId, i64> = HashMap::default();
-    let mut site_ids: HashMap<String, i64> = HashMap::default();
-    for k in &kept {
-        let stack = *stack_ids.entry(k.stack).or_insert_with(|| {
-            let labels = stack_labels(snap, k.stack);
-            if labels.is_empty() {
-                return -1;
-            }
-            let ids = labels
-                .into_iter()
-                .take(MAX_STACK_FRAMES)
-                .map(|l| {
-                    let next = out.frames.len() as u32;
-                    *frame_ids.entry(l.clone()).or_insert_with(|| {
-                        out.frames.push(l);
-                        next
+impl MomentsObserver<'_> {
+    /// The moments seen.
+    pub(super) fn finish(self) -> Moments {
+        let MomentsObserver {
+            snap,
+            inp,
+            mut kept,
+            total,
+            maps,
+            ..
+        } = self;
+        // Largest first, so that a reader of the JSON sees what matters first.
+        kept.sort_by(|a, b| b.size.cmp(&a.size).then(a.alloc.cmp(&b.alloc)));
+        let mut out = Moments {
+            total_allocs: total,
+            min_kept_bytes: if (kept.len() as u64) < total {
+                kept.last().map_or(0, |k| k.size)
+            } else {
+                0
+            },
+            ..Moments::default()
+        };
+        let mut frame_ids: HashMap<String, u32> = HashMap::default();
+        let mut stack_ids: HashMap<StackId, i64> = HashMap::default();
+        let mut site_ids: HashMap<String, i64> = HashMap::default();
+        for k in &kept {
+            let stack = *stack_ids.entry(k.stack).or_insert_with(|| {
+                let labels = stack_labels(snap, k.stack);
+                if labels.is_empty() {
+                    return -1;
+                }
+                let ids = labels
+                    .into_iter()
+                    .take(MAX_STACK_FRAMES)
+                    .map(|l| {
+                        let next = out.frames.len() as u32;
+                        *frame_ids.entry(l.clone()).or_insert_with(|| {
+                            out.frames.push(l);
+                            next
+                        })
                     })
-                })
-                .collect();
-            out.stacks.push(ids);
-            out.stacks.len() as i64 - 1
-        });
-        let site = inp.an.block_site(inp.trace, k.alloc_index, k.stack).site;
-        let category = (inp.category_of)(&site);
-        let next = out.sites.len() as i64;
-        let site = *site_ids.entry(site.clone()).or_insert_with(|| {
-            out.sites.push(site);
-            next
-        });
-        out.allocs.push([
-            k.alloc,
-            k.free,
-            i64::try_from(k.size).unwrap_or(i64::MAX),
-            i64::try_from(k.addr).unwrap_or(i64::MAX),
-            stack,
-            site,
-            i64::from(category.code()),
-        ]);
+                    .collect();
+                out.stacks.push(ids);
+                out.stacks.len() as i64 - 1
+            });
+            let site = inp.an.block_site(inp.trace, k.alloc_index, k.stack).site;
+            let category = (inp.category_of)(&site);
+            let next = out.sites.len() as i64;
+            let site = *site_ids.entry(site.clone()).or_insert_with(|| {
+                out.sites.push(site);
+                next
+            });
+            out.allocs.push([
+                k.alloc,
+                k.free,
+                i64::try_from(k.size).unwrap_or(i64::MAX),
+                i64::try_from(k.addr).unwrap_or(i64::MAX),
+                stack,
+                site,
+                i64::from(category.code()),
+            ]);
+        }
+        for (e, m) in maps {
+            out.segment_events.push(e);
+            out.segment_maps.push(m);
+        }
+        out
     }
-    for (e, m) in maps {
-        out.segment_events.push(e);
-        out.segment_maps.push(m);
-    }
-    out
 }

@@ -129,6 +129,7 @@ impl Run {
         capacity: Option<u64>,
         allowed_maximum: Option<u64>,
     ) -> Run {
+        crate::work::note_replay(false);
         let mut model = Allocator::new(config, DeviceLimits { total_memory });
         if allowed_maximum.is_some() {
             model.set_allowed_memory_maximum(allowed_maximum);
