@@ -68,3 +68,100 @@ impl Fix {
         }
     }
 }
+
+/// The figures an OOM is classified by, from a snapshot or from a message
+/// (`None`: the source does not tell).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Evidence {
+    /// The request, compared with the free pieces of the cache.
+    pub request: Option<u64>,
+    /// The size the allocator tried to get from the device (a segment).
+    pub tried: Option<u64>,
+    /// Memory PyTorch had reserved.
+    pub reserved: Option<u64>,
+    /// Free memory in the cache that the request could use (its pool, on
+    /// any stream), in pieces of any size.
+    pub cache_free: Option<u64>,
+    /// The largest free piece there (`None`: unknown, as from a message).
+    pub largest_free: Option<u64>,
+    /// Free memory in private pools (CUDA graphs, `MemPool`).
+    pub private_free: u64,
+    /// The device's free memory as `cudaMemGetInfo` reported it.
+    pub device_free: Option<u64>,
+    /// The device's total memory.
+    pub total: Option<u64>,
+    /// Memory on the device outside this process's PyTorch.
+    pub outside: u64,
+    /// The per-process cap, printed or inferred.
+    pub cap: Option<u64>,
+    /// The message's form cannot print a cap, so one may have been set
+    /// unseen.
+    pub cap_may_be_unprinted: bool,
+}
+
+/// Why the allocation failed, and whether a cap was only supposed (the
+/// message's form could not print one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Classified {
+    /// The cause.
+    pub cause: Cause,
+    /// A cap was supposed, not printed or inferred.
+    pub hedged_cap: bool,
+}
+
+/// The one rulebook of OOM causes, for snapshots and messages alike, in
+/// order:
+/// 1. `private_pools`: private pools hold free memory (at least a tenth of
+///    reserved) that, with the device's free memory, would have been enough;
+/// 2. `fragmentation`: the cache held at least the request in free pieces,
+///    none large enough (the allocator had already returned every wholly
+///    free segment before raising); also under a cap: had the cache been in
+///    one piece, the cap would not have been hit;
+/// 3. `memory_cap`: reserved plus the segment tried is over the cap while the
+///    device still had room; or, from a message that cannot print a cap, the
+///    device had room (a cap is then likely: hedged);
+/// 4. `other_processes`: without the memory outside this process it would
+///    fit, and that memory is at least a tenth of the device (at least the
+///    request when the device's total is unknown);
+/// 5. `capacity`: otherwise, this process's own tensors fill the memory.
+pub fn classify(e: &Evidence) -> Classified {
+    let plain = |cause| Classified {
+        cause,
+        hedged_cap: false,
+    };
+    let tried = e.tried.unwrap_or(0);
+    let free = e.device_free.unwrap_or(0);
+    if let Some(res) = e.reserved {
+        if e.private_free > 0
+            && e.private_free.saturating_mul(10) >= res
+            && free + e.private_free >= tried
+        {
+            return plain(Cause::PrivatePools);
+        }
+    }
+    if let (Some(cache), Some(r)) = (e.cache_free, e.request) {
+        if e.largest_free.is_none_or(|l| l < r) && cache >= r {
+            return plain(Cause::Fragmentation);
+        }
+    }
+    let room = matches!((e.device_free, e.tried), (Some(f), Some(t)) if f >= t);
+    if let (Some(cap), Some(t)) = (e.cap, e.tried) {
+        if e.reserved.unwrap_or(0).saturating_add(t) > cap && (e.device_free.is_none() || room) {
+            return plain(Cause::MemoryCap);
+        }
+    }
+    if room && e.cap.is_none() && e.cap_may_be_unprinted {
+        return Classified {
+            cause: Cause::MemoryCap,
+            hedged_cap: true,
+        };
+    }
+    let share_ok = match e.total {
+        Some(t) => e.outside.saturating_mul(10) >= t,
+        None => e.outside >= tried,
+    };
+    if e.outside > 0 && e.outside >= tried.saturating_sub(free) && share_ok {
+        return plain(Cause::OtherProcesses);
+    }
+    plain(Cause::Capacity)
+}

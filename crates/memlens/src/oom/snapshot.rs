@@ -705,43 +705,23 @@ pub(super) struct Facts {
     pub cap: Option<u64>,
 }
 
-/// The cause, from the numbers, in order (the same rules as the message
-/// triage, [`super::triage`]):
-/// 1. `private_pools`: private pools hold free memory (at least a tenth of
-///    reserved) that, with the device's free memory, would have been enough;
-/// 2. `fragmentation`: the request's pool and stream (or another stream) had
-///    enough free memory in total, but no block large enough: also under a
-///    cap, since the cap would not have been reached had the cache been in
-///    one piece;
-/// 3. `memory_cap`: a cap applies, what PyTorch held plus the segment is over
-///    it, and the device had room for the segment;
-/// 4. `other_processes`: memory outside this PyTorch allocator (other
-///    processes when the message lists them) is at least a tenth of the
-///    device, and without it the segment would have fitted;
-/// 5. `capacity`: this process's own tensors fill the memory.
+/// The cause: the one rulebook ([`super::cause::classify`]) on the
+/// snapshot's figures.
 fn decide(f: &Facts) -> Cause {
-    if f.private_free > 0
-        && f.private_free.saturating_mul(10) >= f.reserved
-        && f.device_free + f.private_free >= f.tried
-    {
-        return Cause::PrivatePools;
-    }
-    if f.largest_free < f.request
-        && (f.free_here >= f.request || f.free_here + f.other_streams_free >= f.request)
-    {
-        return Cause::Fragmentation;
-    }
-    if let Some(cap) = f.cap {
-        if f.reserved + f.tried > cap && f.device_free >= f.tried {
-            return Cause::MemoryCap;
-        }
-    }
-    let outside = f.others.or(f.outside).unwrap_or(0);
-    let share_ok = f.total.is_some_and(|t| outside.saturating_mul(10) >= t);
-    if share_ok && outside >= f.tried.saturating_sub(f.device_free) {
-        return Cause::OtherProcesses;
-    }
-    Cause::Capacity
+    super::cause::classify(&super::cause::Evidence {
+        request: Some(f.request),
+        tried: Some(f.tried),
+        reserved: Some(f.reserved),
+        cache_free: Some(f.free_here + f.other_streams_free),
+        largest_free: Some(f.largest_free),
+        private_free: f.private_free,
+        device_free: Some(f.device_free),
+        total: f.total,
+        outside: f.others.or(f.outside).unwrap_or(0),
+        cap: f.cap,
+        cap_may_be_unprinted: false,
+    })
+    .cause
 }
 
 fn check_message(m: &OomMessage, f: &Facts) -> Vec<MessageCheck> {

@@ -21,6 +21,9 @@
 //!    least a tenth of the device (or at least R when T is not printed).
 //! 5. **`capacity`**: otherwise: this process's own tensors fill the memory.
 //!
+//! These are the rules of [`super::cause::classify`], which the snapshot
+//! analysis applies too: one rulebook, two sources of figures.
+//!
 //! `expandable_segments` is suggested only when U is significant (at least
 //! half of R).
 
@@ -112,11 +115,6 @@ impl Facts {
         }
     }
 
-    /// The device had room for the request.
-    fn device_had_room(&self) -> bool {
-        matches!((self.free, self.requested), (Some(f), Some(r)) if f >= r)
-    }
-
     /// Reserved-but-unallocated memory large enough to matter for this request.
     fn unallocated_significant(&self) -> bool {
         match (self.unallocated, self.requested) {
@@ -135,43 +133,25 @@ fn prints_cap(m: &OomMessage) -> bool {
     }
 }
 
-/// The cause, and whether a cap was only inferred (not printed).
+/// The cause, and whether a cap was only supposed (not printed): the one
+/// rulebook ([`super::cause::classify`]) on the message's figures.
 fn classify(f: &Facts, m: &OomMessage) -> (Cause, bool) {
-    let r = f.requested.unwrap_or(0);
-    let free = f.free.unwrap_or(0);
-    // Private pools first: the message's unallocated figure includes their
-    // free memory, which this request cannot use (a snapshot tells the pools
-    // apart, a message does not).
-    if let Some(res) = f.reserved {
-        if f.private > 0 && f.private.saturating_mul(10) >= res && free + f.private >= r {
-            return (Cause::PrivatePools, false);
-        }
-    }
-    // Then fragmentation, also under a cap: the allocator failed although
-    // its cache held at least the request, so no free piece was large enough
-    // (the snapshot path applies the same rule, with the largest piece).
-    if let (Some(u), Some(r)) = (f.unallocated, f.requested) {
-        if u >= r {
-            return (Cause::Fragmentation, false);
-        }
-    }
-    if let (Some(cap), Some(r)) = (f.cap, f.requested) {
-        let held = f.reserved.unwrap_or(0);
-        if held.saturating_add(r) > cap && (f.free.is_none() || f.device_had_room()) {
-            return (Cause::MemoryCap, false);
-        }
-    }
-    if f.device_had_room() && f.cap.is_none() && !prints_cap(m) {
-        return (Cause::MemoryCap, true);
-    }
-    let share_ok = match f.total {
-        Some(t) => f.others.saturating_mul(10) >= t,
-        None => f.others >= r,
-    };
-    if f.others > 0 && f.others >= r.saturating_sub(free) && share_ok {
-        return (Cause::OtherProcesses, false);
-    }
-    (Cause::Capacity, false)
+    let c = super::cause::classify(&super::cause::Evidence {
+        request: f.requested,
+        tried: f.requested,
+        reserved: f.reserved,
+        // The unallocated figure: the cache's free memory (a message does
+        // not tell pools apart, nor print the largest piece).
+        cache_free: f.unallocated,
+        largest_free: None,
+        private_free: f.private,
+        device_free: f.free,
+        total: f.total,
+        outside: f.others,
+        cap: f.cap,
+        cap_may_be_unprinted: !prints_cap(m),
+    });
+    (c.cause, c.hedged_cap)
 }
 
 fn text_or(fig: &Option<super::message::Figure>, fallback: &str) -> String {
