@@ -103,3 +103,25 @@ def test_simulate_carries_the_cli_keys(fixtures_dir):
     doc = memlens.load(str(fixtures_dir / "oom.pickle.zst")).simulate(device_memory="80GiB").to_dict()
     for key in ("snapshot", "first_oom_index", "first_oom_site", "recorded"):
         assert key in doc, key
+
+
+@pytest.mark.parametrize("path", [p for p in SNAPSHOTS if "oom" in p.name], ids=lambda p: p.name)
+def test_oom_and_doctor_explain_the_same_oom_with_the_same_fixes(path):
+    """One OOM, one advice list (issue 29): Python's ``snap.oom()`` and the
+    OOM of ``snap.doctor()`` name the same event, device and cause, with the
+    same fixes in the same order, and doctor's OOM finding leads with one of
+    them."""
+    snap = memlens.load(str(path))
+    try:
+        oom = snap.oom().to_dict()
+    except memlens.MemlensError:
+        pytest.skip("no OOM in this trace")
+    doc = snap.doctor().to_dict()
+    d = doc["diagnosis"]["oom"]
+    keys = ("event_index", "device", "cause")
+    assert [oom[k] for k in keys] == [d[k] for k in keys]
+    assert oom["fixes"] == d["fixes"]
+    assert oom["not_helpful"] == d["not_helpful"]
+    actions = [f["action"] for f in oom["fixes"]]
+    leads = [f["suggestion"] for f in doc["findings"] if f["kind"] == "oom"]
+    assert leads and all(s in actions for s in leads)

@@ -245,11 +245,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
     if let Some(e) = oom {
         let (title, fix, evidence) = match &oom_report {
             Some(r) => {
-                let best = r
-                    .fixes
-                    .iter()
-                    .find(|f| f.fits == Some(true))
-                    .or(r.fixes.first());
+                let best = r.lead_fix();
                 (
                     format!(
                         "CUDA out of memory ({}): a {} block could not be had",
@@ -311,7 +307,11 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             .as_ref()
             .and_then(|t| t.candidates.iter().find(|c| c.recorded))
             .map_or(peak.peak_reserved_bytes, |c| c.peak_reserved_bytes);
+        // Beside an OOM, the one advice list speaks: the fragmentation
+        // finding leads with the OOM's own first fix, not a second opinion.
+        let lead = oom_report.as_ref().and_then(|r| r.lead_fix());
         let fix = match best {
+            _ if lead.is_some() => lead.map(|f| f.action.clone()).unwrap_or_default(),
             Some(b) if b.num_ooms > 0 => format!(
                 "no allocator setting simulated here avoids the OOM under the run's limits (the \
                  best, {}, still fails); make the failing step smaller or raise the limit",

@@ -250,6 +250,36 @@ pub struct OomReport {
     pub warnings: Vec<String>,
 }
 
+impl OomReport {
+    /// The fix every surface leads with: the first of [`OomReport::fixes`]
+    /// that the simulation says fits, else the first whose simulated figure
+    /// may fit (a grounded fix before advice), else the first. `doctor`'s OOM
+    /// finding, its fragmentation finding beside an OOM and the report's
+    /// first card all name this one.
+    pub fn lead_fix(&self) -> Option<&OomFix> {
+        self.fixes
+            .iter()
+            .find(|f| f.fits == Some(true))
+            .or_else(|| {
+                self.fixes.iter().find(|f| {
+                    f.basis == fixes::Basis::Simulated
+                        && f.predicted_peak_reserved_bytes.is_some()
+                        && f.fits.is_none()
+                })
+            })
+            .or(self.fixes.first())
+    }
+
+    /// The whole advice list in the order every surface shows it: the
+    /// fixes, then those the simulation says would not help.
+    pub fn advice(&self) -> impl Iterator<Item = (&OomFix, bool)> {
+        self.fixes
+            .iter()
+            .map(|f| (f, true))
+            .chain(self.not_helpful.iter().map(|f| (f, false)))
+    }
+}
+
 /// The replayed state right before the failure, and where the program
 /// called `empty_cache()` before it: one replay, two observers.
 struct State {

@@ -13,6 +13,8 @@ use serde::{Deserialize, Serialize};
 pub struct OomView {
     /// Index of the `oom` event in the trace.
     pub event_index: u64,
+    /// The device whose trace holds it.
+    pub device: u32,
     /// Why it failed (`capacity`, `fragmentation`, ...).
     pub cause: String,
     /// The paragraph `memlens oom` prints.
@@ -110,6 +112,7 @@ pub fn oom_view(d: &Diagnosis) -> Option<OomView> {
     };
     Some(OomView {
         event_index: r.event_index as u64,
+        device: r.device,
         cause: r.cause.to_string(),
         explanation: r.explanation.clone(),
         requested_bytes: r.requested_bytes,
@@ -151,12 +154,7 @@ pub fn oom_view(d: &Diagnosis) -> Option<OomView> {
             })
             .collect(),
         other_sites: r.other_sites as u64,
-        fixes: r
-            .fixes
-            .iter()
-            .map(|f| fix(f, true))
-            .chain(r.not_helpful.iter().map(|f| fix(f, false)))
-            .collect(),
+        fixes: r.advice().map(|(f, helps)| fix(f, helps)).collect(),
     })
 }
 

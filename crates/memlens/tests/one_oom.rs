@@ -1,0 +1,240 @@
+//! One OOM, one advice list (issue 29): `doctor --json`, `oom --json` and the
+//! report's data speak of the same OOM (event, device, cause) with the same
+//! fixes in the same order, and doctor's findings lead with the same fix, on
+//! every OOM of the fixtures and the corpus, on a trace with two OOMs and on
+//! a trace with two devices whose OOM is not on the device of the peak.
+
+mod common;
+
+use memlens::doctor::{diagnose_inputs, DoctorOptions};
+use memlens::oom::{OomOptions, OomReport};
+use memlens::render::documents::oom_doc;
+use memlens::snapshot::{Action, Block, BlockState, PoolKind, Segment, TraceEvent};
+use memlens::Snapshot;
+use std::path::PathBuf;
+
+/// Every snapshot of the fixtures and the corpus whose trace holds an OOM.
+fn oom_snapshots() -> Vec<PathBuf> {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut out = vec![
+        common::fixture("oom.at_oom.pickle.zst"),
+        common::fixture("oom.pickle.zst"),
+    ];
+    for dir in ["tests/corpus/oom", "tests/corpus"] {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(root.join(dir))
+            .expect("corpus folder")
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.to_string_lossy().ends_with(".pickle.zst"))
+            .collect();
+        files.sort();
+        out.extend(files);
+    }
+    out
+}
+
+/// The fixes as every surface must show them: action, figure, verdict, and
+/// whether the simulation says it helps.
+fn advice(r: &OomReport) -> Vec<(String, Option<u64>, Option<bool>, bool)> {
+    r.advice()
+        .map(|(f, helps)| {
+            (
+                f.action.clone(),
+                f.predicted_peak_reserved_bytes,
+                f.fits,
+                helps,
+            )
+        })
+        .collect()
+}
+
+/// Checks that every surface agrees on the OOM of `snap`; returns the OOM.
+fn surfaces_agree(name: &str, snap: &Snapshot) -> Option<OomReport> {
+    let named = [(name.to_string(), snap)];
+    let d = diagnose_inputs(&named, &DoctorOptions::default());
+    let from_oom = oom_doc(snap, name, &OomOptions::default()).ok();
+    let Some(r) = &d.oom else {
+        assert!(
+            from_oom.is_none(),
+            "{name}: `oom` explains an OOM that doctor does not"
+        );
+        return None;
+    };
+    let o =
+        from_oom.unwrap_or_else(|| panic!("{name}: doctor explains an OOM that `oom` does not"));
+    // doctor --json and oom --json.
+    assert_eq!(
+        (r.device, r.event_index, r.cause),
+        (o.device, o.event_index, o.cause),
+        "{name}"
+    );
+    assert_eq!(advice(r), advice(&o), "{name}: fix lists differ");
+    // The report's data.
+    let data = memlens::report::from_diagnosis(&[(name.to_string(), snap)], &d);
+    let view = data
+        .oom
+        .as_ref()
+        .unwrap_or_else(|| panic!("{name}: report has no OOM"));
+    assert_eq!(
+        (view.device, view.event_index as usize, view.cause.as_str()),
+        (r.device, r.event_index, r.cause.as_str()),
+        "{name}"
+    );
+    let shown: Vec<_> = view
+        .fixes
+        .iter()
+        .map(|f| {
+            (
+                f.action.clone(),
+                f.predicted_peak_reserved_bytes,
+                f.fits,
+                f.helps,
+            )
+        })
+        .collect();
+    assert_eq!(shown, advice(r), "{name}: the report's fix table differs");
+    if let Some(seg) = &data.segments {
+        assert_eq!(
+            seg.when,
+            format!("at the OOM (event {})", r.event_index),
+            "{name}"
+        );
+    }
+    // Doctor's findings: the OOM finding and a fragmentation finding beside
+    // it lead with the list's own first fix.
+    let lead = r.lead_fix().map(|f| f.action.clone());
+    for f in d
+        .findings
+        .iter()
+        .filter(|f| f.kind == "oom" || f.kind == "fragmentation")
+    {
+        assert_eq!(
+            f.suggestion, lead,
+            "{name}: the {} finding leads with another fix",
+            f.kind
+        );
+    }
+    Some(r.clone())
+}
+
+#[test]
+fn every_surface_explains_the_same_oom_with_the_same_fixes() {
+    let mut seen = 0;
+    for path in oom_snapshots() {
+        let snap = Snapshot::load(&path).expect("reads");
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        if surfaces_agree(&name, &snap).is_some() {
+            seen += 1;
+        }
+    }
+    assert!(seen >= 6, "only {seen} OOM snapshots found");
+}
+
+#[test]
+fn with_two_ooms_the_last_one_is_explained_everywhere() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/oom/two_ooms.pickle.zst");
+    let snap = Snapshot::load(&path).expect("reads");
+    let t = &snap.traces[0];
+    let ooms: Vec<usize> = t
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Oom)
+        .map(|(i, _)| i)
+        .collect();
+    assert!(ooms.len() >= 2, "the trace holds {} OOMs", ooms.len());
+    let r = surfaces_agree("two_ooms.pickle.zst", &snap).expect("an OOM");
+    assert_eq!(r.event_index, *ooms.last().expect("an OOM"));
+}
+
+/// `gpt_warm` (an OOM on device 0) with a copy of its run on device 1 that
+/// holds 16 GiB more from the start and raised no OOM: the peak is device
+/// 1's, the OOM device 0's.
+fn two_devices() -> (Snapshot, u64) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/oom/gpt_warm.pickle.zst");
+    let mut snap = Snapshot::load(&path).expect("reads");
+    snap.peak_pass = None;
+    let big_addr = 0x7f00_0000_0000u64;
+    let big = 16u64 << 30;
+    let mut t1 = snap.traces[0].clone();
+    t1.device = 1;
+    t1.extras.clear();
+    let first = t1
+        .events
+        .iter()
+        .find(|e| e.action == Action::Alloc)
+        .copied()
+        .expect("an alloc");
+    t1.events.retain(|e| e.action != Action::Oom);
+    let seg = TraceEvent {
+        addr: big_addr,
+        size: big,
+        action: Action::SegmentAlloc,
+        ..first
+    };
+    let alloc = TraceEvent {
+        addr: big_addr,
+        size: big,
+        action: Action::Alloc,
+        ..first
+    };
+    t1.events.splice(0..0, [seg, alloc]);
+    let mut segs: Vec<Segment> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == 0)
+        .cloned()
+        .collect();
+    for s in &mut segs {
+        s.device = 1;
+    }
+    segs.push(Segment {
+        device: 1,
+        address: big_addr,
+        total_size: big,
+        allocated_size: big,
+        active_size: big,
+        requested_size: big,
+        stream: first.stream,
+        pool: PoolKind::Large,
+        pool_id: (0, 0),
+        is_expandable: false,
+        stack: first.stack,
+        blocks: vec![Block {
+            address: big_addr,
+            size: big,
+            requested_size: big,
+            state: BlockState::ActiveAllocated,
+            stack: first.stack,
+        }],
+    });
+    snap.segments.extend(segs);
+    snap.traces.push(t1);
+    (snap, big_addr)
+}
+
+#[test]
+fn with_two_devices_the_report_draws_the_oom_of_the_device_that_failed() {
+    let (snap, big_addr) = two_devices();
+    let named = [("two_devices".to_string(), &snap)];
+    let d = diagnose_inputs(&named, &DoctorOptions::default());
+    assert_eq!(
+        d.peak.device, 1,
+        "the peak must be device 1's for this test to mean anything"
+    );
+    let r = surfaces_agree("two_devices", &snap).expect("an OOM");
+    assert_eq!(r.device, 0);
+    let data = memlens::report::from_diagnosis(&named, &d);
+    let seg = data.segments.expect("a segment map");
+    assert!(seg.when.starts_with("at the OOM"), "{}", seg.when);
+    // Device 0's segments at its OOM, not device 1's (which holds the big one).
+    assert!(
+        seg.segments.iter().all(|s| s.address != big_addr),
+        "the map drawn is device 1's"
+    );
+    assert!(!seg.segments.is_empty());
+}
