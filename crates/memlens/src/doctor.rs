@@ -3,7 +3,7 @@
 
 use crate::analysis::inputs::{self as grouping, Group, GroupKind};
 use crate::analysis::leaks::{self, Confidence, LeakReport};
-use crate::analysis::peak::{peak_and_live_later, AnalysedLater, PeakReport};
+use crate::analysis::peak::{peak_and_live_later, AnalysedLater, AnalysedSet, PeakReport};
 use crate::analysis::ranks::{self, RanksReport};
 use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
@@ -93,6 +93,10 @@ pub struct Diagnosis {
     /// unrelated runs) and why; absent for one file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inputs: Option<Inputs>,
+    /// The peaks (allocated, reserved bytes) of each snapshot of a run given
+    /// as several, oldest first (the report's overview); empty for one.
+    #[serde(skip)]
+    pub snapshot_peaks: Vec<(u64, u64)>,
     /// The ranks side by side, when the inputs are the ranks of one job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks: Option<RanksReport>,
@@ -138,17 +142,28 @@ fn joined<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
 /// Runs every analysis that applies to the snapshots of one run (the last is
 /// the one whose peak and state are reported).
 pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosis {
-    let none = Snapshot::default();
-    let last = snaps.last().map_or(&none, |(_, s)| *s);
+    diagnose_in(&AnalysedSet::new(snaps), snaps, opts)
+}
+
+/// [`diagnose`] with the analysed traces of `set` (built there once, for
+/// whoever needs them next: the report).
+pub fn diagnose_in<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    opts: &DoctorOptions,
+) -> Diagnosis {
+    static NO_SNAPSHOT: std::sync::LazyLock<Snapshot> = std::sync::LazyLock::new(Snapshot::default);
+    let last: &'s Snapshot = snaps.last().map_or(&*NO_SNAPSHOT, |(_, s)| *s);
     // One analysis of the last snapshot serves the peak, the leak search and
     // the module tree. The peak's replay (the allocator model over the whole
     // trace) is the longest part: it runs on a thread of its own from the
     // start, while this one builds the analysed trace (which the replay
     // picks up when it is ready) and the leak search; the summary needs
     // neither and takes a third.
-    let later = AnalysedLater::new();
+    let own = AnalysedLater::new();
+    let later = set.later(last).unwrap_or(&own);
     let (analysed, (peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
-        let replay = scope.spawn(|| peak_and_live_later(last, &later, 20));
+        let replay = scope.spawn(|| peak_and_live_later(last, later, 20));
         let summary = scope.spawn(|| summarize(last));
         let analysed = later.build(last);
         let leaks = leaks::find_analysed(snaps, analysed);
@@ -432,6 +447,20 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
             &finder,
         )
     });
+    // Each snapshot's peaks, for the report's overview of a run: the last
+    // one's is the peak above; the others' come from their replay beside the
+    // reader.
+    let snapshot_peaks = match snaps.split_last() {
+        Some((_, earlier)) if !earlier.is_empty() => earlier
+            .iter()
+            .map(|(_, s)| crate::analysis::peak::peak_totals(s))
+            .chain(std::iter::once((
+                peak.peak_allocated_bytes,
+                peak.peak_reserved_bytes,
+            )))
+            .collect(),
+        _ => Vec::new(),
+    };
     Diagnosis {
         findings,
         summary,
@@ -442,6 +471,7 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
         modules,
         files: snaps.iter().map(|(n, _)| n.clone()).collect(),
         inputs: None,
+        snapshot_peaks,
         ranks: None,
         parts: Vec::new(),
     }
@@ -452,6 +482,16 @@ pub fn diagnose(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosi
 /// ([`crate::analysis::inputs`]) and diagnoses each accordingly. The result
 /// does not depend on the order of `snaps`.
 pub fn diagnose_inputs(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> Diagnosis {
+    diagnose_inputs_in(&AnalysedSet::new(snaps), snaps, opts)
+}
+
+/// [`diagnose_inputs`] with the analysed traces of `set` (built there once,
+/// for whoever needs them next: the report).
+pub fn diagnose_inputs_in<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    opts: &DoctorOptions,
+) -> Diagnosis {
     let g = grouping::group(snaps, opts.ranks);
     if g.groups.len() > 1 {
         // Unrelated runs: each on its own, in the grouping's order.
@@ -467,7 +507,7 @@ pub fn diagnose_inputs(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> D
                         .unwrap_or_default(),
                     rank: None,
                     files,
-                    diagnosis: diagnose_group(snaps, grp, opts),
+                    diagnosis: diagnose_group(set, snaps, grp, opts),
                 }
             })
             .collect();
@@ -476,7 +516,7 @@ pub fn diagnose_inputs(snaps: &[(String, &Snapshot)], opts: &DoctorOptions) -> D
     let Some(first) = g.groups.first() else {
         return diagnose(&[], opts);
     };
-    let mut d = diagnose_group(snaps, first, opts);
+    let mut d = diagnose_group(set, snaps, first, opts);
     if first.kind != GroupKind::Single {
         d.inputs = Some(Inputs {
             kind: match first.kind {
@@ -495,15 +535,20 @@ fn base_name(f: &str) -> &str {
 }
 
 /// One group: a run (one snapshot or a series) or the ranks of a job.
-fn diagnose_group(snaps: &[(String, &Snapshot)], group: &Group, opts: &DoctorOptions) -> Diagnosis {
-    let pick = |files: &[usize]| -> Vec<(String, &Snapshot)> {
+fn diagnose_group<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    group: &Group,
+    opts: &DoctorOptions,
+) -> Diagnosis {
+    let pick = |files: &[usize]| -> Vec<(String, &'s Snapshot)> {
         files
             .iter()
             .map(|&i| (snaps[i].0.clone(), snaps[i].1))
             .collect()
     };
     if group.kind != GroupKind::Ranks {
-        return diagnose(&pick(&group.files()), opts);
+        return diagnose_in(set, &pick(&group.files()), opts);
     }
     let parts: Vec<Part> = group
         .members
@@ -514,7 +559,7 @@ fn diagnose_group(snaps: &[(String, &Snapshot)], group: &Group, opts: &DoctorOpt
                 label: format!("rank {rank}"),
                 rank: Some(rank),
                 files: m.files.iter().map(|&i| snaps[i].0.clone()).collect(),
-                diagnosis: diagnose(&pick(&m.files), opts),
+                diagnosis: diagnose_in(set, &pick(&m.files), opts),
             }
         })
         .collect();

@@ -171,6 +171,36 @@ impl<'s> AnalysedSource<'s> for &Analysed<'s> {
     }
 }
 
+/// The analysed traces of the snapshots of one command, each built at most
+/// once, by whoever needs it first (`doctor`, then the report it writes).
+pub struct AnalysedSet<'s> {
+    snaps: Vec<&'s Snapshot>,
+    cells: Vec<AnalysedLater<'s>>,
+}
+
+impl<'s> AnalysedSet<'s> {
+    /// A set for `snaps`, none analysed yet.
+    pub fn new(snaps: &[(String, &'s Snapshot)]) -> AnalysedSet<'s> {
+        AnalysedSet {
+            snaps: snaps.iter().map(|(_, s)| *s).collect(),
+            cells: snaps.iter().map(|_| AnalysedLater::new()).collect(),
+        }
+    }
+
+    /// The lazily built analysed trace of `snap` (one of the set's, else a
+    /// fresh one of its own).
+    pub fn later(&self, snap: &'s Snapshot) -> Option<&AnalysedLater<'s>> {
+        let i = self.snaps.iter().position(|s| std::ptr::eq(*s, snap))?;
+        self.cells.get(i)
+    }
+
+    /// The analysed trace of `snap`, built now if nobody has yet; `None` for
+    /// a snapshot not of the set.
+    pub fn get(&self, snap: &'s Snapshot) -> Option<&Analysed<'s>> {
+        Some(self.later(snap)?.build(snap))
+    }
+}
+
 /// An analysed trace that one thread builds while another (the peak's
 /// replay) may wait for it. If building it panics, the waiter panics too
 /// instead of waiting forever.
@@ -582,6 +612,22 @@ fn live_at_peak(
         r.run_to(i);
     }
     (r.live_blocks(), r.totals().all.allocated)
+}
+
+/// The peaks (allocated, reserved bytes) of the device with the highest
+/// allocated peak, without the sites: from the replay beside the reader when
+/// it covered the snapshot's one trace (no replay, no analysed trace), else
+/// from [`peak`].
+pub fn peak_totals(snap: &Snapshot) -> (u64, u64) {
+    let mut traced = snap.traces.iter().filter(|t| !t.events.is_empty());
+    if let (Some(t), None, Some(p)) = (traced.next(), traced.next(), snap.peak_pass()) {
+        let initial = initial::before_trace(snap, t.device);
+        if p.fits(snap, t.device, &initial, &ReplayOptions::default()) {
+            return (p.peaks.allocated.0, p.peaks.reserved.0);
+        }
+    }
+    let r = peak(snap, 0);
+    (r.peak_allocated_bytes, r.peak_reserved_bytes)
 }
 
 fn peak_of_trace<'s>(

@@ -3,7 +3,7 @@
 //! methods of the same names return. Built here once, for both.
 
 use crate::analysis::sites::{Site, SiteIndex};
-use crate::doctor::{diagnose_inputs, Diagnosis, DoctorOptions, Finding};
+use crate::doctor::{Diagnosis, DoctorOptions, Finding};
 use crate::oom::{OomOptions, OomReport};
 use crate::replay::limits::{with_inferred, RunLimits};
 use crate::replay::simulate::{simulate, SimulateOptions, SimulationResult};
@@ -144,13 +144,15 @@ pub fn doctor_doc(
     opts: &DoctorOptions,
     report: Option<&Path>,
 ) -> Result<DoctorDoc> {
-    let mut diagnosis = diagnose_inputs(snaps, opts);
+    // One analysed trace per snapshot, for the diagnosis and its report.
+    let set = crate::analysis::peak::AnalysedSet::new(snaps);
+    let mut diagnosis = crate::doctor::diagnose_inputs_in(&set, snaps, opts);
     let sources = crate::source::SourceFinder::with_env(opts.source_roots.clone());
     sources.annotate_findings(&mut diagnosis.findings);
     sources.annotate_leaks(&mut diagnosis.leaks);
     let report = match report {
         Some(path) => {
-            crate::report::write_report(snaps, &diagnosis, path)?;
+            crate::report::write_report_in(&set, snaps, &diagnosis, path)?;
             Some(path.display().to_string())
         }
         None => None,
@@ -171,8 +173,9 @@ pub struct ReportDoc {
 
 /// Diagnoses the snapshots of one run and writes the HTML report to `path`.
 pub fn report_doc(snaps: &[(String, &Snapshot)], path: &Path) -> Result<ReportDoc> {
-    let d = diagnose_inputs(snaps, &DoctorOptions::default());
-    crate::report::write_report(snaps, &d, path)?;
+    let set = crate::analysis::peak::AnalysedSet::new(snaps);
+    let d = crate::doctor::diagnose_inputs_in(&set, snaps, &DoctorOptions::default());
+    crate::report::write_report_in(&set, snaps, &d, path)?;
     Ok(ReportDoc {
         report: path.display().to_string(),
     })

@@ -15,6 +15,7 @@ use super::model::{
 };
 use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
 use crate::analysis::leaks::Confidence;
+use crate::analysis::peak::AnalysedSet;
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::Diagnosis;
 use crate::replay::{Delta, Replay, ReplayOptions, ReplayState};
@@ -30,6 +31,15 @@ pub const TIMELINE_TOP_SITES: usize = 8;
 /// [`crate::doctor::diagnose`], and their diagnosis. The last snapshot is the one
 /// whose timeline, peak and segments are shown.
 pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportData {
+    from_diagnosis_in(&AnalysedSet::new(snaps), snaps, d)
+}
+
+/// [`from_diagnosis`] with the analysed traces `doctor` built in `set`.
+pub fn from_diagnosis_in<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    d: &Diagnosis,
+) -> ReportData {
     let mut data = ReportData {
         meta: meta(snaps, d),
         findings: d.findings.clone(),
@@ -51,8 +61,15 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
     let Some((_, snap)) = shown else {
         return data;
     };
-    let snap: &Snapshot = snap;
-    let an = Analysed::new(snap);
+    let snap: &'s Snapshot = snap;
+    let own;
+    let an = match set.get(snap) {
+        Some(an) => an,
+        None => {
+            own = Analysed::new(snap);
+            &own
+        }
+    };
     let index = &an.sites;
     // Category of a site, from what was live at the peak (the largest group of
     // the site wins); blocks of other sites are "other".
@@ -89,7 +106,7 @@ pub fn from_diagnosis(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> ReportDat
         snap,
         d,
         &ViewInput {
-            an: &an,
+            an,
             trace,
             device,
             events,

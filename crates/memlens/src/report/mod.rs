@@ -116,8 +116,19 @@ pub fn write_report(
     diagnosis: &crate::doctor::Diagnosis,
     path: &std::path::Path,
 ) -> crate::Result<()> {
+    let set = crate::analysis::peak::AnalysedSet::new(snaps);
+    write_report_in(&set, snaps, diagnosis, path)
+}
+
+/// [`write_report`] with the analysed traces `doctor` built in `set`.
+pub fn write_report_in<'s>(
+    set: &crate::analysis::peak::AnalysedSet<'s>,
+    snaps: &[(String, &'s crate::Snapshot)],
+    diagnosis: &crate::doctor::Diagnosis,
+    path: &std::path::Path,
+) -> crate::Result<()> {
     use std::path::Path;
-    let html = render_html(&from_diagnosis(snaps, diagnosis).bounded());
+    let html = render_html(&build::from_diagnosis_in(set, snaps, diagnosis).bounded());
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

@@ -200,12 +200,13 @@ pub fn overview(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Option<Overview
     let mut rows: Vec<OverviewRow> = Vec::with_capacity(snaps.len());
     for (i, (name, snap)) in snaps.iter().enumerate() {
         let s = crate::analysis::summary::summarize(snap);
-        // The last snapshot's peak is the diagnosis'; the others are replayed.
-        let (pa, pr) = if i + 1 == snaps.len() {
-            (d.peak.peak_allocated_bytes, d.peak.peak_reserved_bytes)
-        } else {
-            let p = crate::analysis::peak::peak(snap, 0);
-            (p.peak_allocated_bytes, p.peak_reserved_bytes)
+        // The diagnosis' peaks of each snapshot (the last one's is its peak);
+        // inputs it did not take as one run (ranks) read theirs from the
+        // replay beside the reader.
+        let (pa, pr) = match d.snapshot_peaks.get(i) {
+            Some(&p) if d.snapshot_peaks.len() == snaps.len() => p,
+            _ if i + 1 == snaps.len() => (d.peak.peak_allocated_bytes, d.peak.peak_reserved_bytes),
+            _ => crate::analysis::peak::peak_totals(snap),
         };
         let growth = rows.last().map_or(0, |prev| {
             i64::try_from(s.allocated_bytes).unwrap_or(i64::MAX)

@@ -342,9 +342,11 @@ impl Snapshot {
         Snapshot::read_many(paths, done, false)
     }
 
-    /// [`Snapshot::load_many_with`] for the analyses that report the last
-    /// snapshot's peak (`doctor`, `peak`): that one is read with its trace
-    /// replayed beside the reader ([`crate::replay::during_read::load`]).
+    /// [`Snapshot::load_many_with`] for the analyses that report peaks
+    /// (`doctor`, `peak`): each file is read with its trace replayed beside
+    /// the reader ([`crate::replay::during_read::load`]), so that the peak of
+    /// every snapshot of a run (the report's overview, each rank's) needs no
+    /// replay of its own.
     pub fn load_many_for_peak<P: AsRef<Path> + Sync>(
         paths: &[P],
         done: impl Fn() + Sync,
@@ -355,15 +357,15 @@ impl Snapshot {
     fn read_many<P: AsRef<Path> + Sync>(
         paths: &[P],
         done: impl Fn() + Sync,
-        replay_last: bool,
+        replay_each: bool,
     ) -> Vec<crate::Result<Snapshot>> {
         use rayon::prelude::*;
-        let last = paths.len().saturating_sub(1);
         paths
             .par_iter()
-            .enumerate()
-            .map(|(i, p)| {
-                let r = if replay_last && i == last {
+            .map(|p| {
+                // Every file of a run is replayed beside its reading: the
+                // report's overview and the ranks need each one's peak.
+                let r = if replay_each {
                     crate::replay::during_read::load(p.as_ref())
                 } else {
                     build::load_path(p.as_ref())
