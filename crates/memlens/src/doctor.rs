@@ -422,7 +422,20 @@ pub fn diagnose_in<'s>(
     }
 
     // Caveats about the snapshot itself.
-    for w in summary.warnings.iter().chain(peak.warnings.iter()).take(3) {
+    // One finding per fact: the summary and the peak both say when the trace
+    // began late, in the same words; the first says it.
+    let late = crate::replay::initial::LATE_START;
+    let mut said_late = false;
+    let caveats = summary
+        .warnings
+        .iter()
+        .chain(peak.warnings.iter())
+        .filter(|w| {
+            let repeat = said_late && w.starts_with(late);
+            said_late |= w.starts_with(late);
+            !repeat
+        });
+    for w in caveats.take(3) {
         findings.push(Finding {
             kind: "snapshot".into(),
             severity: Severity::Info,

@@ -157,7 +157,7 @@ fn a_cut_trace_starts_from_the_dumped_state() {
             let sum = r.run();
             assert_eq!(sum.mismatches, 0, "{name} cut {cut}: {:?}", sum.warnings);
             assert!(!sum.starts_at_birth);
-            assert!(sum.warnings[0].contains("does not start at the beginning"));
+            assert!(sum.warnings[0].starts_with(memlens::replay::initial::LATE_START));
             assert_eq!(
                 sum.warnings.len(),
                 1,

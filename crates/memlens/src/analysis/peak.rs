@@ -591,9 +591,7 @@ fn first_pass<'s>(
     tracker.observe_early(&an.traces[trace].steps.starts, &mut early);
     let mut warnings: Vec<String> = r.warnings().to_vec();
     if !r.initial_state().is_empty() {
-        warnings.push(
-            "the trace does not start when the allocator did (the ring buffer wrapped or recording began late): peaks are over the recorded window".into(),
-        );
+        warnings.push(initial::late_start("peaks are over the recorded window"));
     }
     (FirstPass { peaks, warnings }, tracker.finish())
 }

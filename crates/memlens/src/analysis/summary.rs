@@ -228,10 +228,10 @@ pub fn summarize(snap: &Snapshot) -> Summary {
         }
     }
     if s.frees_without_alloc > 0 && snap.settings.trace_alloc_overflowed != Some(true) {
-        s.warnings.push(format!(
-            "{} frees have no allocation in the trace: the ring buffer wrapped and the oldest events were lost (raise max_entries)",
+        s.warnings.push(crate::replay::initial::late_start(&format!(
+            "{} frees in it have no allocation in it, so its oldest events were lost (raise max_entries)",
             s.frees_without_alloc
-        ));
+        )));
     }
     s
 }

@@ -57,6 +57,17 @@ pub struct InitialState {
     pub orphan_frees: usize,
 }
 
+/// The one wording of the fact that a trace began after the allocator did;
+/// every caveat about it starts with these words ([`late_start`]).
+pub const LATE_START: &str =
+    "the trace does not start when the allocator did (the ring buffer wrapped or recording began late)";
+
+/// The caveat that a trace began after the allocator did, with what it
+/// means for the figures at hand.
+pub fn late_start(consequence: &str) -> String {
+    format!("{LATE_START}: {consequence}")
+}
+
 impl InitialState {
     /// Nothing existed before the trace: it starts at the allocator's birth.
     pub fn is_empty(&self) -> bool {

@@ -501,11 +501,11 @@ impl<'s> Replay<'s> {
     /// Builds the state before the first event in the model.
     fn load_initial(&mut self, init: &InitialState) {
         if init.orphan_frees > 0 {
-            self.warn(format!(
-                "the trace does not start at the beginning ({} blocks freed in it were allocated before it): \
-                 replay starts from the state implied by the dumped segments, and a peak before the first event is not seen",
+            self.warn(initial::late_start(&format!(
+                "{} blocks freed in it were allocated before it; the replay starts from the state the \
+                 dumped segments imply, and a peak before the first event is not seen",
                 init.orphan_frees
-            ));
+            )));
         }
         let mut dev = NullDevice;
         for s in &init.segments {

@@ -199,11 +199,9 @@ pub fn simulate_prepared(
     let (mut run, capacity) = start_run(opts, overhead)?;
     let init = &prep.initial;
     if !init.is_empty() {
-        warnings.push(
-            "the trace does not start at the allocator's birth: the simulation starts from the \
-             recorded state before its first event"
-                .to_string(),
-        );
+        warnings.push(initial::late_start(
+            "the simulation starts from the recorded state before its first event",
+        ));
         load_initial(snap, &mut run, init);
     }
     run.started();
