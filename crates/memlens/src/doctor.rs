@@ -7,9 +7,10 @@ use crate::analysis::peak::{peak_and_live_later, AnalysedLater, AnalysedSet, Pea
 use crate::analysis::ranks::{self, RanksReport};
 use crate::analysis::summary::{summarize, Summary};
 use crate::replay::config::recorded_config;
+use crate::replay::observe::RecordedRun;
 use crate::replay::simulate::SimulateOptions;
 use crate::replay::tune::TuneResult;
-use crate::snapshot::{Action, Snapshot};
+use crate::snapshot::{Action, Snapshot, TraceEvent};
 use crate::units::format_bytes;
 use serde::{Deserialize, Serialize};
 
@@ -169,9 +170,121 @@ pub fn diagnose_in<'s>(
         let leaks = leaks::find_analysed(snaps, analysed);
         (analysed, joined(replay), joined(summary), leaks)
     });
-    let mut findings = Vec::new();
+    let oom = oom_event(last, &summary);
+    let fragmented = fragmentation_slack(&peak).is_some();
+    // One replay of the run under its recorded settings serves the OOM
+    // (the state it met) and the what-ifs (where empty_cache() was called).
+    let run = (oom.is_some() || fragmented).then(|| recorded_run_for(last, oom.map(|o| o.0)));
+    let oom_report = oom.and_then(|_| explain_oom(analysed, run.as_ref(), opts));
+    let tune = run.as_ref().and_then(|run| tune_run(last, run, opts));
 
-    // Leaks.
+    let mut findings = leak_findings(&leaks);
+    findings.extend(oom.map(|(_, e)| oom_finding(&e, oom_report.as_ref())));
+    findings.extend(fragmentation_finding(
+        &peak,
+        &summary,
+        tune.as_ref(),
+        oom_report.as_ref(),
+    ));
+    findings.extend(peak_finding(&peak));
+    findings.extend(caveat_findings(&summary, &peak));
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let modules = live_at_peak.map(|live| {
+        let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
+        crate::analysis::modules::modules_of_live(
+            analysed,
+            live.trace,
+            peak.peak_event_index,
+            &live.blocks,
+            live.allocated,
+            &finder,
+        )
+    });
+    Diagnosis {
+        findings,
+        snapshot_peaks: snapshot_peaks(snaps, &peak),
+        summary,
+        peak,
+        leaks,
+        tune,
+        oom: oom_report,
+        modules,
+        files: snaps.iter().map(|(n, _)| n.clone()).collect(),
+        inputs: None,
+        ranks: None,
+        parts: Vec::new(),
+    }
+}
+
+/// The OOM every command explains (the last one of the first trace that has
+/// one: [`crate::oom::chosen_oom`]), as (trace, event), and its event. The
+/// summary counted every action: without an `oom` there is no trace of
+/// millions of events to search backwards for one.
+fn oom_event(last: &Snapshot, summary: &Summary) -> Option<((usize, usize), TraceEvent)> {
+    summary
+        .trace_events_by_action
+        .contains_key(Action::Oom.as_str())
+        .then(|| crate::oom::chosen_oom(last))
+        .flatten()
+        .map(|(t, i)| ((t, i), last.traces[t].events[i]))
+}
+
+/// The reserved memory at the reserved peak that held no tensor, when it is
+/// enough to call fragmentation.
+fn fragmentation_slack(peak: &PeakReport) -> Option<u64> {
+    let slack = peak
+        .peak_reserved_bytes
+        .saturating_sub(peak.peak_allocated_bytes);
+    (peak.peak_reserved_bytes > 0
+        && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
+        && slack > 512 << 20)
+        .then_some(slack)
+}
+
+/// The one replay of `last`'s run under its recorded settings, on the device
+/// `tune` simulates, watching the OOM at `oom` (trace, event) when it is on
+/// that device.
+fn recorded_run_for(last: &Snapshot, oom: Option<(usize, usize)>) -> RecordedRun {
+    let device = last.first_traced_device();
+    let watch = oom.filter(|&(t, _)| last.traces[t].device == device);
+    crate::replay::observe::recorded_run(last, device, watch.map(|(_, i)| i))
+}
+
+/// Why the allocation failed and what would fix it, from the replay `run`
+/// already made when it watched the OOM.
+fn explain_oom(
+    analysed: &crate::trace::Analysed<'_>,
+    run: Option<&RecordedRun>,
+    opts: &DoctorOptions,
+) -> Option<crate::oom::OomReport> {
+    let o = crate::oom::OomOptions {
+        device_memory: opts.device_memory,
+        ..Default::default()
+    };
+    crate::oom::snapshot::analyze_observed(analysed, run, &o)
+        .ok()
+        .flatten()
+}
+
+/// The allocator settings ranked on `run`'s device, under the limits the run
+/// had (inferred from its OOM), as `memlens tune` does: a setting that fails
+/// there is no fix.
+fn tune_run(last: &Snapshot, run: &RecordedRun, opts: &DoctorOptions) -> Option<TuneResult> {
+    let sim = SimulateOptions {
+        config: recorded_config(&last.settings),
+        device_memory: opts.device_memory,
+        overhead: None,
+        allowed_memory_maximum: None,
+    };
+    let (sim, _) = crate::replay::limits::with_inferred(last, run.device, &sim, None);
+    let prep = crate::replay::simulate::Prepared::from_run(last, run);
+    crate::replay::tune::tune_prepared(last, &sim, &prep).ok()
+}
+
+/// The leak findings: the two likeliest candidates of medium confidence or
+/// more.
+fn leak_findings(leaks: &LeakReport) -> Vec<Finding> {
+    let mut findings = Vec::new();
     for l in leaks
         .leaks
         .iter()
@@ -215,218 +328,177 @@ pub fn diagnose_in<'s>(
         });
     }
 
-    // An OOM in the trace.
-    // The same OOM `memlens oom` explains (the last one), so the finding's
-    // bytes and its title speak of one failure.
-    // The summary counted every action: without an `oom` there is no trace
-    // of millions of events to search backwards for one.
-    let oom = summary
-        .trace_events_by_action
-        .contains_key(Action::Oom.as_str())
-        .then(|| crate::oom::chosen_oom(last))
-        .flatten()
-        .map(|(t, i)| last.traces[t].events[i]);
-    // Fragmentation: reserved memory at the reserved peak that held no tensor.
-    let slack = peak
-        .peak_reserved_bytes
-        .saturating_sub(peak.peak_allocated_bytes);
-    let fragmented = peak.peak_reserved_bytes > 0
-        && slack as f64 > FRAGMENTATION_SHARE * peak.peak_reserved_bytes as f64
-        && slack > 512 << 20;
-    // One replay of the run under its recorded settings serves the OOM
-    // (the state it met) and the what-ifs (where empty_cache() was called).
-    let tune_device = last.first_traced_device();
-    let oom_at = oom
-        .is_some()
-        .then(|| crate::oom::chosen_oom(last))
-        .flatten();
-    let oom_device = oom_at.map(|(t, _)| last.traces[t].device);
-    let run = (oom.is_some() || fragmented).then(|| {
-        let watch = oom_at.filter(|_| oom_device == Some(tune_device));
-        crate::replay::observe::recorded_run(last, tune_device, watch.map(|(_, i)| i))
-    });
-    let oom_report = match oom {
-        Some(_) => {
-            let o = crate::oom::OomOptions {
-                device_memory: opts.device_memory,
-                ..Default::default()
-            };
-            crate::oom::snapshot::analyze_observed(analysed, run.as_ref(), &o)
-                .ok()
-                .flatten()
-        }
-        None => None,
-    };
-    if let Some(e) = oom {
-        let (title, fix, evidence) = match &oom_report {
-            Some(r) => {
-                let best = r.lead_fix();
-                (
-                    format!(
-                        "CUDA out of memory ({}): a {} block could not be had",
-                        r.cause,
-                        format_bytes(r.tried_to_allocate_bytes)
-                    ),
-                    best.map(|f| f.action.clone()),
-                    vec![r.explanation.clone()],
-                )
-            }
-            None => (
+    findings
+}
+
+/// The OOM finding: the cause and the list's first fix (or, when the
+/// snapshot could not be analysed, what the event says).
+fn oom_finding(e: &TraceEvent, oom_report: Option<&crate::oom::OomReport>) -> Finding {
+    let (title, fix, evidence) = match oom_report {
+        Some(r) => {
+            let best = r.lead_fix();
+            (
                 format!(
-                    "CUDA out of memory: a {} allocation failed with {} free on the device",
-                    format_bytes(e.size),
-                    format_bytes(e.addr)
+                    "CUDA out of memory ({}): a {} block could not be had",
+                    r.cause,
+                    format_bytes(r.tried_to_allocate_bytes)
                 ),
-                Some("run `memlens oom` on this snapshot for the cause and the fixes".into()),
-                Vec::new(),
+                best.map(|f| f.action.clone()),
+                vec![r.explanation.clone()],
+            )
+        }
+        None => (
+            format!(
+                "CUDA out of memory: a {} allocation failed with {} free on the device",
+                format_bytes(e.size),
+                format_bytes(e.addr)
             ),
-        };
-        findings.push(Finding {
-            kind: "oom".into(),
-            severity: Severity::Critical,
-            title,
-            site: oom_report.as_ref().map(|r| r.site.clone()),
-            bytes: Some(e.size),
-            suggestion: fix,
-            evidence,
-            stack: oom_report
-                .as_ref()
-                .map(|r| r.stack.clone())
-                .unwrap_or_default(),
-            quote: Default::default(),
-        });
-    }
-
-    let tune = if let Some(run) = &run {
-        let device = tune_device;
-        let sim = SimulateOptions {
-            config: recorded_config(&last.settings),
-            device_memory: opts.device_memory,
-            overhead: None,
-            allowed_memory_maximum: None,
-        };
-        // Under the limits the run had (inferred from its OOM), as `memlens
-        // tune` does: a setting that fails there is no fix.
-        let (sim, _) = crate::replay::limits::with_inferred(last, device, &sim, None);
-        let prep = crate::replay::simulate::Prepared::from_run(last, run);
-        crate::replay::tune::tune_prepared(last, &sim, &prep).ok()
-    } else {
-        None
+            Some("run `memlens oom` on this snapshot for the cause and the fixes".into()),
+            Vec::new(),
+        ),
     };
-    if fragmented {
-        let best = tune.as_ref().and_then(|t| t.candidates.first());
-        // Compare with the simulation of the recorded settings, as the tune
-        // table does: the trace's own peak may differ from its simulation, and
-        // a verdict against one above a table against the other contradicts.
-        let current = tune
+    Finding {
+        kind: "oom".into(),
+        severity: Severity::Critical,
+        title,
+        site: oom_report.map(|r| r.site.clone()),
+        bytes: Some(e.size),
+        suggestion: fix,
+        evidence,
+        stack: oom_report
             .as_ref()
-            .and_then(|t| t.candidates.iter().find(|c| c.recorded))
-            .map_or(peak.peak_reserved_bytes, |c| c.peak_reserved_bytes);
-        // Beside an OOM, the one advice list speaks: the fragmentation
-        // finding leads with the OOM's own first fix, not a second opinion.
-        let lead = oom_report.as_ref().and_then(|r| r.lead_fix());
-        let fix = match best {
-            _ if lead.is_some() => lead.map(|f| f.action.clone()).unwrap_or_default(),
-            Some(b) if b.num_ooms > 0 => format!(
-                "no allocator setting simulated here avoids the OOM under the run's limits (the \
-                 best, {}, still fails); make the failing step smaller or raise the limit",
-                if b.config.is_empty() { "the defaults" } else { &b.config }
-            ),
-            Some(b) if b.peak_reserved_bytes + (64 << 20) < current && !b.config.is_empty() => format!(
-                "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (both simulated)",
-                b.config,
-                format_bytes(b.peak_reserved_bytes),
-                format_bytes(current)
-            ),
-            _ => "no allocator setting simulated here does better; reduce the variety of tensor shapes (pad or bucket sequence lengths)".into(),
-        };
-        findings.push(Finding {
-            kind: "fragmentation".into(),
-            severity: Severity::Warning,
-            title: format!(
-                "Fragmentation: {} of {} reserved at the peak held no tensor ({:.0}%)",
-                format_bytes(slack),
-                format_bytes(peak.peak_reserved_bytes),
-                100.0 * slack as f64 / peak.peak_reserved_bytes as f64
-            ),
-            site: None,
-            bytes: Some(slack),
-            suggestion: Some(fix),
-            evidence: vec![format!(
-                "now: {} free in segments, {} of it non-releasable (inactive split), largest free block {}",
-                format_bytes(summary.external_fragmentation_bytes),
-                format_bytes(summary.inactive_split_bytes),
-                format_bytes(summary.largest_free_block_bytes)
-            )],
-            stack: Vec::new(),
-            quote: Default::default(),
-        });
+            .map(|r| r.stack.clone())
+            .unwrap_or_default(),
+        quote: Default::default(),
     }
+}
 
-    // The peak, always.
-    if peak.peak_allocated_bytes > 0 {
-        // The largest holder by its whole bytes: `live_at_peak` splits a site
-        // by category, and the report's timeline draws the site whole, so the
-        // verdict names the total (and the largest category in it).
-        let site_total = |t: &crate::analysis::peak::LiveSite| -> u64 {
-            peak.live_at_peak
-                .iter()
-                .filter(|s| s.site == t.site && s.path == t.path)
-                .map(|s| s.bytes)
-                .sum()
-        };
-        let top = peak
-            .live_at_peak
+/// The fragmentation finding, when reserved memory at the peak held no
+/// tensor; beside an OOM it leads with the OOM's own first fix.
+fn fragmentation_finding(
+    peak: &PeakReport,
+    summary: &Summary,
+    tune: Option<&TuneResult>,
+    oom_report: Option<&crate::oom::OomReport>,
+) -> Option<Finding> {
+    let slack = fragmentation_slack(peak)?;
+    let best = tune.and_then(|t| t.candidates.first());
+    // Compare with the simulation of the recorded settings, as the tune
+    // table does: the trace's own peak may differ from its simulation, and
+    // a verdict against one above a table against the other contradicts.
+    let current = tune
+        .and_then(|t| t.candidates.iter().find(|c| c.recorded))
+        .map_or(peak.peak_reserved_bytes, |c| c.peak_reserved_bytes);
+    // Beside an OOM, the one advice list speaks: the fragmentation
+    // finding leads with the OOM's own first fix, not a second opinion.
+    let lead = oom_report.and_then(|r| r.lead_fix());
+    let fix = match best {
+        _ if lead.is_some() => lead.map(|f| f.action.clone()).unwrap_or_default(),
+        Some(b) if b.num_ooms > 0 => format!(
+            "no allocator setting simulated here avoids the OOM under the run's limits (the \
+             best, {}, still fails); make the failing step smaller or raise the limit",
+            if b.config.is_empty() { "the defaults" } else { &b.config }
+        ),
+        Some(b) if b.peak_reserved_bytes + (64 << 20) < current && !b.config.is_empty() => format!(
+            "PYTORCH_CUDA_ALLOC_CONF={} would reserve {} at the peak instead of {} (both simulated)",
+            b.config,
+            format_bytes(b.peak_reserved_bytes),
+            format_bytes(current)
+        ),
+        _ => "no allocator setting simulated here does better; reduce the variety of tensor shapes (pad or bucket sequence lengths)".into(),
+    };
+    Some(Finding {
+        kind: "fragmentation".into(),
+        severity: Severity::Warning,
+        title: format!(
+            "Fragmentation: {} of {} reserved at the peak held no tensor ({:.0}%)",
+            format_bytes(slack),
+            format_bytes(peak.peak_reserved_bytes),
+            100.0 * slack as f64 / peak.peak_reserved_bytes as f64
+        ),
+        site: None,
+        bytes: Some(slack),
+        suggestion: Some(fix),
+        evidence: vec![format!(
+            "now: {} free in segments, {} of it non-releasable (inactive split), largest free block {}",
+            format_bytes(summary.external_fragmentation_bytes),
+            format_bytes(summary.inactive_split_bytes),
+            format_bytes(summary.largest_free_block_bytes)
+        )],
+        stack: Vec::new(),
+        quote: Default::default(),
+    })
+}
+
+/// The peak finding: the peak and its largest holder, always when anything
+/// was allocated.
+fn peak_finding(peak: &PeakReport) -> Option<Finding> {
+    if peak.peak_allocated_bytes == 0 {
+        return None;
+    }
+    // The largest holder by its whole bytes: `live_at_peak` splits a site
+    // by category, and the report's timeline draws the site whole, so the
+    // verdict names the total (and the largest category in it).
+    let site_total = |t: &crate::analysis::peak::LiveSite| -> u64 {
+        peak.live_at_peak
             .iter()
-            .max_by_key(|t| (site_total(t), t.bytes));
-        let mut cats: Vec<(&String, &u64)> = peak.categories.iter().collect();
-        cats.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
-        findings.push(Finding {
-            kind: "peak".into(),
-            severity: Severity::Info,
-            title: match top {
-                Some(t) if site_total(t) > t.bytes => format!(
-                    "Peak: {} allocated ({} reserved); largest holder {} ({}, of which {} {})",
-                    format_bytes(peak.peak_allocated_bytes),
-                    format_bytes(peak.peak_reserved_bytes),
-                    t.site,
-                    format_bytes(site_total(t)),
-                    t.category.as_str(),
-                    format_bytes(t.bytes)
-                ),
-                Some(t) => format!(
-                    "Peak: {} allocated ({} reserved); largest holder {} ({}, {})",
-                    format_bytes(peak.peak_allocated_bytes),
-                    format_bytes(peak.peak_reserved_bytes),
-                    t.site,
-                    t.category.as_str(),
-                    format_bytes(t.bytes)
-                ),
-                None => format!(
-                    "Peak: {} allocated ({} reserved)",
-                    format_bytes(peak.peak_allocated_bytes),
-                    format_bytes(peak.peak_reserved_bytes)
-                ),
-            },
-            site: top.map(|t| t.site.clone()),
-            bytes: Some(peak.peak_allocated_bytes),
-            suggestion: None,
-            evidence: vec![cats
-                .iter()
-                .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
-                .collect::<Vec<_>>()
-                .join(", ")],
-            stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
-            quote: Default::default(),
-        });
-    }
+            .filter(|s| s.site == t.site && s.path == t.path)
+            .map(|s| s.bytes)
+            .sum()
+    };
+    let top = peak
+        .live_at_peak
+        .iter()
+        .max_by_key(|t| (site_total(t), t.bytes));
+    let mut cats: Vec<(&String, &u64)> = peak.categories.iter().collect();
+    cats.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
+    Some(Finding {
+        kind: "peak".into(),
+        severity: Severity::Info,
+        title: match top {
+            Some(t) if site_total(t) > t.bytes => format!(
+                "Peak: {} allocated ({} reserved); largest holder {} ({}, of which {} {})",
+                format_bytes(peak.peak_allocated_bytes),
+                format_bytes(peak.peak_reserved_bytes),
+                t.site,
+                format_bytes(site_total(t)),
+                t.category.as_str(),
+                format_bytes(t.bytes)
+            ),
+            Some(t) => format!(
+                "Peak: {} allocated ({} reserved); largest holder {} ({}, {})",
+                format_bytes(peak.peak_allocated_bytes),
+                format_bytes(peak.peak_reserved_bytes),
+                t.site,
+                t.category.as_str(),
+                format_bytes(t.bytes)
+            ),
+            None => format!(
+                "Peak: {} allocated ({} reserved)",
+                format_bytes(peak.peak_allocated_bytes),
+                format_bytes(peak.peak_reserved_bytes)
+            ),
+        },
+        site: top.map(|t| t.site.clone()),
+        bytes: Some(peak.peak_allocated_bytes),
+        suggestion: None,
+        evidence: vec![cats
+            .iter()
+            .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
+            .collect::<Vec<_>>()
+            .join(", ")],
+        stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
+        quote: Default::default(),
+    })
+}
 
-    // Caveats about the snapshot itself.
-    // One finding per fact: the summary and the peak both say when the trace
-    // began late, in the same words; the first says it.
+/// Caveats about the snapshot itself, at most three; one finding per fact:
+/// the summary and the peak both say when the trace began late, in the same
+/// words, and the first says it.
+fn caveat_findings(summary: &Summary, peak: &PeakReport) -> Vec<Finding> {
     let late = crate::replay::initial::LATE_START;
     let mut said_late = false;
-    let caveats = summary
+    summary
         .warnings
         .iter()
         .chain(peak.warnings.iter())
@@ -434,9 +506,9 @@ pub fn diagnose_in<'s>(
             let repeat = said_late && w.starts_with(late);
             said_late |= w.starts_with(late);
             !repeat
-        });
-    for w in caveats.take(3) {
-        findings.push(Finding {
+        })
+        .take(3)
+        .map(|w| Finding {
             kind: "snapshot".into(),
             severity: Severity::Info,
             title: w.clone(),
@@ -446,24 +518,15 @@ pub fn diagnose_in<'s>(
             evidence: Vec::new(),
             stack: Vec::new(),
             quote: Default::default(),
-        });
-    }
-    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
-    let modules = live_at_peak.map(|live| {
-        let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
-        crate::analysis::modules::modules_of_live(
-            analysed,
-            live.trace,
-            peak.peak_event_index,
-            &live.blocks,
-            live.allocated,
-            &finder,
-        )
-    });
-    // Each snapshot's peaks, for the report's overview of a run: the last
-    // one's is the peak above; the others' come from their replay beside the
-    // reader.
-    let snapshot_peaks = match snaps.split_last() {
+        })
+        .collect()
+}
+
+/// Each snapshot's peaks, for the report's overview of a run given as
+/// several: the last one's is `peak`; the others' come from their replay
+/// beside the reader.
+fn snapshot_peaks(snaps: &[(String, &Snapshot)], peak: &PeakReport) -> Vec<(u64, u64)> {
+    match snaps.split_last() {
         Some((_, earlier)) if !earlier.is_empty() => earlier
             .iter()
             .map(|(_, s)| crate::analysis::peak::peak_totals(s))
@@ -473,20 +536,6 @@ pub fn diagnose_in<'s>(
             )))
             .collect(),
         _ => Vec::new(),
-    };
-    Diagnosis {
-        findings,
-        summary,
-        peak,
-        leaks,
-        tune,
-        oom: oom_report,
-        modules,
-        files: snaps.iter().map(|(n, _)| n.clone()).collect(),
-        inputs: None,
-        snapshot_peaks,
-        ranks: None,
-        parts: Vec::new(),
     }
 }
 
