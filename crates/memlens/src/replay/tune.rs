@@ -108,7 +108,7 @@ pub fn tune_prepared(
         .map(|c| {
             simulate_prepared(
                 snap,
-                &prep,
+                prep,
                 &SimulateOptions {
                     config: c.clone(),
                     overhead,
