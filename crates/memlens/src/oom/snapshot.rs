@@ -378,117 +378,23 @@ pub fn analyze_observed(
         ));
     }
 
-    // Pools and the free pieces the request could use.
-    let pools = pool_states(&st.segments, small, stream_key as u64);
-    let here: Vec<&SegmentView> = st
-        .segments
-        .iter()
-        .filter(|s| s.pool_id == (0, 0) && s.is_small == small && s.stream == stream_key as u64)
-        .collect();
-    let mut free_sizes: Vec<u64> = here
-        .iter()
-        .flat_map(|s| s.blocks.iter())
-        .filter(|b| b.status == BlockStatus::Free)
-        .map(|b| b.size)
-        .collect();
-    free_sizes.sort_unstable_by(|a, b| b.cmp(a));
-    let free_pieces = FreePieces {
-        count: free_sizes.len(),
-        total_bytes: free_sizes.iter().sum(),
-        largest: free_sizes.iter().take(10).copied().collect(),
-        segments: here
-            .iter()
-            .filter(|s| s.blocks.iter().any(|b| b.status == BlockStatus::Free))
-            .count(),
-    };
-    let largest_free = free_sizes.first().copied().unwrap_or(0);
-    let default = |s: &&SegmentView| s.pool_id == (0, 0);
-    let other_streams: Vec<&SegmentView> = st
-        .segments
-        .iter()
-        .filter(default)
-        .filter(|s| s.stream != stream_key as u64)
-        .collect();
-    let private: Vec<&SegmentView> = st.segments.iter().filter(|s| s.pool_id != (0, 0)).collect();
-    let free_of = |v: &[&SegmentView]| -> u64 {
-        v.iter()
-            .flat_map(|s| s.blocks.iter())
-            .filter(|b| b.status == BlockStatus::Free)
-            .map(|b| b.size)
-            .sum()
-    };
+    let mem = CacheMemory::of(&st.segments, small, stream_key as u64);
+    let (free_pieces, largest_free) = (mem.free_pieces.clone(), mem.largest_free);
 
-    // The device, the cap.
+    // The device, the cap, the figures the cause is read from.
     let msg = opts.message.as_ref();
-    let (total, total_source) = match (
-        opts.device_memory,
-        msg.and_then(|m| m.total_capacity.as_ref()),
-    ) {
-        (Some(d), _) => (Some(d), Some("option")),
-        (None, Some(f)) => (Some(f.bytes), Some("message")),
-        (None, None) => (None, None),
-    };
-    let device_free = oom.addr;
-    let outside = total.map(|t| t.saturating_sub(device_free).saturating_sub(st.reserved));
-    let this_non_pytorch = msg
-        .and_then(|m| m.this_process.as_ref())
-        .map(|p| p.bytes.saturating_sub(st.reserved));
-    let device_memory = DeviceMemory {
-        total_bytes: total,
-        total_source,
-        free_bytes: device_free,
-        outside_pytorch_bytes: outside,
-        other_processes_bytes: msg
-            .filter(|m| !m.other_processes.is_empty())
-            .map(|m| m.other_processes_bytes()),
-        this_process_non_pytorch_bytes: this_non_pytorch,
-    };
-    let memory_cap = memory_cap(
-        msg,
-        total,
-        device_free,
-        tried,
-        st.reserved,
-        st.peak_reserved,
-    );
-
+    let (facts, device_memory, memory_cap) = facts_of(opts, &oom, &st, &mem, tried);
     // What was live.
     let Some(classifier) = an.classifier(trace) else {
         return Ok(None);
     };
     let classifier = classifier.until(k);
     let groups = group_live(an, &classifier, &st.live, opts.top);
-    let mut category_detail: Vec<CategoryBytes> = groups
-        .categories
-        .iter()
-        .map(|(c, v)| CategoryBytes {
-            category: *c,
-            bytes: v.0,
-            count: v.1,
-        })
-        .collect();
-    category_detail.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+    let category_detail = category_detail(&groups);
     let site = an.sites.describe(oom.stack);
 
-    let facts = Facts {
-        request,
-        tried,
-        reserved: st.reserved,
-        allocated: st.allocated,
-        free_here: free_pieces.total_bytes,
-        largest_free,
-        unallocated: st.reserved.saturating_sub(st.allocated),
-        other_streams_free: free_of(&other_streams),
-        private_free: free_of(&private),
-        device_free,
-        total,
-        outside,
-        others: device_memory.other_processes_bytes,
-        cap: memory_cap.as_ref().map(|c| c.bytes),
-    };
     let cause = decide(&facts);
 
-    let facts_unallocated = facts.unallocated;
     let message_check = msg.map_or_else(Vec::new, |m| check_message(m, &facts));
     if message_check.iter().any(|c| !c.agrees) {
         warnings.push(
@@ -498,48 +404,18 @@ pub fn analyze_observed(
     }
 
     // Predictions.
-    let whatif = WhatIf::with_empty_cache_at(an, trace, k, &st.empty_cache_at);
-    let leftovers = fixes::leftovers(snap, &classifier, &st.live, whatif.as_ref());
-    let autocast = uses_autocast(snap);
-    let ctx = fixes::Context {
+    let (whatif, outcome, batch_model) = predict_fixes(&Predicting {
+        an,
+        trace,
+        oom_index: k,
+        st: &st,
+        classifier: &classifier,
+        groups: &groups,
+        facts: &facts,
         cause,
-        recorded: config.clone(),
-        cap: memory_cap.as_ref().map(|c| c.bytes),
-        cap_fraction: memory_cap.as_ref().and_then(|c| c.fraction),
-        total,
-        overhead: outside,
-        device_free,
-        others: facts.others,
-        batch: opts.batch,
-        autocast,
-        reserved: st.reserved,
-        activation_bytes: groups
-            .categories
-            .iter()
-            .filter(|(c, _)| matches!(c, Category::Activation | Category::Temporary))
-            .map(|(_, v)| v.0)
-            .sum(),
-        leftovers,
-        unallocated: facts.unallocated,
-        request: tried,
-    };
-    let outcome = match &whatif {
-        Some(w) => fixes::predict(w, &ctx),
-        None => fixes::advice_only(&ctx),
-    };
-    let batch_model = match (&whatif, an.trace(trace)) {
-        (Some(w), Some(facts)) => batch_model::fit(&batch_model::Inputs {
-            events: &t.events,
-            steps: &facts.steps,
-            classifier: &classifier,
-            oom_index: k,
-            step_model: &w.model,
-            batch: opts.batch,
-            live: &st.live,
-            cache: facts_unallocated,
-        }),
-        _ => None,
-    };
+        memory_cap: memory_cap.as_ref(),
+        opts,
+    });
     warnings.extend(outcome.warnings.iter().cloned());
 
     let explanation = explain(
@@ -571,10 +447,10 @@ pub fn analyze_observed(
         reserved_bytes: st.reserved,
         peak_reserved_before_bytes: st.peak_reserved,
         free_pieces,
-        pools,
-        other_streams_reserved_bytes: other_streams.iter().map(|s| s.total_size).sum(),
+        pools: mem.pools,
+        other_streams_reserved_bytes: mem.other_streams_reserved,
         other_streams_free_bytes: facts.other_streams_free,
-        private_pools_reserved_bytes: private.iter().map(|s| s.total_size).sum(),
+        private_pools_reserved_bytes: mem.private_reserved,
         private_pools_free_bytes: facts.private_free,
         device_memory,
         memory_cap,
@@ -590,6 +466,216 @@ pub fn analyze_observed(
         ooms_in_trace,
         warnings,
     }))
+}
+
+/// The figures of the OOM `oom` met in state `st`, with the device's memory
+/// and the cap (given, printed or inferred).
+fn facts_of(
+    opts: &OomOptions,
+    oom: &crate::snapshot::TraceEvent,
+    st: &State,
+    mem: &CacheMemory,
+    tried: u64,
+) -> (Facts, DeviceMemory, Option<MemoryCap>) {
+    let device_memory = device_memory(opts, oom.addr, st.reserved);
+    let (total, device_free) = (device_memory.total_bytes, device_memory.free_bytes);
+    let cap = memory_cap(
+        opts.message.as_ref(),
+        total,
+        device_free,
+        tried,
+        st.reserved,
+        st.peak_reserved,
+    );
+    let facts = Facts {
+        request: oom.size,
+        tried,
+        reserved: st.reserved,
+        allocated: st.allocated,
+        free_here: mem.free_pieces.total_bytes,
+        largest_free: mem.largest_free,
+        unallocated: st.reserved.saturating_sub(st.allocated),
+        other_streams_free: mem.other_streams_free,
+        private_free: mem.private_free,
+        device_free,
+        total,
+        outside: device_memory.outside_pytorch_bytes,
+        others: device_memory.other_processes_bytes,
+        cap: cap.as_ref().map(|c| c.bytes),
+    };
+    (facts, device_memory, cap)
+}
+
+/// What the fixes are predicted from.
+struct Predicting<'a, 'an> {
+    an: &'a Analysed<'an>,
+    trace: usize,
+    oom_index: usize,
+    st: &'a State,
+    classifier: &'a crate::trace::BlockClassifier<'a>,
+    groups: &'a crate::analysis::peak::LiveGroups,
+    facts: &'a Facts,
+    cause: Cause,
+    memory_cap: Option<&'a MemoryCap>,
+    opts: &'a OomOptions,
+}
+
+/// The model of the failing step, the fixes it checks (or advice alone
+/// without one) and the batch model.
+fn predict_fixes(p: &Predicting<'_, '_>) -> (Option<WhatIf>, fixes::Outcome, Option<BatchModel>) {
+    let (an, st, facts) = (p.an, p.st, p.facts);
+    let snap = an.snap;
+    let whatif = WhatIf::with_empty_cache_at(an, p.trace, p.oom_index, &st.empty_cache_at);
+    let leftovers = fixes::leftovers(snap, p.classifier, &st.live, whatif.as_ref());
+    let ctx = fixes::Context {
+        cause: p.cause,
+        recorded: recorded_config(&snap.settings),
+        cap: p.memory_cap.map(|c| c.bytes),
+        cap_fraction: p.memory_cap.and_then(|c| c.fraction),
+        total: facts.total,
+        overhead: facts.outside,
+        device_free: facts.device_free,
+        others: facts.others,
+        batch: p.opts.batch,
+        autocast: uses_autocast(snap),
+        reserved: st.reserved,
+        activation_bytes: activation_bytes(p.groups),
+        leftovers,
+        unallocated: facts.unallocated,
+        request: facts.tried,
+    };
+    let outcome = match &whatif {
+        Some(w) => fixes::predict(w, &ctx),
+        None => fixes::advice_only(&ctx),
+    };
+    let batch_model = match (&whatif, an.trace(p.trace)) {
+        (Some(w), Some(t)) => batch_model::fit(&batch_model::Inputs {
+            events: &snap.traces[p.trace].events,
+            steps: &t.steps,
+            classifier: p.classifier,
+            oom_index: p.oom_index,
+            step_model: &w.model,
+            batch: p.opts.batch,
+            live: &st.live,
+            cache: facts.unallocated,
+        }),
+        _ => None,
+    };
+    (whatif, outcome, batch_model)
+}
+
+/// The cache's memory right before the OOM: the pools, the free pieces the
+/// request could use (its pool and stream), and what sat elsewhere.
+struct CacheMemory {
+    pools: Vec<PoolState>,
+    free_pieces: FreePieces,
+    largest_free: u64,
+    other_streams_reserved: u64,
+    other_streams_free: u64,
+    private_reserved: u64,
+    private_free: u64,
+}
+
+impl CacheMemory {
+    /// The memory of `segments` for a request of the `small` pool on stream
+    /// `stream`.
+    fn of(segments: &[SegmentView], small: bool, stream: u64) -> CacheMemory {
+        let here: Vec<&SegmentView> = segments
+            .iter()
+            .filter(|s| s.pool_id == (0, 0) && s.is_small == small && s.stream == stream)
+            .collect();
+        let mut free_sizes: Vec<u64> = here
+            .iter()
+            .flat_map(|s| s.blocks.iter())
+            .filter(|b| b.status == BlockStatus::Free)
+            .map(|b| b.size)
+            .collect();
+        free_sizes.sort_unstable_by(|a, b| b.cmp(a));
+        let free_pieces = FreePieces {
+            count: free_sizes.len(),
+            total_bytes: free_sizes.iter().sum(),
+            largest: free_sizes.iter().take(10).copied().collect(),
+            segments: here
+                .iter()
+                .filter(|s| s.blocks.iter().any(|b| b.status == BlockStatus::Free))
+                .count(),
+        };
+        let other_streams: Vec<&SegmentView> = segments
+            .iter()
+            .filter(|s| s.pool_id == (0, 0) && s.stream != stream)
+            .collect();
+        let private: Vec<&SegmentView> = segments.iter().filter(|s| s.pool_id != (0, 0)).collect();
+        let free_of = |v: &[&SegmentView]| -> u64 {
+            v.iter()
+                .flat_map(|s| s.blocks.iter())
+                .filter(|b| b.status == BlockStatus::Free)
+                .map(|b| b.size)
+                .sum()
+        };
+        CacheMemory {
+            pools: pool_states(segments, small, stream),
+            largest_free: free_sizes.first().copied().unwrap_or(0),
+            free_pieces,
+            other_streams_reserved: other_streams.iter().map(|s| s.total_size).sum(),
+            other_streams_free: free_of(&other_streams),
+            private_reserved: private.iter().map(|s| s.total_size).sum(),
+            private_free: free_of(&private),
+        }
+    }
+}
+
+/// The device's memory at the OOM: `device_free` as the event recorded it,
+/// its total from `--device-memory` or the message, and what lay outside
+/// PyTorch's `reserved`.
+fn device_memory(opts: &OomOptions, device_free: u64, reserved: u64) -> DeviceMemory {
+    let msg = opts.message.as_ref();
+    let (total, total_source) = match (
+        opts.device_memory,
+        msg.and_then(|m| m.total_capacity.as_ref()),
+    ) {
+        (Some(d), _) => (Some(d), Some("option")),
+        (None, Some(f)) => (Some(f.bytes), Some("message")),
+        (None, None) => (None, None),
+    };
+    DeviceMemory {
+        total_bytes: total,
+        total_source,
+        free_bytes: device_free,
+        outside_pytorch_bytes: total
+            .map(|t| t.saturating_sub(device_free).saturating_sub(reserved)),
+        other_processes_bytes: msg
+            .filter(|m| !m.other_processes.is_empty())
+            .map(|m| m.other_processes_bytes()),
+        this_process_non_pytorch_bytes: msg
+            .and_then(|m| m.this_process.as_ref())
+            .map(|p| p.bytes.saturating_sub(reserved)),
+    }
+}
+
+/// Bytes of each category live at the OOM, largest first.
+fn category_detail(groups: &crate::analysis::peak::LiveGroups) -> Vec<CategoryBytes> {
+    let mut detail: Vec<CategoryBytes> = groups
+        .categories
+        .iter()
+        .map(|(c, v)| CategoryBytes {
+            category: *c,
+            bytes: v.0,
+            count: v.1,
+        })
+        .collect();
+    detail.sort_by_key(|b| std::cmp::Reverse(b.bytes));
+    detail
+}
+
+/// Bytes of activations and temporaries live at the OOM (what autocast or
+/// checkpointing would shrink).
+fn activation_bytes(groups: &crate::analysis::peak::LiveGroups) -> u64 {
+    groups
+        .categories
+        .iter()
+        .filter(|(c, _)| matches!(c, Category::Activation | Category::Temporary))
+        .map(|(_, v)| v.0)
+        .sum()
 }
 
 /// Whether the run used autocast (mixed precision is then already on).
