@@ -12,7 +12,8 @@ pub struct Limits {
     pub max_stack: usize,
     /// Most open `MARK`s at once.
     pub max_marks: usize,
-    /// Largest single string or bytes object.
+    /// Largest single string or bytes object (or `LONG4`): [`MAX_ITEM_BYTES`]
+    /// by default.
     pub max_item_bytes: usize,
     /// Largest memo index accepted beyond the current memo size.
     pub max_memo_gap: usize,
@@ -26,13 +27,26 @@ pub struct Limits {
     pub entry_path: bool,
 }
 
+/// The default largest string or bytes object: 64 MiB. The longest string in
+/// the real snapshots of the test fixtures is 89 bytes (a source path or a
+/// function name; a few KiB at most anywhere), so this is far above any real
+/// one, and low enough that a file of many such strings is refused before it
+/// costs gigabytes (each string is held twice while it is read: in the
+/// input's window, then interned).
+pub const MAX_ITEM_BYTES: usize = 64 << 20;
+
+/// Strings longer than this make the builder check its memory budget at
+/// once (rather than at its next container), so that a run of long strings
+/// is refused at the first one past the budget.
+const LONG_STRING: usize = 64 << 10;
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             // CPython batches 1000 items a MARK; a million is far beyond any real nesting.
             max_stack: 1 << 20,
             max_marks: 1 << 20,
-            max_item_bytes: 1 << 30,
+            max_item_bytes: MAX_ITEM_BYTES,
             max_memo_gap: 1 << 20,
             fast_path: true,
             entry_path: true,
@@ -547,8 +561,8 @@ impl Vm {
     fn len_checked(&self, n: u64) -> Result<usize, Fault> {
         if n > self.limits.max_item_bytes as u64 {
             return Err(Fault::Msg(format!(
-                "an item of {n} bytes is larger than the {} byte limit",
-                self.limits.max_item_bytes
+                "a string or bytes item of {n} bytes is larger than the {} MiB limit (a snapshot's strings are a few KiB at most): a decompression bomb, or not a memory snapshot",
+                self.limits.max_item_bytes >> 20
             )));
         }
         Ok(n as usize)
@@ -566,6 +580,11 @@ impl Vm {
             // CPython writes lone surrogates with 'surrogatepass'; keep the rest.
             Err(_) => builder.string(&String::from_utf8_lossy(bytes)),
         };
+        if n > LONG_STRING {
+            // Strings are charged when interned and checked at the next
+            // container; a long one is checked now.
+            builder.charge(0)?;
+        }
         self.push(v)
     }
 
