@@ -138,6 +138,9 @@ fn negative_values_are_rejected_not_dropped() {
         vec![],
     );
     assert_rejected("negreq", &doc, "requested_size");
+    // The value is named, not only its type (issue 31 item 9).
+    let doc = snapshot(vec![segment(BASE, json!(-2_097_152), vec![])], vec![]);
+    assert_rejected("negseg", &doc, "total_size = -2097152,");
 }
 
 #[test]
