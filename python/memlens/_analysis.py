@@ -20,8 +20,12 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 # The list-valued key that makes the natural table of each analysis, for
 # Result.to_pandas() with no key. Presentation only.
+# Analyses whose result is a set of figures (one row), not a table: their
+# frame is that row by default (``check``'s ``failures`` is empty when the
+# check passes; ``summary``'s lists, devices and pools, are detail).
+_ROW_KINDS = {"check", "summary"}
+
 _TABLE_KEYS = {
-    "check": "failures",
     "doctor": "findings",
     "peak": "live_at_peak",
     "lines": "rows",
@@ -126,7 +130,9 @@ class Result:
     def to_pandas(self, key: Optional[str] = None) -> Any:
         """A pandas DataFrame of a list-valued field (default: the analysis's
         main table, e.g. ``live_at_peak`` for peak), or a one-row frame of the
-        scalar fields when the result has no table. Needs pandas installed."""
+        scalar fields when the result has no table, and by default for
+        ``summary`` and ``check`` (figures, not a table). Needs pandas
+        installed."""
         try:
             import pandas as pd
         except ImportError:
@@ -135,6 +141,8 @@ class Result:
                 "(or use to_dict(), which needs nothing)"
             ) from None
         tables = [k for k, v in self._data.items() if _is_table(v)]
+        if key is None and self._kind in _ROW_KINDS:
+            return pd.DataFrame([self._scalars()])
         if key is None:
             key = _TABLE_KEYS.get(self._kind)
             if key not in self._data:
@@ -144,12 +152,19 @@ class Result:
                 raise ValueError(
                     f"{self._kind} result has several tables; pass key= one of {tables}"
                 )
-            row = {k: v for k, v in self._data.items() if not isinstance(v, (list, dict))}
-            return pd.DataFrame([row])
+            return pd.DataFrame([self._scalars()])
         value = self._data[key]
         if not isinstance(value, list):
             raise ValueError(f"field {key!r} is not a list")
         return pd.DataFrame(copy.deepcopy(value))
+
+    def _scalars(self) -> dict:
+        """The fields that are neither lists nor dicts (``schema`` left out)."""
+        return _scalar_row(self._data)
+
+
+def _scalar_row(data: dict) -> dict:
+    return {k: v for k, v in data.items() if not isinstance(v, (list, dict)) and k != "schema"}
 
 
 def _is_table(value: Any) -> bool:

@@ -7,7 +7,9 @@ snapshot with pickle and compares, per file, with DuckDB queries of the
 Parquet tables: the number of trace events and of each action, the bytes of
 `alloc` events, the segments and their bytes, the blocks and the bytes of
 allocated blocks, the frames of every stack; and the dump-time figures with
-NAME.stats.json (reserved and allocated bytes, segment count). Prints
+NAME.stats.json (reserved and allocated bytes, segment count); and, when
+NAME.peak.json (`memlens peak --json`) lies beside EXPORT_JSON, the allocated
+peak rebuilt from the events table in SQL. Prints
 PASS/FAIL lines and "N passed, N failed"; exits 1 on a failure.
 """
 import collections
@@ -68,6 +70,30 @@ for name in names:
     got = q(f"""SELECT count(*) FROM '{t('events')}' e JOIN '{t('frames')}' f
                ON e.file = f.file AND e.stack_id = f.stack_id WHERE e.file = ?""", file)[0][0]
     check(got == want, f"{name} event frames (join on stack_id)", f"{got} vs pickle {want}")
+
+    # The allocated peak rebuilt in SQL: a running sum of the allocated
+    # (rounded) sizes, + at `alloc`, - at `free_requested` (allocated bytes
+    # fall when the user frees; `free_completed` is when the block is back in
+    # its pool), equals `memlens peak --json` (ci.sh writes NAME.peak.json).
+    peak_json = os.path.join(os.path.dirname(export_json), f"{name}.peak.json")
+    if os.path.exists(peak_json):
+        peak = json.load(open(peak_json))
+
+        def running_peak(size, minus):
+            return q(f"""SELECT max(running) FROM (
+                SELECT sum(CASE action WHEN 'alloc' THEN CAST({size} AS BIGINT)
+                                       WHEN '{minus}' THEN -CAST({size} AS BIGINT) ELSE 0 END)
+                       OVER (ORDER BY index ROWS UNBOUNDED PRECEDING) AS running
+                FROM '{t('events')}' WHERE file = ? AND device = ?)""", file, peak["device"])[0][0]
+
+        got = running_peak("allocated_size", "free_requested")
+        want = peak["peak_allocated_bytes"]
+        requested = running_peak("size", "free_requested")
+        check(got == want, f"{name} allocated peak from events (SQL running sum)",
+              f"{got} vs memlens peak {want} (requested sizes: {requested}, "
+              f"{(want - requested) / 2**20:.1f} MiB short)")
+        print(f"INFO {name} the same sum with free_completed instead: "
+              f"{running_peak('allocated_size', 'free_completed')}", flush=True)
 
 # The export's own counts are the tables' rows.
 for table in ["events", "blocks", "segments", "frames"]:

@@ -232,3 +232,25 @@ def test_native_helpers():
     with pytest.raises(memlens.MemlensError, match="invalid size"):
         _native.parse_size("lots")
     assert memlens.__version__ == _native.__version__
+
+
+def test_summary_and_check_frames_need_no_key(monkeypatch):
+    """Issue 31 item 9: summary() has several lists (devices, pools) and
+    check() an empty ``failures`` when it passes: both give the row of their
+    figures, with no key= needed (a key still picks a list)."""
+    fake = types.ModuleType("pandas")
+    fake.DataFrame = lambda rows: ("frame", rows)
+    monkeypatch.setitem(sys.modules, "pandas", fake)
+    path = fixture_files("cache_leak.pickle.zst")[0]
+    snap = memlens.load(path)
+    summary = snap.summary()
+    _, rows = summary.to_pandas()
+    assert len(rows) == 1
+    assert rows[0]["reserved_bytes"] == summary.reserved_bytes
+    assert "devices" not in rows[0] and "schema" not in rows[0]
+    assert summary.to_pandas("pools") == ("frame", summary.to_dict()["pools"])
+    check = snap.check(max_peak="100GiB")
+    _, rows = check.to_pandas()
+    assert rows == [{k: v for k, v in check.to_dict().items()
+                     if k not in ("failures", "schema")}]
+    assert rows[0]["ok"] is True

@@ -19,7 +19,7 @@ use clap::{Parser, Subcommand};
     version,
     about,
     long_about = None,
-    after_help = "Example:\n  memlens doctor run.pickle.zst      (no snapshot: the example built into memlens)"
+    after_help = "Example:\n  memlens doctor run.pickle.zst      (no snapshot: the example built into memlens)\n\nExit codes:\n  0  success\n  1  a check failed (`check`, `leaks --fail-on-leak`)\n  2  bad input or usage (one line on stderr naming the file and the problem),\n     or an output that could not be written"
 )]
 struct Cli {
     #[command(subcommand)]

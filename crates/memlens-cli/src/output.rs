@@ -8,6 +8,8 @@ use std::io::Write;
 pub const OK: u8 = 0;
 /// Exit code for a failed check (`check`, `leaks --fail-on-leak`).
 pub const CHECK_FAILED: u8 = 1;
+/// Exit code for bad input or usage, or an output that could not be written.
+pub const USAGE: u8 = 2;
 
 /// Prints `body` as a JSON document tagged `"schema": "memlens/1"`.
 pub fn print_json<T: Serialize>(body: &T) -> anyhow::Result<()> {

@@ -138,6 +138,9 @@ fn negative_values_are_rejected_not_dropped() {
         vec![],
     );
     assert_rejected("negreq", &doc, "requested_size");
+    // The value is named, not only its type (issue 31 item 9).
+    let doc = snapshot(vec![segment(BASE, json!(-2_097_152), vec![])], vec![]);
+    assert_rejected("negseg", &doc, "total_size = -2097152,");
 }
 
 #[test]
@@ -262,7 +265,8 @@ fn an_empty_list_is_not_a_snapshot() {
 }
 
 /// The bombs of `crates/memlens/tests/bombs.rs` through the binary: a 10-byte
-/// file claiming a 1 GB string, and 20 million zeros under an unused key of a
+/// file claiming a 1 GB string (refused at its length, past the 64 MiB limit
+/// on one string), and 20 million zeros under an unused key of a
 /// JSON snapshot. Every command exits 2 with one line.
 #[test]
 fn bombs_exit_2_from_every_command() {
@@ -278,7 +282,7 @@ fn bombs_exit_2_from_every_command() {
     text.extend_from_slice(b"]}");
     let json = dir.path().join("bomb.json");
     std::fs::write(&json, text).expect("write");
-    for (path, needle) in [(&tiny, "truncated"), (&json, "decompression bomb")] {
+    for (path, needle) in [(&tiny, "64 MiB limit"), (&json, "decompression bomb")] {
         let file = path.to_string_lossy().into_owned();
         for args in commands(&file, dir.path()) {
             let argv: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -292,4 +296,152 @@ fn bombs_exit_2_from_every_command() {
             );
         }
     }
+}
+
+/// One block of a zstd frame written by hand ([`zstd_frame`]).
+enum Part<'a> {
+    /// Bytes stored as they are.
+    Raw(&'a [u8]),
+    /// One byte repeated: 4 bytes of frame per 128 KiB.
+    Rle(u8, u64),
+}
+
+/// A zstd frame of raw and RLE blocks (RFC 8878): a few hundred KB that
+/// decompress to gigabytes, written in no time (a compressor would take
+/// seconds a gigabyte).
+fn zstd_frame(parts: &[Part]) -> Vec<u8> {
+    const MAX_BLOCK: u64 = 128 << 10;
+    // Magic; no content size, checksum or dictionary; a 128 KiB window.
+    let mut out = vec![0x28, 0xb5, 0x2f, 0xfd, 0x00, 7 << 3];
+    let mut blocks: Vec<(u32, u32, Vec<u8>)> = Vec::new(); // (type, size, content)
+    for p in parts {
+        match p {
+            Part::Raw(b) => {
+                for c in b.chunks(MAX_BLOCK as usize) {
+                    blocks.push((0, c.len() as u32, c.to_vec()));
+                }
+            }
+            Part::Rle(byte, mut n) => {
+                while n > 0 {
+                    let k = n.min(MAX_BLOCK);
+                    blocks.push((1, k as u32, vec![*byte]));
+                    n -= k;
+                }
+            }
+        }
+    }
+    let last = blocks.len() - 1;
+    for (i, (kind, size, content)) in blocks.into_iter().enumerate() {
+        let header = (size << 3) | (kind << 1) | (i == last) as u32;
+        out.extend_from_slice(&header.to_le_bytes()[..3]);
+        out.extend_from_slice(&content);
+    }
+    out
+}
+
+/// Runs memlens with its address space limited to `kib` KiB (`ulimit -v`).
+fn memlens_limited(kib: u64, args: &[&str]) -> Output {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("ulimit -v {kib} && exec \"$0\" \"$@\""))
+        .arg(env!("CARGO_BIN_EXE_memlens"))
+        .args(args)
+        .output()
+        .expect("sh runs")
+}
+
+/// Issue 31 item 7: a 650 KB zstd holding twenty strings of nearly 1 GiB
+/// each. Under a 2 GiB address-space limit the process aborted (allocation
+/// failure, exit 134); now the first string is refused at its length.
+#[test]
+fn twenty_gigabyte_strings_exit_2_under_a_2_gib_limit() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("strings.pickle.zst");
+    let len: u32 = (1 << 30) - 4096;
+    let head = [0x80, 4];
+    let op: Vec<u8> = [b'X'].into_iter().chain(len.to_le_bytes()).collect();
+    let mut parts = vec![Part::Raw(&head)];
+    for _ in 0..20 {
+        parts.push(Part::Raw(&op));
+        parts.push(Part::Rle(b'a', len as u64));
+    }
+    parts.push(Part::Raw(b"."));
+    let frame = zstd_frame(&parts);
+    assert!(frame.len() < 700 << 10, "{} bytes", frame.len());
+    std::fs::write(&path, &frame).expect("write");
+    let file = path.to_string_lossy().into_owned();
+    for cmd in ["summary", "peak"] {
+        let o = memlens_limited(2 << 20, &[cmd, &file]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{cmd}: {err}");
+        assert_eq!(err.lines().count(), 1, "{cmd}: {err}");
+        assert!(
+            err.contains(&file) && err.contains("64 MiB limit"),
+            "{cmd}: {err}"
+        );
+    }
+}
+
+/// Issue 31 item 7: half a billion pushes and pops (`NONE POP`, 1 GiB) in
+/// 50 KB of zstd used to be read to the end (seconds of work) before being
+/// refused; the reader now stops once the stream passes 1000 times the size
+/// of the file (at 256 MiB here).
+#[test]
+fn a_billion_pushes_and_pops_are_refused_early() {
+    use std::io::Write;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pushpop.pickle.zst");
+    let f = std::fs::File::create(&path).expect("create");
+    let mut enc = zstd::stream::write::Encoder::new(f, 1).expect("encoder");
+    enc.write_all(&[0x80, 4]).expect("write");
+    let chunk = b"N0".repeat(1 << 19);
+    for _ in 0..(1 << 10) {
+        enc.write_all(&chunk).expect("write");
+    }
+    enc.write_all(b"N.").expect("write");
+    enc.finish().expect("finish");
+    let size = std::fs::metadata(&path).expect("meta").len();
+    assert!(size < 256 << 10, "{size} bytes");
+    let file = path.to_string_lossy().into_owned();
+    let t = std::time::Instant::now();
+    let o = memlens(&["summary", &file]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    eprintln!("refused in {:?}: {err}", t.elapsed());
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&file) && err.contains("more than 1000 times its size"),
+        "{err}"
+    );
+}
+
+/// Issue 31 item 7: strings under the 64 MiB limit, forty of them (2.4 GB)
+/// in a plain pickle (sparse on disk: they are zeros). Each one was held
+/// until the next container, and the process aborted under a 2 GiB
+/// address-space limit; now a long string is checked against the memory
+/// budget at once, and the second one is refused.
+#[test]
+fn forty_long_strings_in_a_plain_file_are_refused_at_the_budget() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("strings.pickle");
+    let mut f = std::fs::File::create(&path).expect("create");
+    f.write_all(&[0x80, 4]).expect("write");
+    for i in 0..40u32 {
+        let len = (60 << 20) + i; // distinct strings: none is interned twice
+        f.write_all(b"X").expect("write");
+        f.write_all(&len.to_le_bytes()).expect("write");
+        f.seek(SeekFrom::Current(len as i64)).expect("seek");
+    }
+    f.write_all(b".").expect("write");
+    drop(f);
+    let file = path.to_string_lossy().into_owned();
+    let o = memlens_limited(2 << 20, &["summary", &file]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains(&file) && err.contains("decompression bomb"),
+        "{err}"
+    );
 }

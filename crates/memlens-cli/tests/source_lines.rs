@@ -75,6 +75,38 @@ fn last_before(needle: &str, before: u64) -> u64 {
     i as u64 + 1
 }
 
+/// Issue 31 item 8: what is printed does not depend on where the files sit.
+/// The source tree under a 200-character path (a long checkout) is named by
+/// the path under the root, so the keeper's line is not wrapped.
+#[test]
+fn a_long_source_root_is_not_printed_whole() {
+    let bug = planted("gpt2_eval_leak");
+    let keep = line_of(&bug);
+    let dir = tempfile::tempdir().unwrap();
+    let mut root = dir.path().to_path_buf();
+    for i in 0..8 {
+        root.push(format!("a-very-long-folder-name-number-{i}"));
+    }
+    std::fs::create_dir_all(&root).unwrap();
+    std::fs::copy(
+        fixtures().join("gen/workloads.py"),
+        root.join("workloads.py"),
+    )
+    .unwrap();
+    let root = root.to_string_lossy().into_owned();
+    assert!(root.len() > 200, "{root}");
+    let snap = fixture("gpt2_eval_leak.pickle.zst");
+    let out = memlens(&["leaks", &snap, "--source-root", &root], &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!(
+            "kept alive by workloads.py:{keep} (the line to change):"
+        )),
+        "{text}"
+    );
+    assert!(!text.contains("a-very-long-folder-name"), "{text}");
+}
+
 #[test]
 fn leaks_quotes_the_line_that_keeps_the_loss() {
     let bug = planted("gpt2_eval_leak");

@@ -3,7 +3,8 @@
 //!
 //! Four files in the output folder, one row per:
 //! * `events.parquet`: trace event (`file`, `rank`, `device`, `index`,
-//!   `time_us`, `action`, `addr`, `size`, `stream`, `stack_id`, `step`);
+//!   `time_us`, `action`, `addr`, `size`, `stream`, `stack_id`, `step`,
+//!   `allocated_size`);
 //! * `blocks.parquet`: block at dump time (`file`, `rank`, `device`,
 //!   `segment_address`, `address`, `size`, `requested_size`, `state`, `stack_id`);
 //! * `segments.parquet`: segment at dump time (`file`, `rank`, `device`,
@@ -11,6 +12,21 @@
 //!   `requested_size`, `stream`, `pool`, `pool_id`, `is_expandable`, `stack_id`);
 //! * `frames.parquet`: frame of a stack (`file`, `stack_id`, `depth` (0 is the
 //!   innermost), `filename`, `line`, `name`).
+//!
+//! `size` is what the trace recorded: the request for `alloc` and the frees.
+//! `allocated_size` is the block the allocator handed out for it (rounded,
+//! with any remainder too small to split), as the replay of the trace
+//! through the allocator model finds it, on `alloc`, `free_requested` and
+//! `free_completed` rows (null on the others, and where the replay could not
+//! place the event). The allocated bytes of `max_memory_allocated()` are
+//! rebuilt from it: a running sum of `allocated_size` over `alloc` (+) and
+//! `free_requested` (-) rows, in `index` order, plus what was allocated
+//! before the trace began (nothing when the trace starts with the process).
+//!
+//! The files are written under temporary names in the output folder and
+//! renamed only once every input has been read and every file closed: an
+//! export that fails (a bad input, a full disk) leaves the tables already
+//! there as they were.
 //!
 //! `stack_id` is per file: join frames on (`file`, `stack_id`). Rows are
 //! written in batches of [`BATCH_ROWS`], so memory stays bounded by the
@@ -28,6 +44,7 @@
 use crate::analysis::categories::{event_phases, Phases};
 use crate::analysis::steps;
 use crate::error::{Error, Result};
+use crate::replay::{Delta, Replay, ReplayOptions};
 use crate::snapshot::{Action, Block, BlockState, PoolKind, Segment, Snapshot, TraceEvent};
 use arrow_array::types::Int32Type;
 use arrow_array::{
@@ -90,6 +107,7 @@ fn events_schema() -> SchemaRef {
         Field::new("stream", DataType::Int64, false),
         Field::new("stack_id", DataType::UInt32, false),
         Field::new("step", DataType::UInt32, false),
+        Field::new("allocated_size", DataType::UInt64, true),
     ]))
 }
 
@@ -189,9 +207,11 @@ fn properties(schema: &Schema) -> WriterProperties {
     b.build()
 }
 
-/// A Parquet file being written, one row group per batch.
+/// A Parquet file being written, one row group per batch, under a
+/// temporary name (`path`) until [`Exporter::finish`] renames it to `name`.
 struct Table {
     path: PathBuf,
+    name: PathBuf,
     writer: SerializedFileWriter<File>,
     factory: ArrowRowGroupWriterFactory,
     schema: SchemaRef,
@@ -200,8 +220,9 @@ struct Table {
 }
 
 impl Table {
-    fn create(dir: &Path, name: &str, schema: SchemaRef) -> Result<Table> {
-        let path = dir.join(name);
+    fn create(dir: &Path, name: &str, schema: SchemaRef, temps: &mut Temps) -> Result<Table> {
+        let path = dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        temps.0.push(path.clone());
         let file = File::create(&path).map_err(|error| Error::Io {
             path: path.clone(),
             error,
@@ -215,6 +236,7 @@ impl Table {
             .map_err(|e| parquet_err(&path, e))?;
         Ok(Table {
             path,
+            name: dir.join(name),
             writer,
             factory,
             schema,
@@ -223,10 +245,11 @@ impl Table {
         })
     }
 
-    fn close(self) -> Result<u64> {
+    /// Writes the footer; the rows written and the (temporary, final) paths.
+    fn close(self) -> Result<(u64, PathBuf, PathBuf)> {
         let path = self.path;
         self.writer.close().map_err(|e| parquet_err(&path, e))?;
-        Ok(self.rows)
+        Ok((self.rows, path, self.name))
     }
 }
 
@@ -311,27 +334,44 @@ fn ranks(rank: Option<u32>, n: usize) -> ArrayRef {
     }
 }
 
+/// The temporary files of an export, removed when it is dropped unfinished.
+#[derive(Default)]
+struct Temps(Vec<PathBuf>);
+
+impl Drop for Temps {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 /// The four tables being written; add snapshots one at a time (each may be
-/// dropped once added), then [`Exporter::finish`].
+/// dropped once added), then [`Exporter::finish`]. Until then the files are
+/// temporary ones beside the tables: an exporter dropped unfinished (an
+/// error) removes them and leaves the folder's tables as they were.
 pub struct Exporter {
     events: Table,
     blocks: Table,
     segments: Table,
     frames: Table,
+    temps: Temps,
 }
 
 impl Exporter {
-    /// Creates `dir` if missing and the four files in it.
+    /// Creates `dir` if missing and the four (temporary) files in it.
     pub fn create(dir: &Path) -> Result<Exporter> {
         std::fs::create_dir_all(dir).map_err(|error| Error::Io {
             path: dir.into(),
             error,
         })?;
+        let mut temps = Temps::default();
         Ok(Exporter {
-            events: Table::create(dir, "events.parquet", events_schema())?,
-            blocks: Table::create(dir, "blocks.parquet", blocks_schema())?,
-            segments: Table::create(dir, "segments.parquet", segments_schema())?,
-            frames: Table::create(dir, "frames.parquet", frames_schema())?,
+            events: Table::create(dir, "events.parquet", events_schema(), &mut temps)?,
+            blocks: Table::create(dir, "blocks.parquet", blocks_schema(), &mut temps)?,
+            segments: Table::create(dir, "segments.parquet", segments_schema(), &mut temps)?,
+            frames: Table::create(dir, "frames.parquet", frames_schema(), &mut temps)?,
+            temps,
         })
     }
 
@@ -343,13 +383,34 @@ impl Exporter {
         write_frames(&mut self.frames, input)
     }
 
-    /// Closes the files (writing their footers) and returns the rows written.
+    /// Closes the files (writing their footers), renames them to the
+    /// tables' names (replacing those there) and returns the rows written.
     pub fn finish(self) -> Result<ExportCounts> {
+        let Exporter {
+            events,
+            blocks,
+            segments,
+            frames,
+            mut temps,
+        } = self;
+        let closed = [
+            events.close()?,
+            blocks.close()?,
+            segments.close()?,
+            frames.close()?,
+        ];
+        for (_, temp, name) in &closed {
+            std::fs::rename(temp, name).map_err(|error| Error::Io {
+                path: name.clone(),
+                error,
+            })?;
+        }
+        temps.0.clear();
         Ok(ExportCounts {
-            events: self.events.close()?,
-            blocks: self.blocks.close()?,
-            segments: self.segments.close()?,
-            frames: self.frames.close()?,
+            events: closed[0].0,
+            blocks: closed[1].0,
+            segments: closed[2].0,
+            frames: closed[3].0,
         })
     }
 }
@@ -367,6 +428,26 @@ pub fn export(inputs: &[ExportInput<'_>], dir: &Path) -> Result<ExportCounts> {
 /// the phases are computed for it, not the rest of [`crate::trace::Analysed`].
 fn step_starts(snap: &Snapshot, phases: &Phases, t: usize) -> Vec<usize> {
     steps::detect(snap, t, &event_phases(snap, t, phases)).starts
+}
+
+/// The allocated size of each event of the trace of `device` (see the
+/// module's documentation): the replay's block size on `alloc`,
+/// `free_requested` and `free_completed`, `None` elsewhere.
+fn allocated_sizes(snap: &Snapshot, device: u32, n: usize) -> Vec<Option<u64>> {
+    let mut sizes = vec![None; n];
+    let mut replay = Replay::new(snap, device, &ReplayOptions::default());
+    while let Some(step) = replay.step() {
+        let size = match step.delta {
+            Delta::Alloc { size, .. }
+            | Delta::FreeRequested { size, .. }
+            | Delta::FreeCompleted { size, .. } => size,
+            _ => continue,
+        };
+        if let Some(s) = sizes.get_mut(step.index) {
+            *s = Some(size);
+        }
+    }
+    sizes
 }
 
 /// The step of each event of `range` (`starts`: where each step begins).
@@ -397,13 +478,27 @@ fn write_events(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
     let phases = std::sync::OnceLock::new();
     for (t, trace) in snap.traces.iter().enumerate() {
         let starts = std::sync::OnceLock::new();
+        // The replay runs as the first batch's `allocated_size` column.
+        let sizes = std::sync::OnceLock::new();
+        let device = trace.device;
         let chunks: Vec<(usize, &[TraceEvent])> =
             trace.events.chunks(BATCH_ROWS).enumerate().collect();
         for group in chunks.chunks(batches_at_once()) {
             let batches = group
                 .iter()
                 .map(|&(c, ev)| {
-                    let cols = event_columns(
+                    let allocated: Column<'_> = Box::new({
+                        let sizes = &sizes;
+                        let (base, n) = (c * BATCH_ROWS, ev.len());
+                        let all = trace.events.len();
+                        move || {
+                            let sizes = sizes.get_or_init(|| allocated_sizes(snap, device, all));
+                            Arc::new(UInt64Array::from_iter(
+                                sizes[base..base + n].iter().copied(),
+                            ))
+                        }
+                    });
+                    let mut cols = event_columns(
                         input,
                         &actions,
                         trace.device as i32,
@@ -413,6 +508,7 @@ fn write_events(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
                         &starts,
                         t,
                     );
+                    cols.push(allocated);
                     (ev.len(), cols)
                 })
                 .collect();

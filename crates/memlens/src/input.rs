@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fs::File;
 use std::io::{self, Read};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver};
 use std::sync::Arc;
 
@@ -203,14 +203,53 @@ impl crate::pickle::Region for MappedFile {
 }
 
 /// A reader of the decompressed bytes of `source`.
+///
+/// The decompressed stream is bounded relative to the compressed one (see
+/// [`MAX_RATIO`]): a few hundred KB that expand into gigabytes of opcodes
+/// would otherwise cost seconds of work (and memory) before being refused.
 pub fn decoder<R: Read + Send + 'static>(container: Container, source: R) -> Box<dyn Read + Send> {
+    let read = Arc::new(AtomicU64::new(0));
+    let source = Counted {
+        inner: source,
+        read: read.clone(),
+    };
     match container {
-        Container::Pickle | Container::Json => Box::new(source),
-        Container::Gzip => background(flate2::read::MultiGzDecoder::new(source)),
+        Container::Pickle | Container::Json => Box::new(source.inner),
+        Container::Gzip => background(flate2::read::MultiGzDecoder::new(source), read),
         Container::Zstd => match zstd::stream::read::Decoder::new(source) {
-            Ok(d) => background(d),
+            Ok(d) => background(d, read),
             Err(e) => Box::new(FailingReader(Some(e))),
         },
+    }
+}
+
+/// Most decompressed bytes per compressed byte. Real snapshots compress 6 to
+/// 20 times (the fixtures, zstd and gzip); a stream that expands more than
+/// this is a decompression bomb, refused once it passes the bound instead of
+/// read to its end.
+pub const MAX_RATIO: u64 = 1000;
+
+/// Decompressed bytes always allowed, whatever the compressed size (a small
+/// file may compress better than a large one).
+pub const RATIO_FLOOR: u64 = 256 << 20;
+
+/// Whether `out` decompressed bytes from `read` compressed bytes pass the
+/// bound of [`MAX_RATIO`] and [`RATIO_FLOOR`].
+fn past_ratio(out: u64, read: u64) -> bool {
+    out > RATIO_FLOOR.max(read.saturating_mul(MAX_RATIO))
+}
+
+/// A reader that counts the bytes read through it.
+struct Counted<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counted<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
     }
 }
 
@@ -350,13 +389,29 @@ fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
 
 /// Runs a decompressor on its own thread and reads its output through a
 /// bounded channel of chunks.
-fn background<R: Read + Send + 'static>(mut inner: R) -> Box<dyn Read + Send> {
+/// `read` counts the compressed bytes the decompressor has taken: the output
+/// stops with an error once it passes [`MAX_RATIO`] times that.
+fn background<R: Read + Send + 'static>(
+    mut inner: R,
+    read: Arc<AtomicU64>,
+) -> Box<dyn Read + Send> {
     let (tx, rx) = sync_channel::<io::Result<Vec<u8>>>(4);
+    let mut out = 0u64;
     std::thread::spawn(move || loop {
         let mut chunk = vec![0u8; CHUNK];
         match read_up_to(&mut inner, &mut chunk) {
             Ok(0) => break,
             Ok(n) => {
+                out += n as u64;
+                let compressed = read.load(Ordering::Relaxed);
+                if past_ratio(out, compressed) {
+                    let _ = tx.send(Err(io::Error::other(format!(
+                        "the file decompresses to more than {MAX_RATIO} times its size (over {} MB from its first {} KB; real snapshots expand about 20 times): a decompression bomb, or not a memory snapshot",
+                        out >> 20,
+                        compressed.div_ceil(1024)
+                    ))));
+                    break;
+                }
                 chunk.truncate(n);
                 if tx.send(Ok(chunk)).is_err() {
                     break; // the reader stopped early (an error); nothing to do

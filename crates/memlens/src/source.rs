@@ -35,7 +35,11 @@ const MAX_SOURCE_BYTES: u64 = 16 << 20;
 /// One line of the user's source.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SourceLine {
-    /// The file that was read (the frame's path, or its match under a root).
+    /// The file that was read (the frame's path, or its match under a
+    /// root), named as briefly as it can be: relative to the working
+    /// directory, or to the search root it was found under, when either is
+    /// shorter than the full path (so what is printed does not depend on
+    /// where the files sit).
     pub path: String,
     /// The line number, from 1.
     pub line: u32,
@@ -167,9 +171,15 @@ impl SourceFinder {
     /// The readable file a frame's path names: the path itself, else the
     /// longest trailing part of it found under a root.
     pub fn resolve(&self, frame_path: &str) -> Option<PathBuf> {
+        self.locate(frame_path).map(|(path, _)| path)
+    }
+
+    /// [`SourceFinder::resolve`], with the part of the path under the root it
+    /// was found in (`None` when the frame's own path was readable).
+    fn locate(&self, frame_path: &str) -> Option<(PathBuf, Option<PathBuf>)> {
         let path = Path::new(frame_path);
         if is_source_file(path) {
-            return Some(path.to_path_buf());
+            return Some((path.to_path_buf(), None));
         }
         let parts: Vec<&std::ffi::OsStr> = path
             .components()
@@ -183,19 +193,22 @@ impl SourceFinder {
             for root in &self.roots {
                 let candidate = root.join(&tail);
                 if is_source_file(&candidate) {
-                    return Some(candidate);
+                    return Some((candidate, Some(tail)));
                 }
             }
         }
         None
     }
 
-    /// The lines of the file a frame's path names, and where it was found.
+    /// The lines of the file a frame's path names, and where it was found
+    /// (named as [`short_name`] names it).
     fn read(&self, frame_path: &str) -> Option<(PathBuf, Vec<String>)> {
-        let path = self.resolve(frame_path)?;
+        let (path, tail) = self.locate(frame_path)?;
         let bytes = std::fs::read(&path).ok()?;
         let text = String::from_utf8_lossy(&bytes);
-        Some((path, text.lines().map(str::to_string).collect()))
+        let cwd = std::env::current_dir().ok();
+        let name = short_name(&path, tail.as_deref(), cwd.as_deref());
+        Some((name, text.lines().map(str::to_string).collect()))
     }
 
     /// The lines of the file a frame's path names, when it is readable.
@@ -246,6 +259,21 @@ impl SourceFinder {
             };
         }
     }
+}
+
+/// The shortest of the names of a file found at `path`: the path itself,
+/// the path relative to the working directory `cwd` (when it lies under it),
+/// and `tail`, its path under the search root it was found in.
+fn short_name(path: &Path, tail: Option<&Path>, cwd: Option<&Path>) -> PathBuf {
+    let absolute = cwd.map_or_else(|| path.to_path_buf(), |c| c.join(path));
+    let under_cwd = cwd.and_then(|c| absolute.strip_prefix(c).ok());
+    [Some(path), under_cwd, tail]
+        .into_iter()
+        .flatten()
+        .filter(|p| !p.as_os_str().is_empty())
+        .min_by_key(|p| p.as_os_str().len())
+        .unwrap_or(path)
+        .to_path_buf()
 }
 
 fn is_source_file(p: &Path) -> bool {
@@ -315,5 +343,23 @@ mod tests {
         let q = f.quote("/home/user/train/workloads.py:1").unwrap();
         assert_eq!(q.text, "b = 2");
         assert_eq!(f.quote("/home/user/train/workloads.py:2"), None);
+        // Named by its path under the root, not the root's own path.
+        assert_eq!(q.path, "train/workloads.py");
+    }
+
+    #[test]
+    fn files_are_named_as_briefly_as_they_can_be() {
+        let long = Path::new("/a/very/long/checkout/path/src/train/workloads.py");
+        let tail = Path::new("train/workloads.py");
+        assert_eq!(short_name(long, Some(tail), None), tail);
+        let cwd = Path::new("/a/very/long/checkout/path/src");
+        assert_eq!(short_name(long, None, Some(cwd)), tail);
+        assert_eq!(
+            short_name(long, Some(Path::new("workloads.py")), Some(cwd)),
+            Path::new("workloads.py")
+        );
+        assert_eq!(short_name(long, None, Some(Path::new("/b"))), long);
+        let rel = Path::new("w.py");
+        assert_eq!(short_name(rel, None, Some(cwd)), rel);
     }
 }

@@ -100,7 +100,18 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             }
         }
     };
-    let doc = doctor_doc(&super::named(&snaps), &opts, report.as_deref())?;
+    let named = super::named(&snaps);
+    let mut doc = doctor_doc(&named, &opts, None)?;
+    // The report is written after the diagnosis, so that a folder the user
+    // cannot write still gets the verdict (then exit 2: the report promised
+    // was not written).
+    let mut not_written = None;
+    if let Some(p) = &report {
+        match memlens::report::write_report(&named, &doc.diagnosis, p) {
+            Ok(()) => doc.report = Some(p.display().to_string()),
+            Err(e) => not_written = Some(e),
+        }
+    }
     pb.finish_and_clear();
     if let Some(p) = skipped {
         eprintln!(
@@ -116,5 +127,11 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         }
         text
     })?;
+    if let Some(e) = not_written {
+        eprintln!(
+            "memlens: error: the report was not written: {e} (choose where with -o FILE, or --no-report)"
+        );
+        return Ok(output::USAGE);
+    }
     Ok(output::OK)
 }

@@ -12,20 +12,40 @@ pub struct Args {
     /// torch.profiler with profile_memory=True).
     #[arg(required = true)]
     pub snapshots: Vec<PathBuf>,
-    /// Where to write the report.
-    #[arg(short, long, default_value = "memlens-report.html")]
-    pub output: PathBuf,
+    /// Where to write the report (default: memlens-report.html, which is
+    /// replaced only if memlens wrote it; a file named here is replaced).
+    #[arg(short, long)]
+    pub output: Option<PathBuf>,
     /// Print the JSON document (`report`: the path written).
     #[arg(long)]
     pub json: bool,
 }
 
+/// The report's default name, in the working directory.
+const DEFAULT_OUTPUT: &str = "memlens-report.html";
+
 /// Runs `memlens report`.
-pub fn run(args: Args) -> anyhow::Result<u8> {
+pub fn run(mut args: Args) -> anyhow::Result<u8> {
+    let out_path = match args.output.take() {
+        Some(p) => p,
+        None => {
+            let p = PathBuf::from(DEFAULT_OUTPUT);
+            if p.exists() && !memlens::report::written_by_memlens(&p) {
+                anyhow::bail!(
+                    "{DEFAULT_OUTPUT}: exists and memlens did not write it; name the report with -o FILE (a file named with -o is replaced)"
+                );
+            }
+            p
+        }
+    };
+    run_to(args, out_path)
+}
+
+fn run_to(args: Args, out_path: PathBuf) -> anyhow::Result<u8> {
     if let [one] = args.snapshots.as_slice() {
         if let Some(trace) = super::profiler_trace(one)? {
             let name = one.display().to_string();
-            if std::fs::canonicalize(&args.output).ok() == std::fs::canonicalize(one).ok() {
+            if std::fs::canonicalize(&out_path).ok() == std::fs::canonicalize(one).ok() {
                 anyhow::bail!("{}: is the input; write the report elsewhere (-o)", name);
             }
             let page = memlens::render::profiler::html(
@@ -33,17 +53,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
                 &memlens::profiler::peak(&trace, 15),
                 &name,
             );
-            std::fs::write(&args.output, page)
-                .map_err(|e| anyhow::anyhow!("{}: {e}", args.output.display()))?;
+            std::fs::write(&out_path, page)
+                .map_err(|e| anyhow::anyhow!("{}: {e}", out_path.display()))?;
             let doc = memlens::render::documents::ReportDoc {
-                report: args.output.display().to_string(),
+                report: out_path.display().to_string(),
             };
             output::print(&doc, args.json, |d| format!("Report: {}\n", d.report))?;
             return Ok(output::OK);
         }
     }
     let snaps = super::load_all_for_peak(&args.snapshots)?;
-    let doc = report_doc(&super::named(&snaps), &args.output)?;
+    let doc = report_doc(&super::named(&snaps), &out_path)?;
     output::print(&doc, args.json, |d| format!("Report: {}\n", d.report))?;
     Ok(output::OK)
 }

@@ -198,7 +198,8 @@ mod tests {
     #[test]
     fn jsonl_appends_one_document_per_sample() {
         let (s, root) = sample();
-        let path = scratch("rec").join("h.jsonl");
+        let dir = scratch("rec");
+        let path = dir.join("h.jsonl");
         for _ in 0..2 {
             let mut r = Recorder::open(&path).unwrap();
             r.write(&s).unwrap();
@@ -211,12 +212,14 @@ mod tests {
         assert_eq!(v["gpus"][0]["processes"][0]["pid"], 4242);
         assert_eq!(v["gpus"][0]["processes"][0]["torch"]["gap_bytes"], GIB);
         std::fs::remove_dir_all(root).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn csv_has_one_header_and_rows_per_gpu_and_process() {
         let (s, root) = sample();
-        let path = scratch("rec").join("h.CSV");
+        let dir = scratch("rec");
+        let path = dir.join("h.CSV");
         for _ in 0..2 {
             let mut r = Recorder::open(&path).unwrap();
             assert_eq!(r.format(), Format::Csv);
@@ -235,6 +238,7 @@ mod tests {
         assert_eq!(proc_row[11], GIB.to_string());
         assert_eq!(proc_row[14], "python train.py --epochs 3");
         std::fs::remove_dir_all(root).unwrap();
+        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -197,6 +197,7 @@ pub(super) fn memo_put(b: &[u8], p: usize, next: usize) -> Result<Option<(usize,
 /// scratch (what it found in `found`), changing nothing else.
 fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<()> {
     let memo_len = vm.memo.slots.len();
+    let memo = &vm.memo;
     let s = &mut vm.fast;
     s.items.clear();
     s.strs.clear();
@@ -230,7 +231,7 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<()> {
             return None;
         }
         // The key: a memoized string; the first one is the builder's.
-        let (key, n) = memo_id(&vm.memo, b, p, vm::KIND_STR)?;
+        let (key, n) = memo_id(memo, b, p, vm::KIND_STR)?;
         if s.items.is_empty() && key != first {
             return None;
         }
@@ -240,136 +241,164 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<()> {
         // Each value is pushed where it is made: a value built on the stack
         // and then copied was the loop's largest cost (a stalled 16-byte load).
         s.items.push(Value::Str(key));
-        match op {
-            vm::BINGET | vm::LONG_BINGET => {
-                let (v, n) = memo_ref(&vm.memo, b, p)?;
-                p += n;
-                s.items.push(v);
-            }
-            vm::BININT1 => {
-                let v = *b.get(p + 1)?;
-                p += 2;
-                s.items.push(Value::Int(v as i64));
-            }
-            vm::BININT2 => {
-                let v = u16::from_le_bytes(b.get(p + 1..p + 3)?.try_into().ok()?);
-                p += 3;
-                s.items.push(Value::Int(v as i64));
-            }
-            vm::BININT => {
-                let v = i32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
-                p += 5;
-                s.items.push(Value::Int(v as i64));
-            }
-            vm::LONG1 => {
-                let n = *b.get(p + 1)? as usize;
-                // Addresses and times: at most 8 bytes, read as one word
-                // when the window holds 8 bytes there (a copy of `n` bytes
-                // into a buffer then read whole stalled the load behind it).
-                if let (true, Some(word)) = (n <= 8, b.get(p + 2..p + 10)) {
-                    let x = u64::from_le_bytes(word.try_into().ok()?);
-                    p += 2 + n;
-                    // Each arm pushes its own value: one `Value` built for
-                    // both and then copied stalled on the copy.
-                    s.items.push(Value::Int(sign_extend(x, n)));
-                } else {
-                    let bytes = b.get(p + 2..p + 2 + n)?;
-                    p += 2 + n;
-                    match small_long(bytes) {
-                        Some(i) => s.items.push(Value::Int(i)),
-                        None => s.items.push(decode_long(bytes)),
-                    }
-                }
-            }
-            vm::BINFLOAT => {
-                let v = f64::from_be_bytes(b.get(p + 1..p + 9)?.try_into().ok()?);
-                p += 9;
-                s.items.push(Value::Float(v));
-            }
-            vm::NONE => {
-                p += 1;
-                s.items.push(Value::None);
-            }
-            vm::NEWTRUE | vm::NEWFALSE => {
-                p += 1;
-                s.items.push(Value::Bool(op == vm::NEWTRUE));
-            }
-            vm::SHORT_BINUNICODE | vm::BINUNICODE => {
-                let (n, h) = if op == vm::SHORT_BINUNICODE {
-                    (*b.get(p + 1)? as usize, 2)
-                } else {
-                    let n = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
-                    (n as usize, 5)
-                };
-                let start = p + h;
-                // Invalid UTF-8 is the general loop's (it repairs it).
-                let bytes = b.get(start..start + n)?;
-                if cache_slot(&s.cache, bytes).is_none() {
-                    std::str::from_utf8(bytes).ok()?;
-                }
-                s.strs.push(NewStr {
-                    start,
-                    len: n,
-                    item: s.items.len(),
-                });
-                p = start + n;
-                if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
-                    s.memo.push(Pending::Str(s.strs.len() - 1));
-                    s.charge += c;
-                    p += n;
-                }
-                s.items.push(Value::None); // the string's value, once committed
-            }
+        p = match op {
+            vm::SHORT_BINUNICODE | vm::BINUNICODE => look_string(s, b, p, op, memo_len)?,
             vm::EMPTY_LIST if key == list_key && list_item.is_none() => {
-                p += 1;
-                if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
-                    s.memo.push(Pending::List);
-                    s.charge += c;
-                    p += n;
-                }
-                // Batches of `MARK refs APPENDS`, or one `ref APPEND`.
-                loop {
-                    match *b.get(p)? {
-                        vm::MARK => {
-                            p += 1;
-                            // The hot loop of a snapshot: one memo reference a frame.
-                            loop {
-                                match *b.get(p)? {
-                                    vm::BINGET => {
-                                        let i = *b.get(p + 1)? as usize;
-                                        s.frames.push(vm.memo.id_of_kind(i, vm::KIND_FRAME)?);
-                                        p += 2;
-                                    }
-                                    vm::LONG_BINGET => {
-                                        let (f, n) = memo_id(&vm.memo, b, p, vm::KIND_FRAME)?;
-                                        s.frames.push(f);
-                                        p += n;
-                                    }
-                                    vm::APPENDS => break,
-                                    _ => return None,
-                                }
-                            }
-                            p += 1;
-                            if s.frames.len() > MAX_FRAMES {
-                                return None;
-                            }
-                        }
-                        vm::BINGET | vm::LONG_BINGET => {
-                            let (v, n) = memo_ref(&vm.memo, b, p)?;
-                            if *b.get(p + n)? != vm::APPEND {
-                                break; // the next key: the list is complete
-                            }
-                            let Value::Frame(f) = v else { return None };
-                            s.frames.push(f);
-                            p += n + 1;
-                        }
-                        _ => break,
-                    }
-                }
+                let p = look_frames(memo, s, b, p + 1, memo_len)?;
                 list_item = Some(s.items.len());
                 s.items.push(Value::None); // the list's value, once committed
+                p
             }
-            _ => return None,
+            _ => look_scalar(memo, s, b, p, op)?,
+        };
+    }
+}
+
+/// A value that is a memo reference, a number, `None` or a boolean, at
+/// `b[p..]` (its opcode `op`): pushed on the items; where the next key starts.
+#[inline(always)]
+fn look_scalar(memo: &vm::Memo, s: &mut Scratch, b: &[u8], p: usize, op: u8) -> Option<usize> {
+    match op {
+        vm::BINGET | vm::LONG_BINGET => {
+            let (v, n) = memo_ref(memo, b, p)?;
+            s.items.push(v);
+            Some(p + n)
+        }
+        vm::BININT1 => {
+            let v = *b.get(p + 1)?;
+            s.items.push(Value::Int(v as i64));
+            Some(p + 2)
+        }
+        vm::BININT2 => {
+            let v = u16::from_le_bytes(b.get(p + 1..p + 3)?.try_into().ok()?);
+            s.items.push(Value::Int(v as i64));
+            Some(p + 3)
+        }
+        vm::BININT => {
+            let v = i32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+            s.items.push(Value::Int(v as i64));
+            Some(p + 5)
+        }
+        vm::LONG1 => {
+            let n = *b.get(p + 1)? as usize;
+            // Addresses and times: at most 8 bytes, read as one word
+            // when the window holds 8 bytes there (a copy of `n` bytes
+            // into a buffer then read whole stalled the load behind it).
+            if let (true, Some(word)) = (n <= 8, b.get(p + 2..p + 10)) {
+                let x = u64::from_le_bytes(word.try_into().ok()?);
+                // Each arm pushes its own value: one `Value` built for
+                // both and then copied stalled on the copy.
+                s.items.push(Value::Int(sign_extend(x, n)));
+            } else {
+                let bytes = b.get(p + 2..p + 2 + n)?;
+                match small_long(bytes) {
+                    Some(i) => s.items.push(Value::Int(i)),
+                    None => s.items.push(decode_long(bytes)),
+                }
+            }
+            Some(p + 2 + n)
+        }
+        vm::BINFLOAT => {
+            let v = f64::from_be_bytes(b.get(p + 1..p + 9)?.try_into().ok()?);
+            s.items.push(Value::Float(v));
+            Some(p + 9)
+        }
+        vm::NONE => {
+            s.items.push(Value::None);
+            Some(p + 1)
+        }
+        vm::NEWTRUE | vm::NEWFALSE => {
+            s.items.push(Value::Bool(op == vm::NEWTRUE));
+            Some(p + 1)
+        }
+        _ => None,
+    }
+}
+
+/// A new string at `b[p..]` (`SHORT_BINUNICODE` or `BINUNICODE`, `op`), and
+/// the memo opcode after it if any: noted in the scratch (the builder sees
+/// it at the commit); where the next key starts.
+#[inline(always)]
+fn look_string(s: &mut Scratch, b: &[u8], p: usize, op: u8, memo_len: usize) -> Option<usize> {
+    let (n, h) = if op == vm::SHORT_BINUNICODE {
+        (*b.get(p + 1)? as usize, 2)
+    } else {
+        let n = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+        (n as usize, 5)
+    };
+    let start = p + h;
+    // Invalid UTF-8 is the general loop's (it repairs it).
+    let bytes = b.get(start..start + n)?;
+    if cache_slot(&s.cache, bytes).is_none() {
+        std::str::from_utf8(bytes).ok()?;
+    }
+    s.strs.push(NewStr {
+        start,
+        len: n,
+        item: s.items.len(),
+    });
+    let mut p = start + n;
+    if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
+        s.memo.push(Pending::Str(s.strs.len() - 1));
+        s.charge += c;
+        p += n;
+    }
+    s.items.push(Value::None); // the string's value, once committed
+    Some(p)
+}
+
+/// The `frames` list, from just after its `EMPTY_LIST` at `b[p..]`: its memo
+/// opcode, then batches of `MARK refs APPENDS` or single `ref APPEND`s, the
+/// frames noted in the scratch; where the next key starts.
+#[inline(always)]
+fn look_frames(
+    memo: &vm::Memo,
+    s: &mut Scratch,
+    b: &[u8],
+    mut p: usize,
+    memo_len: usize,
+) -> Option<usize> {
+    if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
+        s.memo.push(Pending::List);
+        s.charge += c;
+        p += n;
+    }
+    loop {
+        match *b.get(p)? {
+            vm::MARK => {
+                p += 1;
+                // The hot loop of a snapshot: one memo reference a frame.
+                loop {
+                    match *b.get(p)? {
+                        vm::BINGET => {
+                            let i = *b.get(p + 1)? as usize;
+                            s.frames.push(memo.id_of_kind(i, vm::KIND_FRAME)?);
+                            p += 2;
+                        }
+                        vm::LONG_BINGET => {
+                            let (f, n) = memo_id(memo, b, p, vm::KIND_FRAME)?;
+                            s.frames.push(f);
+                            p += n;
+                        }
+                        vm::APPENDS => break,
+                        _ => return None,
+                    }
+                }
+                p += 1;
+                if s.frames.len() > MAX_FRAMES {
+                    return None;
+                }
+            }
+            vm::BINGET | vm::LONG_BINGET => {
+                let (v, n) = memo_ref(memo, b, p)?;
+                if *b.get(p + n)? != vm::APPEND {
+                    return Some(p); // the next key: the list is complete
+                }
+                let Value::Frame(f) = v else { return None };
+                s.frames.push(f);
+                p += n + 1;
+            }
+            _ => return Some(p),
         }
     }
 }

@@ -12,7 +12,8 @@ pub struct Limits {
     pub max_stack: usize,
     /// Most open `MARK`s at once.
     pub max_marks: usize,
-    /// Largest single string or bytes object.
+    /// Largest single string or bytes object (or `LONG4`): [`MAX_ITEM_BYTES`]
+    /// by default.
     pub max_item_bytes: usize,
     /// Largest memo index accepted beyond the current memo size.
     pub max_memo_gap: usize,
@@ -26,13 +27,26 @@ pub struct Limits {
     pub entry_path: bool,
 }
 
+/// The default largest string or bytes object: 64 MiB. The longest string in
+/// the real snapshots of the test fixtures is 89 bytes (a source path or a
+/// function name; a few KiB at most anywhere), so this is far above any real
+/// one, and low enough that a file of many such strings is refused before it
+/// costs gigabytes (each string is held twice while it is read: in the
+/// input's window, then interned).
+pub const MAX_ITEM_BYTES: usize = 64 << 20;
+
+/// Strings longer than this make the builder check its memory budget at
+/// once (rather than at its next container), so that a run of long strings
+/// is refused at the first one past the budget.
+const LONG_STRING: usize = 64 << 10;
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
             // CPython batches 1000 items a MARK; a million is far beyond any real nesting.
             max_stack: 1 << 20,
             max_marks: 1 << 20,
-            max_item_bytes: 1 << 30,
+            max_item_bytes: MAX_ITEM_BYTES,
             max_memo_gap: 1 << 20,
             fast_path: true,
             entry_path: true,
@@ -547,8 +561,8 @@ impl Vm {
     fn len_checked(&self, n: u64) -> Result<usize, Fault> {
         if n > self.limits.max_item_bytes as u64 {
             return Err(Fault::Msg(format!(
-                "an item of {n} bytes is larger than the {} byte limit",
-                self.limits.max_item_bytes
+                "a string or bytes item of {n} bytes is larger than the {} MiB limit (a snapshot's strings are a few KiB at most): a decompression bomb, or not a memory snapshot",
+                self.limits.max_item_bytes >> 20
             )));
         }
         Ok(n as usize)
@@ -566,6 +580,11 @@ impl Vm {
             // CPython writes lone surrogates with 'surrogatepass'; keep the rest.
             Err(_) => builder.string(&String::from_utf8_lossy(bytes)),
         };
+        if n > LONG_STRING {
+            // Strings are charged when interned and checked at the next
+            // container; a long one is checked now.
+            builder.charge(0)?;
+        }
         self.push(v)
     }
 
@@ -580,7 +599,8 @@ impl Vm {
         Ok(self.stack[mark - 1])
     }
 
-    /// Executes one opcode; returns false at STOP.
+    /// Executes one opcode; returns false at STOP. Each family of opcodes
+    /// has its own helper (inlined: this is the reader's hot loop).
     #[inline]
     fn step<S: Source, B: Builder>(
         &mut self,
@@ -588,6 +608,54 @@ impl Vm {
         input: &mut S,
         builder: &mut B,
     ) -> Result<bool, Fault> {
+        match op {
+            BINGET | LONG_BINGET | MEMOIZE | BINPUT | LONG_BINPUT => {
+                self.memo_op(op, input, builder)?
+            }
+            MARK | POP | POP_MARK | DUP => self.stack_op(op)?,
+            BININT | BININT1 | BININT2 | LONG1 | LONG4 | BINFLOAT | NONE | NEWTRUE | NEWFALSE => {
+                self.scalar(op, input)?
+            }
+            SHORT_BINUNICODE | BINUNICODE | BINUNICODE8 | SHORT_BINSTRING | BINSTRING
+            | SHORT_BINBYTES | BINBYTES | BINBYTES8 | BYTEARRAY8 => {
+                self.text(op, input, builder)?
+            }
+            EMPTY_DICT => {
+                if self.limits.fast_path && super::fast::entry(self, input, builder)? {
+                    return Ok(true);
+                }
+                let d = builder.empty_dict()?;
+                self.push(d)?;
+            }
+            EMPTY_LIST | EMPTY_TUPLE | EMPTY_SET | DICT | LIST | TUPLE | TUPLE1 | TUPLE2
+            | TUPLE3 | FROZENSET => self.make(op, builder)?,
+            SETITEMS | SETITEM | APPENDS | APPEND | ADDITEMS => self.fill(op, builder)?,
+            PROTO => {
+                let v = input.byte()?;
+                if v > 5 {
+                    return Err(Fault::Msg(format!(
+                        "pickle protocol {v} is newer than any memlens knows (2 to 5)"
+                    )));
+                }
+            }
+            FRAME => {
+                // A buffering hint: the frame's length is not needed to read it.
+                input.array::<8>()?;
+            }
+            STOP => return Ok(false),
+            other => return Err(refused(other, input)),
+        }
+        Ok(true)
+    }
+
+    /// `BINGET`, `LONG_BINGET`, `MEMOIZE`, `BINPUT` and `LONG_BINPUT`.
+    #[inline(always)]
+    fn memo_op<S: Source, B: Builder>(
+        &mut self,
+        op: u8,
+        input: &mut S,
+        builder: &mut B,
+    ) -> Result<(), Fault> {
         match op {
             BINGET => {
                 let i = input.byte()? as usize;
@@ -612,7 +680,7 @@ impl Vm {
                 builder.charge(memo_cost(v))?;
                 self.memo.put(i, v, &self.limits)?;
             }
-            BINPUT | LONG_BINPUT => {
+            _ => {
                 let i = if op == BINPUT {
                     input.byte()? as usize
                 } else {
@@ -626,28 +694,51 @@ impl Vm {
                 builder.charge(grow * 4 + memo_cost(v))?;
                 self.memo.put(i, v, &self.limits)?;
             }
+        }
+        Ok(())
+    }
+
+    /// `MARK`, `POP`, `POP_MARK` and `DUP`.
+    #[inline(always)]
+    fn stack_op(&mut self, op: u8) -> Result<(), Fault> {
+        match op {
             MARK => {
                 if self.marks.len() >= self.limits.max_marks {
                     return Err(Fault::Msg("too many nested MARKs".into()));
                 }
                 self.marks.push(self.stack.len());
             }
-            BININT => {
-                let v = i32::from_le_bytes(input.array()?);
-                self.push(Value::Int(v as i64))?;
+            POP => {
+                // POP may also drop a MARK with nothing above it (as CPython does).
+                if self.marks.last() == Some(&self.stack.len()) {
+                    self.marks.pop();
+                } else {
+                    self.pop(op)?;
+                }
             }
-            BININT1 => {
-                let v = input.byte()?;
-                self.push(Value::Int(v as i64))?;
+            POP_MARK => {
+                let mark = self.pop_mark(op)?;
+                self.stack.truncate(mark);
             }
-            BININT2 => {
-                let v = u16::from_le_bytes(input.array()?);
-                self.push(Value::Int(v as i64))?;
+            _ => {
+                let v = self.pop(op)?;
+                self.push(v)?;
+                self.push(v)?;
             }
+        }
+        Ok(())
+    }
+
+    /// Integers, floats, `None` and booleans.
+    #[inline(always)]
+    fn scalar<S: Source>(&mut self, op: u8, input: &mut S) -> Result<(), Fault> {
+        let v = match op {
+            BININT => Value::Int(i32::from_le_bytes(input.array()?) as i64),
+            BININT1 => Value::Int(input.byte()? as i64),
+            BININT2 => Value::Int(u16::from_le_bytes(input.array()?) as i64),
             LONG1 => {
                 let n = input.byte()? as usize;
-                let v = decode_long(input.take(n)?);
-                self.push(v)?;
+                decode_long(input.take(n)?)
             }
             LONG4 => {
                 let n = i32::from_le_bytes(input.array()?);
@@ -655,28 +746,37 @@ impl Vm {
                     return Err(Fault::Msg("LONG4 with a negative length".into()));
                 }
                 let n = self.len_checked(n as u64)?;
-                let v = decode_long(input.take(n)?);
-                self.push(v)?;
+                decode_long(input.take(n)?)
             }
-            BINFLOAT => {
-                let v = f64::from_be_bytes(input.array()?);
-                self.push(Value::Float(v))?;
-            }
-            SHORT_BINUNICODE => {
+            BINFLOAT => Value::Float(f64::from_be_bytes(input.array()?)),
+            NEWTRUE => Value::Bool(true),
+            NEWFALSE => Value::Bool(false),
+            _ => Value::None,
+        };
+        self.push(v)
+    }
+
+    /// Strings and bytes (every length prefix checked against the limit
+    /// before anything is read).
+    #[inline(always)]
+    fn text<S: Source, B: Builder>(
+        &mut self,
+        op: u8,
+        input: &mut S,
+        builder: &mut B,
+    ) -> Result<(), Fault> {
+        match op {
+            SHORT_BINUNICODE | SHORT_BINSTRING => {
                 let n = input.byte()? as usize;
-                self.string(input, builder, n)?;
+                self.string(input, builder, n)
             }
             BINUNICODE => {
                 let n = self.len_checked(u32::from_le_bytes(input.array()?) as u64)?;
-                self.string(input, builder, n)?;
+                self.string(input, builder, n)
             }
             BINUNICODE8 => {
                 let n = self.len_checked(u64::from_le_bytes(input.array()?))?;
-                self.string(input, builder, n)?;
-            }
-            SHORT_BINSTRING => {
-                let n = input.byte()? as usize;
-                self.string(input, builder, n)?;
+                self.string(input, builder, n)
             }
             BINSTRING => {
                 let n = i32::from_le_bytes(input.array()?);
@@ -684,42 +784,79 @@ impl Vm {
                     return Err(Fault::Msg("BINSTRING with a negative length".into()));
                 }
                 let n = self.len_checked(n as u64)?;
-                self.string(input, builder, n)?;
+                self.string(input, builder, n)
             }
-            SHORT_BINBYTES => {
-                let n = input.byte()? as usize;
+            _ => {
+                let n = match op {
+                    SHORT_BINBYTES => input.byte()? as usize,
+                    BINBYTES => self.len_checked(u32::from_le_bytes(input.array()?) as u64)?,
+                    _ => self.len_checked(u64::from_le_bytes(input.array()?))?,
+                };
                 input.take(n)?;
-                self.push(Value::Bytes)?;
+                self.push(Value::Bytes)
             }
-            BINBYTES => {
-                let n = self.len_checked(u32::from_le_bytes(input.array()?) as u64)?;
-                input.take(n)?;
-                self.push(Value::Bytes)?;
-            }
-            BINBYTES8 | BYTEARRAY8 => {
-                let n = self.len_checked(u64::from_le_bytes(input.array()?))?;
-                input.take(n)?;
-                self.push(Value::Bytes)?;
-            }
-            NONE => self.push(Value::None)?,
-            NEWTRUE => self.push(Value::Bool(true))?,
-            NEWFALSE => self.push(Value::Bool(false))?,
-            EMPTY_DICT => {
-                if self.limits.fast_path && super::fast::entry(self, input, builder)? {
-                    return Ok(true);
+        }
+    }
+
+    /// Opcodes that make a container: empty ones, and those built from the
+    /// items above a `MARK` (or the top one to three values).
+    #[inline(always)]
+    fn make<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let made = match op {
+            EMPTY_LIST => builder.empty_list()?,
+            EMPTY_TUPLE => builder.tuple(&[])?,
+            EMPTY_SET => Value::Set,
+            DICT => {
+                let mark = self.pop_mark(op)?;
+                if !(self.stack.len() - mark).is_multiple_of(2) {
+                    return Err(Fault::Msg("DICT with a key that has no value".into()));
                 }
                 let d = builder.empty_dict()?;
-                self.push(d)?;
+                let up = builder.set_items(d, &self.stack[mark..])?;
+                self.stack.truncate(mark);
+                up
             }
-            EMPTY_LIST => {
+            LIST => {
+                let mark = self.pop_mark(op)?;
                 let l = builder.empty_list()?;
-                self.push(l)?;
+                let up = builder.append(l, &self.stack[mark..])?;
+                self.stack.truncate(mark);
+                up
             }
-            EMPTY_TUPLE => {
-                let t = builder.tuple(&[])?;
-                self.push(t)?;
+            TUPLE => {
+                let mark = self.pop_mark(op)?;
+                let t = builder.tuple(&self.stack[mark..])?;
+                self.stack.truncate(mark);
+                t
             }
-            EMPTY_SET => self.push(Value::Set)?,
+            TUPLE1 | TUPLE2 | TUPLE3 => {
+                let k = (op - TUPLE1 + 1) as usize;
+                let floor = self.marks.last().copied().unwrap_or(0);
+                if self.stack.len() < floor + k {
+                    return Err(Fault::Msg(format!(
+                        "{} with too few values",
+                        opcode_name(op)
+                    )));
+                }
+                let n = self.stack.len();
+                let t = builder.tuple(&self.stack[n - k..])?;
+                self.stack.truncate(n - k);
+                t
+            }
+            _ => {
+                let mark = self.pop_mark(op)?;
+                self.stack.truncate(mark);
+                Value::Set
+            }
+        };
+        self.push(made)
+    }
+
+    /// Opcodes that add items to the container below them: `SETITEMS`,
+    /// `SETITEM`, `APPENDS`, `APPEND` and `ADDITEMS`.
+    #[inline(always)]
+    fn fill<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        match op {
             SETITEMS => {
                 let mark = self.pop_mark(op)?;
                 let target = self.target_below(mark, op)?;
@@ -764,44 +901,7 @@ impl Vm {
                 self.stack.truncate(n - 1);
                 self.stack[n - 2] = up;
             }
-            DICT => {
-                let mark = self.pop_mark(op)?;
-                if !(self.stack.len() - mark).is_multiple_of(2) {
-                    return Err(Fault::Msg("DICT with a key that has no value".into()));
-                }
-                let d = builder.empty_dict()?;
-                let up = builder.set_items(d, &self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.push(up)?;
-            }
-            LIST => {
-                let mark = self.pop_mark(op)?;
-                let l = builder.empty_list()?;
-                let up = builder.append(l, &self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.push(up)?;
-            }
-            TUPLE => {
-                let mark = self.pop_mark(op)?;
-                let t = builder.tuple(&self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.push(t)?;
-            }
-            TUPLE1 | TUPLE2 | TUPLE3 => {
-                let k = (op - TUPLE1 + 1) as usize;
-                let floor = self.marks.last().copied().unwrap_or(0);
-                if self.stack.len() < floor + k {
-                    return Err(Fault::Msg(format!(
-                        "{} with too few values",
-                        opcode_name(op)
-                    )));
-                }
-                let n = self.stack.len();
-                let t = builder.tuple(&self.stack[n - k..])?;
-                self.stack.truncate(n - k);
-                self.push(t)?;
-            }
-            ADDITEMS => {
+            _ => {
                 let mark = self.pop_mark(op)?;
                 let target = self.target_below(mark, op)?;
                 if target != Value::Set {
@@ -809,82 +909,58 @@ impl Vm {
                 }
                 self.stack.truncate(mark);
             }
-            FROZENSET => {
-                let mark = self.pop_mark(op)?;
-                self.stack.truncate(mark);
-                self.push(Value::Set)?;
-            }
-            POP => {
-                // POP may also drop a MARK with nothing above it (as CPython does).
-                if self.marks.last() == Some(&self.stack.len()) {
-                    self.marks.pop();
-                } else {
-                    self.pop(op)?;
-                }
-            }
-            POP_MARK => {
-                let mark = self.pop_mark(op)?;
-                self.stack.truncate(mark);
-            }
-            DUP => {
-                let v = self.pop(op)?;
-                self.push(v)?;
-                self.push(v)?;
-            }
-            PROTO => {
-                let v = input.byte()?;
-                if v > 5 {
-                    return Err(Fault::Msg(format!(
-                        "pickle protocol {v} is newer than any memlens knows (2 to 5)"
-                    )));
-                }
-            }
-            FRAME => {
-                // A buffering hint: the frame's length is not needed to read it.
-                input.array::<8>()?;
-            }
-            STOP => return Ok(false),
-            GLOBAL => {
-                let module = read_line(input)?;
-                let name = read_line(input)?;
-                return Err(Fault::Msg(format!(
-                    "this pickle asks to run code (GLOBAL {module}.{name}); memlens never runs code from a snapshot"
-                )));
-            }
-            STACK_GLOBAL | REDUCE | BUILD | INST | OBJ | NEWOBJ | NEWOBJ_EX | PERSID
-            | BINPERSID | EXT1 | EXT2 | EXT4 => {
-                let name = match op {
-                    STACK_GLOBAL => "STACK_GLOBAL",
-                    REDUCE => "REDUCE",
-                    BUILD => "BUILD",
-                    INST => "INST",
-                    OBJ => "OBJ",
-                    NEWOBJ => "NEWOBJ",
-                    NEWOBJ_EX => "NEWOBJ_EX",
-                    PERSID | BINPERSID => "PERSID",
-                    _ => "EXT",
-                };
-                return Err(Fault::Msg(format!(
-                    "this pickle asks to run code ({name}); memlens never runs code from a snapshot"
-                )));
-            }
-            NEXT_BUFFER | READONLY_BUFFER => {
-                return Err(Fault::Msg(
-                    "this pickle uses out-of-band buffers, which snapshots never do".into(),
-                ))
-            }
-            INT | LONG | FLOAT | STRING | UNICODE | GET | PUT => return Err(Fault::Msg(
-                "this is a protocol-0 text pickle; PyTorch snapshots use binary protocols 2 to 5"
-                    .into(),
-            )),
-            other => {
-                return Err(Fault::Msg(format!(
-                "byte 0x{other:02x} is not a pickle opcode (the file is corrupt or not a pickle)"
-            )))
-            }
         }
-        Ok(true)
+        Ok(())
     }
+}
+
+/// The error for an opcode memlens does not run: those that import or call
+/// code, out-of-band buffers, protocol-0 text opcodes and bytes that are no
+/// opcode at all.
+#[cold]
+fn refused<S: Source>(op: u8, input: &mut S) -> Fault {
+    let message = match op {
+        GLOBAL => {
+            let module = match read_line(input) {
+                Ok(m) => m,
+                Err(e) => return e,
+            };
+            let name = match read_line(input) {
+                Ok(n) => n,
+                Err(e) => return e,
+            };
+            format!(
+                "this pickle asks to run code (GLOBAL {module}.{name}); memlens never runs code from a snapshot"
+            )
+        }
+        STACK_GLOBAL | REDUCE | BUILD | INST | OBJ | NEWOBJ | NEWOBJ_EX | PERSID | BINPERSID
+        | EXT1 | EXT2 | EXT4 => {
+            let name = match op {
+                STACK_GLOBAL => "STACK_GLOBAL",
+                REDUCE => "REDUCE",
+                BUILD => "BUILD",
+                INST => "INST",
+                OBJ => "OBJ",
+                NEWOBJ => "NEWOBJ",
+                NEWOBJ_EX => "NEWOBJ_EX",
+                PERSID | BINPERSID => "PERSID",
+                _ => "EXT",
+            };
+            format!(
+                "this pickle asks to run code ({name}); memlens never runs code from a snapshot"
+            )
+        }
+        NEXT_BUFFER | READONLY_BUFFER => {
+            "this pickle uses out-of-band buffers, which snapshots never do".into()
+        }
+        INT | LONG | FLOAT | STRING | UNICODE | GET | PUT => {
+            "this is a protocol-0 text pickle; PyTorch snapshots use binary protocols 2 to 5".into()
+        }
+        other => format!(
+            "byte 0x{other:02x} is not a pickle opcode (the file is corrupt or not a pickle)"
+        ),
+    };
+    Fault::Msg(message)
 }
 
 /// Reads a newline-terminated ASCII line (the argument of GLOBAL), at most 256 bytes.

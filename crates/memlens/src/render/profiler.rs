@@ -113,7 +113,8 @@ pub fn html(s: &TraceSummary, p: &TracePeak, name: &str) -> String {
     let title = format!("memlens: {}", escape(name));
     let _ = write!(
         o,
-        "<!doctype html><html><head><meta charset=\"utf-8\"><title>{title}</title>\
+        "<!doctype html><html><head><meta charset=\"utf-8\">\
+         <meta name=\"generator\" content=\"memlens\"><title>{title}</title>\
          <style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:60em}}\
          pre{{background:#f6f6f6;padding:1em;overflow-x:auto}}svg{{background:#fbfbfb}}</style>\
          </head><body><h1>{title}</h1>"

@@ -262,9 +262,9 @@ impl<'a> Fields<'a> {
         match self.get(key) {
             Some(v) => v.as_u64().ok_or_else(|| {
                 format!(
-                    "{} has {key} = a {}, not a non-negative integer",
+                    "{} has {key} = {}, not a non-negative integer",
                     self.what,
-                    v.type_name()
+                    shown(self.heap, v)
                 )
             }),
             None => Err(format!("{} has no {key}", self.what)),
@@ -309,6 +309,27 @@ impl<'a> Fields<'a> {
             Some(Value::Stack(s)) => s,
             _ => EMPTY_STACK,
         }
+    }
+}
+
+/// A value as an error message names it: a number or a short string
+/// itself, anything else by its type (`-5`, `"big"`, `a list`).
+fn shown(heap: &Heap, v: Value) -> String {
+    match v {
+        Value::Int(i) => i.to_string(),
+        Value::UInt(u) => u.to_string(),
+        Value::Float(f) => f.to_string(),
+        Value::Bool(b) => if b { "True" } else { "False" }.into(),
+        Value::None => "None".into(),
+        Value::BigInt => "an integer beyond 64 bits".into(),
+        Value::Str(s) => {
+            let text = heap.strings.get(s);
+            match text.char_indices().nth(40) {
+                Some((cut, _)) => format!("{:?}...", &text[..cut]),
+                None => format!("{text:?}"),
+            }
+        }
+        other => format!("a {}", other.type_name()),
     }
 }
 
