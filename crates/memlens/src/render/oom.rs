@@ -135,9 +135,22 @@ pub fn text(r: &OomReport) -> String {
     for line in wrap(&r.explanation, 88) {
         let _ = writeln!(s, "  {line}");
     }
+    before_failure(&mut s, r);
+    live_at_failure(&mut s, r);
+    fixes_section(&mut s, r);
+    for w in &r.warnings {
+        for (j, line) in wrap(&format!("note: {w}"), 86).iter().enumerate() {
+            let _ = writeln!(s, "{}{line}", if j == 0 { "" } else { "  " });
+        }
+    }
+    super::layout::fit(s)
+}
+
+/// The figures right before the failure, a row each.
+fn before_failure(s: &mut String, r: &OomReport) {
     let _ = writeln!(s, "\nright before the failure:");
     let mut row = |label: &str, value: String| {
-        push_wrapped(&mut s, &format!("  {label:<22}"), &" ".repeat(24), &value);
+        push_wrapped(s, &format!("  {label:<22}"), &" ".repeat(24), &value);
     };
     row(
         "request",
@@ -215,25 +228,7 @@ pub fn text(r: &OomReport) -> String {
             format!("{}{fraction} ({how})", format_bytes(c.bytes)),
         );
     }
-    let d = &r.device_memory;
-    let mut device = match d.total_bytes {
-        Some(t) => format!(
-            "{} total, {} free",
-            format_bytes(t),
-            format_bytes(d.free_bytes)
-        ),
-        None => format!(
-            "{} free (total unknown: --device-memory)",
-            format_bytes(d.free_bytes)
-        ),
-    };
-    if let Some(o) = d.outside_pytorch_bytes {
-        device.push_str(&format!("; {} outside PyTorch", format_bytes(o)));
-        if let Some(p) = d.other_processes_bytes {
-            device.push_str(&format!(" ({} other processes)", format_bytes(p)));
-        }
-    }
-    row("device", device);
+    row("device", device_row(r));
     if !r.message_check.is_empty() {
         let off: Vec<String> = r
             .message_check
@@ -257,6 +252,33 @@ pub fn text(r: &OomReport) -> String {
             },
         );
     }
+}
+
+/// The device's row: its total and free memory, and what lay outside PyTorch.
+fn device_row(r: &OomReport) -> String {
+    let d = &r.device_memory;
+    let mut device = match d.total_bytes {
+        Some(t) => format!(
+            "{} total, {} free",
+            format_bytes(t),
+            format_bytes(d.free_bytes)
+        ),
+        None => format!(
+            "{} free (total unknown: --device-memory)",
+            format_bytes(d.free_bytes)
+        ),
+    };
+    if let Some(o) = d.outside_pytorch_bytes {
+        device.push_str(&format!("; {} outside PyTorch", format_bytes(o)));
+        if let Some(p) = d.other_processes_bytes {
+            device.push_str(&format!(" ({} other processes)", format_bytes(p)));
+        }
+    }
+    device
+}
+
+/// What was live at the failure: by category, then the largest sites.
+fn live_at_failure(s: &mut String, r: &OomReport) {
     if !r.category_detail.is_empty() {
         let cats = r
             .category_detail
@@ -272,7 +294,7 @@ pub fn text(r: &OomReport) -> String {
             .collect::<Vec<_>>()
             .join(", ");
         let _ = writeln!(s);
-        push_wrapped(&mut s, "live at the failure: ", "  ", &cats);
+        push_wrapped(s, "live at the failure: ", "  ", &cats);
         for site in r.live_at_oom.iter().take(5) {
             let _ = writeln!(
                 s,
@@ -284,6 +306,12 @@ pub fn text(r: &OomReport) -> String {
             );
         }
     }
+}
+
+/// The fixes, in the one order every surface shows
+/// ([`OomReport::advice`]): those that help, then those simulated to gain
+/// nothing.
+fn fixes_section(s: &mut String, r: &OomReport) {
     let basis = match &r.step_model {
         Some(m) => match m.template_step {
             Some(t) => format!(
@@ -299,7 +327,7 @@ pub fn text(r: &OomReport) -> String {
     };
     if let Some(m) = &r.batch_model {
         let _ = writeln!(s);
-        push_wrapped(&mut s, "batch model: ", "  ", &m.text);
+        push_wrapped(s, "batch model: ", "  ", &m.text);
     }
     let _ = writeln!(s, "\nfixes ({basis}):");
     for (i, fix) in r.fixes.iter().enumerate() {
@@ -335,10 +363,4 @@ pub fn text(r: &OomReport) -> String {
             let _ = writeln!(s, "  {line}");
         }
     }
-    for w in &r.warnings {
-        for (j, line) in wrap(&format!("note: {w}"), 86).iter().enumerate() {
-            let _ = writeln!(s, "{}{line}", if j == 0 { "" } else { "  " });
-        }
-    }
-    super::layout::fit(s)
 }
