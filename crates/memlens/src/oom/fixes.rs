@@ -519,6 +519,85 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
     let helps = |p: &Prediction| (p.fits && !base.fits) || p.needed + margin < base.needed;
 
     // Candidate runs, simulated in parallel.
+    let candidates = candidate_specs(ctx, &base_spec);
+    let results: Vec<(FixKind, WhatIfSpec, Option<Prediction>)> = candidates
+        .into_par_iter()
+        .map(|(k, s)| {
+            let p = run(w, &s);
+            (k, s, p)
+        })
+        .collect();
+
+    let mut fixes = Vec::new();
+    let mut not_helpful = Vec::new();
+    let mut best_split: Option<(OomFix, Prediction)> = None;
+    for (kind, spec, p) in results {
+        let Some(p) = p else { continue };
+        let fix = simulated_fix(ctx, kind, &spec, &p, &base);
+        if !helps(&p) {
+            not_helpful.push(fix);
+        } else if kind == FixKind::MaxSplitSize {
+            let better = best_split
+                .as_ref()
+                .is_none_or(|(_, b)| (!p.fits, p.needed) < (!b.fits, b.needed));
+            if better {
+                best_split = Some((fix, p));
+            }
+        } else {
+            fixes.push(fix);
+        }
+    }
+    fixes.extend(best_split.map(|(f, _)| f));
+
+    // Raising the cap and shrinking the batch are sized against a model that
+    // fails as the run did; one that fits already cannot size them.
+    if !base.fits {
+        if let Some(f) = raise_cap(w, ctx, &base_spec) {
+            fixes.push(f);
+        }
+    }
+    let batch = if w.model.scaling_allocations > 0 && !base.fits {
+        batch_fit(w, ctx, &base_spec)
+    } else {
+        None
+    };
+    match &batch {
+        Some(b) if b.max_fraction > 0.0 && b.max_fraction < 1.0 => {
+            fixes.push(batch_fix(ctx, &base_spec, b))
+        }
+        Some(b) if b.max_fraction >= 1.0 => {}
+        Some(_) => not_helpful.push(OomFix {
+            fits: Some(false),
+            ..OomFix::advice(
+                FixKind::SmallerBatch,
+                Basis::Simulated,
+                format!(
+                    "A smaller batch alone does not fit: even at 2% of the failing batch the \
+                     step is over {} (the memory that does not scale with the batch, such as \
+                     parameters, gradients and optimizer state, is too large)",
+                    ctx.limit_text()
+                ),
+            )
+        }),
+        None => {}
+    }
+    if w.model.template == TemplateKind::FailingStepOnly {
+        mark_lower_bounds(&mut fixes);
+    }
+    fixes.extend(advice(ctx));
+    rank(ctx.cause, &mut fixes);
+    Outcome {
+        fixes,
+        not_helpful,
+        batch,
+        warnings,
+    }
+}
+
+/// The settings and changes to simulate against the base run `base_spec`:
+/// expandable segments, split sizes, the GC threshold (under a memory
+/// fraction), `empty_cache()`, freeing the leftovers, freeing the device.
+fn candidate_specs(ctx: &Context, base_spec: &WhatIfSpec) -> Vec<(FixKind, WhatIfSpec)> {
     let mut candidates: Vec<(FixKind, WhatIfSpec)> = Vec::new();
     let defaults = AllocatorConfig {
         version: ctx.recorded.version,
@@ -602,90 +681,25 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
             ));
         }
     }
-    let results: Vec<(FixKind, WhatIfSpec, Option<Prediction>)> = candidates
-        .into_par_iter()
-        .map(|(k, s)| {
-            let p = run(w, &s);
-            (k, s, p)
-        })
-        .collect();
+    candidates
+}
 
-    let mut fixes = Vec::new();
-    let mut not_helpful = Vec::new();
-    let mut best_split: Option<(OomFix, Prediction)> = None;
-    for (kind, spec, p) in results {
-        let Some(p) = p else { continue };
-        let fix = simulated_fix(ctx, kind, &spec, &p, &base);
-        if !helps(&p) {
-            not_helpful.push(fix);
-        } else if kind == FixKind::MaxSplitSize {
-            let better = best_split
-                .as_ref()
-                .is_none_or(|(_, b)| (!p.fits, p.needed) < (!b.fits, b.needed));
-            if better {
-                best_split = Some((fix, p));
-            }
-        } else {
-            fixes.push(fix);
+/// Marks the simulated fixes of a step modelled only up to the failure as
+/// lower bounds, which cannot promise a fit.
+fn mark_lower_bounds(fixes: &mut [OomFix]) {
+    for f in fixes.iter_mut().filter(|f| f.basis == Basis::Simulated) {
+        if !f.action.contains("allow a margin") {
+            f.action.push_str(
+                "; a lower bound: the step was modelled only up to the failure, so it \
+                 needs at least this much and likely more",
+            );
         }
-    }
-    fixes.extend(best_split.map(|(f, _)| f));
-
-    // Raising the cap and shrinking the batch are sized against a model that
-    // fails as the run did; one that fits already cannot size them.
-    if !base.fits {
-        if let Some(f) = raise_cap(w, ctx, &base_spec) {
-            fixes.push(f);
+        // What comes after the failure (the rest of the forward pass,
+        // backward, the optimizer) is not in the model: a lower bound
+        // cannot promise a fit.
+        if f.fits == Some(true) {
+            f.fits = None;
         }
-    }
-    let batch = if w.model.scaling_allocations > 0 && !base.fits {
-        batch_fit(w, ctx, &base_spec)
-    } else {
-        None
-    };
-    match &batch {
-        Some(b) if b.max_fraction > 0.0 && b.max_fraction < 1.0 => {
-            fixes.push(batch_fix(ctx, &base_spec, b))
-        }
-        Some(b) if b.max_fraction >= 1.0 => {}
-        Some(_) => not_helpful.push(OomFix {
-            fits: Some(false),
-            ..OomFix::advice(
-                FixKind::SmallerBatch,
-                Basis::Simulated,
-                format!(
-                    "A smaller batch alone does not fit: even at 2% of the failing batch the \
-                     step is over {} (the memory that does not scale with the batch, such as \
-                     parameters, gradients and optimizer state, is too large)",
-                    ctx.limit_text()
-                ),
-            )
-        }),
-        None => {}
-    }
-    if w.model.template == TemplateKind::FailingStepOnly {
-        for f in fixes.iter_mut().filter(|f| f.basis == Basis::Simulated) {
-            if !f.action.contains("allow a margin") {
-                f.action.push_str(
-                    "; a lower bound: the step was modelled only up to the failure, so it \
-                     needs at least this much and likely more",
-                );
-            }
-            // What comes after the failure (the rest of the forward pass,
-            // backward, the optimizer) is not in the model: a lower bound
-            // cannot promise a fit.
-            if f.fits == Some(true) {
-                f.fits = None;
-            }
-        }
-    }
-    fixes.extend(advice(ctx));
-    rank(ctx.cause, &mut fixes);
-    Outcome {
-        fixes,
-        not_helpful,
-        batch,
-        warnings,
     }
 }
 
