@@ -424,61 +424,7 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         method = Some(st.method);
         loop_function = st.loop_function.clone();
         steps_found = steps_found.max(st.len());
-        // Live tensor bytes by site at the end of every complete step, from
-        // the lifetimes the analysed trace holds (each alloc's free). A step
-        // boundary is the first event of the next step; the end of the trace
-        // is one only when it closes a step (a marker or an optimizer step
-        // was the last thing), else it may hold half a step or the teardown.
-        let mut cuts: Vec<usize> = st.starts[1..].to_vec();
-        if st.last_complete {
-            cuts.push(trace.events.len());
-        }
-        // Sites are numbered once each (a block alive across many steps
-        // would otherwise clone and hash its site at every one), and built
-        // once per distinct key: an allocation costs a small key's lookup,
-        // not a site's strings.
-        let mut site_ids: HashMap<Site, u32> = HashMap::new();
-        let mut key_ids: hashbrown::HashMap<BlockSiteKey, u32> = hashbrown::HashMap::new();
-        let mut sites: Vec<Site> = Vec::new();
-        let mut points: Vec<hashbrown::HashMap<u32, (u64, u64, StackId, u32)>> =
-            vec![hashbrown::HashMap::new(); cuts.len()];
-        // The first boundary after the event at hand: events come in order,
-        // so it only moves forward.
-        let mut first = 0;
-        for &i in &facts.allocs {
-            let (i, e) = (i as usize, &trace.events[i as usize]);
-            while cuts.get(first).is_some_and(|&c| c <= i) {
-                first += 1;
-            }
-            let freed = facts.free_of.get(i).map_or(usize::MAX, |&f| f as usize);
-            // Boundaries `c` with i < c <= freed see the block alive. Most
-            // blocks die before the next one: one comparison, no search.
-            if cuts.get(first).is_none_or(|&c| c > freed) {
-                continue;
-            }
-            let last = first + cuts[first..].partition_point(|&c| c <= freed);
-            // 512-byte rounding: the allocator's block sizes, so a site's
-            // bytes do not move with unrounded request noise.
-            let bytes = e.size.div_ceil(512).max(1) * 512;
-            let key = an.block_site_key(ti, Some(i as u32), e.stack);
-            let id = *key_ids.entry(key).or_insert_with(|| {
-                let site = an.site_of(key);
-                let next = sites.len() as u32;
-                *site_ids.entry(site).or_insert_with_key(|site| {
-                    sites.push(site.clone());
-                    next
-                })
-            });
-            for point in &mut points[first..last] {
-                let v = point.entry(id).or_insert((0, 0, e.stack, i as u32));
-                v.0 += bytes;
-                v.1 += 1;
-                // The smallest stack id: the same example whatever the order.
-                v.2 = v.2.min(e.stack);
-                // The newest block: the one the latest step kept.
-                v.3 = v.3.max(i as u32);
-            }
-        }
+        let (sites, points) = live_by_site_at_steps(an, ti);
         // Point 0 is the end of step 1: what step 1 initialised is the baseline.
         if points.len() < 2 {
             continue;
@@ -492,69 +438,10 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         ids.dedup();
         // In the order of the sites themselves (as when they were the keys).
         ids.sort_by(|a, b| sites[*a as usize].cmp(&sites[*b as usize]));
-        for id in ids {
-            let key = &sites[id as usize];
-            let id = &id;
-            let series: Vec<u64> = points
-                .iter()
-                .map(|p| p.get(id).map_or(0, |v| v.0))
-                .collect();
-            let intervals = (series.len() - 1) as u64;
-            let counts: Vec<u64> = points
-                .iter()
-                .map(|p| p.get(id).map_or(0, |v| v.1))
-                .collect();
-            let Some(conf) = verdict(&series, &counts, intervals) else {
-                continue;
-            };
-            let stack = points
-                .iter()
-                .rev()
-                .find_map(|p| p.get(id))
-                .map_or(0, |v| v.2);
-            // Did a backward pass use the forward that made the kept memory?
-            // (Training that keeps outputs: yes; evaluation without no_grad
-            // between training steps: no.)
-            let newest = points
-                .iter()
-                .rev()
-                .find_map(|p| p.get(id))
-                .map_or(0, |v| v.3);
-            // A block made outside a forward pass has no graph to keep: then
-            // the question is only whether the steps train at all.
-            let made_in_forward = facts.ev_phase.get(newest as usize)
-                == Some(&crate::analysis::categories::Phase::Forward);
-            let backward_seen = if made_in_forward {
-                facts.backward_follows(newest as usize)
-            } else {
-                facts.backward_in_step.iter().any(|b| *b)
-            };
-            let growth = series.last().unwrap_or(&0) - series[0];
-            let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
-            let traits = Traits {
-                backward_seen,
-                avg_block: growth / count.max(1),
-                blocks_per_step: count as f64 / intervals as f64,
-                in_forward: key.function == "forward",
-            };
-            leaks.push(Leak {
-                suggestion: suggestion(&key.display(), &traits),
-                site: key.site.clone(),
-                function: key.function.clone(),
-                path: key.path.clone(),
-                bytes: growth,
-                bytes_per_step: growth / intervals,
-                count,
-                steps: series.len(),
-                confidence: conf,
-                evidence: series,
-                evidence_labels: (1..=points.len())
-                    .map(|s| format!("after step {s}"))
-                    .collect(),
-                stack: stack_lines(snap, stack),
-                quote: Default::default(),
-            });
-        }
+        leaks.extend(
+            ids.into_iter()
+                .filter_map(|id| leak_of_site(an, ti, &sites[id as usize], id, &points)),
+        );
     }
     let mut report = finish("within_trace", method, loop_function, retained, leaks);
     report.steps_found = steps_found;
@@ -569,6 +456,143 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         );
     }
     report
+}
+
+/// Live bytes per site at a step's end: (bytes, blocks, an example stack,
+/// the newest block's `alloc` event), by site number.
+type StepPoint = hashbrown::HashMap<u32, (u64, u64, StackId, u32)>;
+
+/// The sites of trace `ti`'s allocations, numbered, and each one's live
+/// bytes at the end of every complete step.
+fn live_by_site_at_steps(an: &Analysed, ti: usize) -> (Vec<Site>, Vec<StepPoint>) {
+    let trace = &an.snap.traces[ti];
+    let facts = &an.traces[ti];
+    let st = &facts.steps;
+    // Live tensor bytes by site at the end of every complete step, from
+    // the lifetimes the analysed trace holds (each alloc's free). A step
+    // boundary is the first event of the next step; the end of the trace
+    // is one only when it closes a step (a marker or an optimizer step
+    // was the last thing), else it may hold half a step or the teardown.
+    let mut cuts: Vec<usize> = st.starts[1..].to_vec();
+    if st.last_complete {
+        cuts.push(trace.events.len());
+    }
+    // Sites are numbered once each (a block alive across many steps
+    // would otherwise clone and hash its site at every one), and built
+    // once per distinct key: an allocation costs a small key's lookup,
+    // not a site's strings.
+    let mut site_ids: HashMap<Site, u32> = HashMap::new();
+    let mut key_ids: hashbrown::HashMap<BlockSiteKey, u32> = hashbrown::HashMap::new();
+    let mut sites: Vec<Site> = Vec::new();
+    let mut points: Vec<StepPoint> = vec![hashbrown::HashMap::new(); cuts.len()];
+    // The first boundary after the event at hand: events come in order,
+    // so it only moves forward.
+    let mut first = 0;
+    for &i in &facts.allocs {
+        let (i, e) = (i as usize, &trace.events[i as usize]);
+        while cuts.get(first).is_some_and(|&c| c <= i) {
+            first += 1;
+        }
+        let freed = facts.free_of.get(i).map_or(usize::MAX, |&f| f as usize);
+        // Boundaries `c` with i < c <= freed see the block alive. Most
+        // blocks die before the next one: one comparison, no search.
+        if cuts.get(first).is_none_or(|&c| c > freed) {
+            continue;
+        }
+        let last = first + cuts[first..].partition_point(|&c| c <= freed);
+        // 512-byte rounding: the allocator's block sizes, so a site's
+        // bytes do not move with unrounded request noise.
+        let bytes = e.size.div_ceil(512).max(1) * 512;
+        let key = an.block_site_key(ti, Some(i as u32), e.stack);
+        let id = *key_ids.entry(key).or_insert_with(|| {
+            let site = an.site_of(key);
+            let next = sites.len() as u32;
+            *site_ids.entry(site).or_insert_with_key(|site| {
+                sites.push(site.clone());
+                next
+            })
+        });
+        for point in &mut points[first..last] {
+            let v = point.entry(id).or_insert((0, 0, e.stack, i as u32));
+            v.0 += bytes;
+            v.1 += 1;
+            // The smallest stack id: the same example whatever the order.
+            v.2 = v.2.min(e.stack);
+            // The newest block: the one the latest step kept.
+            v.3 = v.3.max(i as u32);
+        }
+    }
+    (sites, points)
+}
+
+/// The leak candidate of site `key` (number `id`) of trace `ti`, when its
+/// live bytes over the step ends `points` grow enough for a verdict.
+fn leak_of_site(
+    an: &Analysed,
+    ti: usize,
+    key: &Site,
+    id: u32,
+    points: &[StepPoint],
+) -> Option<Leak> {
+    let (snap, facts) = (an.snap, &an.traces[ti]);
+    let id = &id;
+    let series: Vec<u64> = points
+        .iter()
+        .map(|p| p.get(id).map_or(0, |v| v.0))
+        .collect();
+    let intervals = (series.len() - 1) as u64;
+    let counts: Vec<u64> = points
+        .iter()
+        .map(|p| p.get(id).map_or(0, |v| v.1))
+        .collect();
+    let conf = verdict(&series, &counts, intervals)?;
+    let stack = points
+        .iter()
+        .rev()
+        .find_map(|p| p.get(id))
+        .map_or(0, |v| v.2);
+    // Did a backward pass use the forward that made the kept memory?
+    // (Training that keeps outputs: yes; evaluation without no_grad
+    // between training steps: no.)
+    let newest = points
+        .iter()
+        .rev()
+        .find_map(|p| p.get(id))
+        .map_or(0, |v| v.3);
+    // A block made outside a forward pass has no graph to keep: then
+    // the question is only whether the steps train at all.
+    let made_in_forward =
+        facts.ev_phase.get(newest as usize) == Some(&crate::analysis::categories::Phase::Forward);
+    let backward_seen = if made_in_forward {
+        facts.backward_follows(newest as usize)
+    } else {
+        facts.backward_in_step.iter().any(|b| *b)
+    };
+    let growth = series.last().unwrap_or(&0) - series[0];
+    let count = counts.last().unwrap_or(&0).saturating_sub(counts[0]);
+    let traits = Traits {
+        backward_seen,
+        avg_block: growth / count.max(1),
+        blocks_per_step: count as f64 / intervals as f64,
+        in_forward: key.function == "forward",
+    };
+    Some(Leak {
+        suggestion: suggestion(&key.display(), &traits),
+        site: key.site.clone(),
+        function: key.function.clone(),
+        path: key.path.clone(),
+        bytes: growth,
+        bytes_per_step: growth / intervals,
+        count,
+        steps: series.len(),
+        confidence: conf,
+        evidence: series,
+        evidence_labels: (1..=points.len())
+            .map(|s| format!("after step {s}"))
+            .collect(),
+        stack: stack_lines(snap, stack),
+        quote: Default::default(),
+    })
 }
 
 fn finish(
