@@ -160,7 +160,36 @@ fn text_or(fig: &Option<super::message::Figure>, fallback: &str) -> String {
 }
 
 fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String {
-    let mut s = String::new();
+    let mut s = what_failed(m);
+    match (&m.total_capacity, &m.device_free) {
+        (Some(t), Some(fr)) => s.push_str(&format!(" ({} in total, {} free)", t.text, fr.text)),
+        (Some(t), None) => s.push_str(&format!(" ({} in total)", t.text)),
+        (None, Some(fr)) => s.push_str(&format!(" ({} free)", fr.text)),
+        (None, None) => {}
+    }
+    s.push_str(". ");
+    s.push_str(&why(f, m, cause, hedged_cap));
+    s.push_str(&outside_pytorch(f, m, cause));
+    let any_figure = m.total_capacity.is_some() || m.device_free.is_some() || m.allocated.is_some();
+    if !any_figure {
+        return s.trim_end().to_string();
+    }
+    if m.allocator == Allocator::Native
+        && m.requested.is_some()
+        && m.form != MessageForm::MoreThan1Eb
+    {
+        s.push_str(
+            "Figures are as printed (two decimals); \"Tried to allocate\" is the rounded block \
+             size the allocator asked the device for, not the tensor's size.",
+        );
+    } else {
+        s.push_str("Figures are as printed (two decimals).");
+    }
+    s
+}
+
+/// What failed, on which device: the first words of the explanation.
+fn what_failed(m: &OomMessage) -> String {
     let req = text_or(&m.requested, "the request");
     let device = match (&m.device_kind, m.device_index) {
         (Some(k), Some(i)) => format!("{k} device {i}"),
@@ -183,14 +212,13 @@ fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String 
             format!("PyTorch's caching allocator could not get a {req} block on {device}")
         }
     };
-    s.push_str(&what);
-    match (&m.total_capacity, &m.device_free) {
-        (Some(t), Some(fr)) => s.push_str(&format!(" ({} in total, {} free)", t.text, fr.text)),
-        (Some(t), None) => s.push_str(&format!(" ({} in total)", t.text)),
-        (None, Some(fr)) => s.push_str(&format!(" ({} free)", fr.text)),
-        (None, None) => {}
-    }
-    s.push_str(". ");
+    what
+}
+
+/// The cause in a sentence or two, with the message's figures.
+fn why(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String {
+    let mut s = String::new();
+    let req = text_or(&m.requested, "the request");
     let held = held_text(m, f);
     match cause {
         Cause::MemoryCap if hedged_cap => s.push_str(&format!(
@@ -267,6 +295,13 @@ fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String 
             }
         }
     }
+    s
+}
+
+/// Memory outside PyTorch's allocator: other processes (when they are not
+/// the cause), this process seen from a container, its non-PyTorch memory.
+fn outside_pytorch(f: &Facts, m: &OomMessage, cause: Cause) -> String {
+    let mut s = String::new();
     if cause != Cause::OtherProcesses && f.others > 0 {
         let n = m
             .other_processes
@@ -303,21 +338,6 @@ fn explain(f: &Facts, m: &OomMessage, cause: Cause, hedged_cap: bool) -> String 
                 format_bytes(bytes - res)
             ));
         }
-    }
-    let any_figure = m.total_capacity.is_some() || m.device_free.is_some() || m.allocated.is_some();
-    if !any_figure {
-        return s.trim_end().to_string();
-    }
-    if m.allocator == Allocator::Native
-        && m.requested.is_some()
-        && m.form != MessageForm::MoreThan1Eb
-    {
-        s.push_str(
-            "Figures are as printed (two decimals); \"Tried to allocate\" is the rounded block \
-             size the allocator asked the device for, not the tensor's size.",
-        );
-    } else {
-        s.push_str("Figures are as printed (two decimals).");
     }
     s
 }
