@@ -463,19 +463,7 @@ fn from_previous_step(
         SlopeSource::Categories
     };
     // How well the model predicts what the failing step did allocate.
-    let agree = pairs
-        .iter()
-        .zip(&allocs_p)
-        .filter(|((actual, base), &j)| {
-            let predicted = base + slope_of.get(&j).copied().unwrap_or(0.0) * (growth - 1.0);
-            (predicted - actual).abs() <= 0.01 * actual.max(1.0)
-        })
-        .count();
-    let agreement = if pairs.is_empty() {
-        1.0
-    } else {
-        agree as f64 / pairs.len() as f64
-    };
+    let agreement = agreement(&pairs, &allocs_p, &slope_of, growth);
 
     // Frees of blocks from before the template: those its previous step made
     // become the ones the template itself left live; older ones stay if live.
@@ -489,6 +477,51 @@ fn from_previous_step(
             .collect(),
         None => HashMap::new(),
     };
+    let out = template_ops(rec, range_p, &slope_of, &left_over, &live_at_start);
+    Some(Built {
+        kind: TemplateKind::PreviousStep,
+        template_step: Some(p),
+        growth,
+        slopes,
+        agreement,
+        ops: out,
+    })
+}
+
+/// The share of the failing step's allocations (`pairs`: actual and
+/// template sizes, aligned with the template's `allocs_p`) that the model
+/// predicts within 1%.
+fn agreement(
+    pairs: &[(f64, f64)],
+    allocs_p: &[usize],
+    slope_of: &HashMap<usize, f64>,
+    growth: f64,
+) -> f64 {
+    let agree = pairs
+        .iter()
+        .zip(allocs_p)
+        .filter(|((actual, base), &j)| {
+            let predicted = base + slope_of.get(&j).copied().unwrap_or(0.0) * (growth - 1.0);
+            (predicted - actual).abs() <= 0.01 * actual.max(1.0)
+        })
+        .count();
+    if pairs.is_empty() {
+        1.0
+    } else {
+        agree as f64 / pairs.len() as f64
+    }
+}
+
+/// The template step's operations as the model's: its own blocks under ids
+/// of their own with their slopes, frees of blocks from before it mapped to
+/// the ones the template left live (`left_over`) or kept when still live.
+fn template_ops(
+    rec: &Recorded<'_>,
+    range_p: std::ops::Range<usize>,
+    slope_of: &HashMap<usize, f64>,
+    left_over: &HashMap<u64, u64>,
+    live_at_start: &HashSet<u64>,
+) -> Vec<ModelOp> {
     let mut own: HashSet<u64> = HashSet::new();
     let mut out = Vec::with_capacity(range_p.len());
     for (j, op) in rec.ops(range_p.clone()) {
@@ -530,14 +563,7 @@ fn from_previous_step(
         };
         out.push(m);
     }
-    Some(Built {
-        kind: TemplateKind::PreviousStep,
-        template_step: Some(p),
-        growth,
-        slopes,
-        agreement,
-        ops: out,
-    })
+    out
 }
 
 /// Addresses of blocks live right before event `index` (allocated and not
