@@ -52,9 +52,27 @@ pub struct Finding {
     pub stack: Vec<String>,
     /// The site's line (and for a leak the line keeping it alive) when the
     /// source is readable (`source` and `keeper` in JSON); filled by
-    /// [`crate::source::SourceFinder::annotate_findings`].
+    /// [`annotate_findings`].
     #[serde(flatten)]
     pub quote: crate::source::SourceQuote,
+}
+
+/// Fills the source of every finding with a site from the user's files:
+/// the keeper too for a leak.
+pub fn annotate_findings(findings: &mut [Finding], sources: &crate::source::SourceFinder) {
+    for f in findings {
+        let Some(site) = f.site.as_deref() else {
+            continue;
+        };
+        f.quote = if f.kind == "leak" {
+            sources.quote_leak(site)
+        } else {
+            crate::source::SourceQuote {
+                source: sources.quote(site),
+                keeper: None,
+            }
+        };
+    }
 }
 
 /// What `doctor` can be told about the device.

@@ -19,8 +19,6 @@
 
 mod python;
 
-use crate::analysis::leaks::LeakReport;
-use crate::doctor::Finding;
 use python::{enclosing_class, find_keeper, KeptAt};
 use serde::{Deserialize, Serialize};
 use std::path::{Component, Path, PathBuf};
@@ -234,30 +232,6 @@ impl SourceFinder {
         let source = line_at(&path, &lines, n);
         let keeper = find_keeper(&lines, n as usize - 1).and_then(|k| keeper_at(&path, &lines, k));
         SourceQuote { source, keeper }
-    }
-
-    /// Fills `source` and `keeper` on every leak of a report.
-    pub fn annotate_leaks(&self, report: &mut LeakReport) {
-        for l in &mut report.leaks {
-            l.quote = self.quote_leak(&l.site);
-        }
-    }
-
-    /// Fills the source of every finding with a site: the keeper too for a leak.
-    pub fn annotate_findings(&self, findings: &mut [Finding]) {
-        for f in findings {
-            let Some(site) = f.site.as_deref() else {
-                continue;
-            };
-            f.quote = if f.kind == "leak" {
-                self.quote_leak(site)
-            } else {
-                SourceQuote {
-                    source: self.quote(site),
-                    keeper: None,
-                }
-            };
-        }
     }
 }
 

@@ -78,7 +78,7 @@ fn the_cap_is_inferred_from_the_oom_event_and_read_from_the_message() {
     assert_eq!(cap.bytes, u(&r["at_oom"]["reserved_bytes"]));
     assert!(cap.bytes < u(&r["cap_bytes"]));
     assert!(cap.source.contains("event 950"), "{}", cap.source);
-    let l = infer(&snap, 0, Some(&message("frag_cap")));
+    let l = infer(&snap, 0, Some(&message("frag_cap").limits()));
     assert_eq!(l.memory_cap.expect("a cap").bytes, u(&r["cap_bytes"]));
     // "79.18 GiB" as printed: within the rounding of two decimals.
     let total = l.device_total.expect("printed total").bytes as f64;

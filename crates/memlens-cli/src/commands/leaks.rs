@@ -31,7 +31,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snaps = super::load_all(&args.snapshots)?;
     let mut report = find(&super::named(&snaps));
-    SourceFinder::with_env(args.source_root).annotate_leaks(&mut report);
+    report.annotate(&SourceFinder::with_env(args.source_root));
     output::print(&report, args.json, render::leaks::text)?;
     Ok(if args.fail_on_leak && report.has_high_confidence() {
         output::CHECK_FAILED

@@ -65,7 +65,7 @@ pub struct Leak {
     pub stack: Vec<String>,
     /// The allocating line and the line keeping the tensors alive, when the
     /// source is readable (`source` and `keeper` in JSON); filled by
-    /// [`crate::source::SourceFinder::annotate_leaks`].
+    /// [`LeakReport::annotate`].
     #[serde(flatten)]
     pub quote: crate::source::SourceQuote,
 }
@@ -405,6 +405,15 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
 /// Leaks within the trace of one snapshot, step by step.
 pub fn within_trace(snap: &Snapshot) -> LeakReport {
     within_analysed(&Analysed::new(snap))
+}
+
+impl LeakReport {
+    /// Fills `source` and `keeper` on every leak from the user's files.
+    pub fn annotate(&mut self, sources: &crate::source::SourceFinder) {
+        for l in &mut self.leaks {
+            l.quote = sources.quote_leak(&l.site);
+        }
+    }
 }
 
 /// [`within_trace`] of an analysed snapshot.

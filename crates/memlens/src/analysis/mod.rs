@@ -1,6 +1,5 @@
 //! Analyses: pure functions of a snapshot (and its replay) that return plain data.
 
-pub mod categories;
 pub mod check;
 pub mod diff;
 pub mod inputs;
@@ -9,7 +8,9 @@ pub mod lines;
 pub mod modules;
 pub mod peak;
 pub mod ranks;
-pub mod sites;
-pub mod steps;
 pub mod summary;
 pub mod trace_tally;
+
+// The analysed trace's own parts (one frame rulebook: sites, categories,
+// steps) live in `crate::trace`; their old paths stay.
+pub use crate::trace::{categories, sites, steps};

@@ -230,6 +230,16 @@ impl OomMessage {
             .sum()
     }
 
+    /// The limits the message printed, as the replay's limit inference takes
+    /// them.
+    pub fn limits(&self) -> crate::replay::limits::PrintedLimits {
+        crate::replay::limits::PrintedLimits {
+            memory_cap: self.memory_cap(),
+            device_total: self.total_capacity.as_ref().map(|t| t.bytes),
+            other_processes: self.other_processes_bytes(),
+        }
+    }
+
     /// The per-process cap, when one was really set: the "allowed" figure if it
     /// is below the device's capacity (or the capacity is unknown and the
     /// figure is not the "no limit" maximum).

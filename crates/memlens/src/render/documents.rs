@@ -148,8 +148,8 @@ pub fn doctor_doc(
     let set = crate::analysis::peak::AnalysedSet::new(snaps);
     let mut diagnosis = crate::doctor::diagnose_inputs_in(&set, snaps, opts);
     let sources = crate::source::SourceFinder::with_env(opts.source_roots.clone());
-    sources.annotate_findings(&mut diagnosis.findings);
-    sources.annotate_leaks(&mut diagnosis.leaks);
+    crate::doctor::annotate_findings(&mut diagnosis.findings, &sources);
+    diagnosis.leaks.annotate(&sources);
     let report = match report {
         Some(path) => {
             crate::report::write_report_in(&set, snaps, &diagnosis, path)?;

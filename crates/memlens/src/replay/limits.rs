@@ -20,11 +20,22 @@
 
 use super::config::recorded_config;
 use super::simulate::SimulateOptions;
-use crate::oom::OomMessage;
 use crate::sim::rounding::allocation_size;
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::Serialize;
+
+/// The limits an OOM message printed (`crate::oom::OomMessage::limits`):
+/// plain figures, so that the replay needs nothing of the message parser.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PrintedLimits {
+    /// The per-process cap ("allowed").
+    pub memory_cap: Option<u64>,
+    /// The device's total memory.
+    pub device_total: Option<u64>,
+    /// Memory other processes held.
+    pub other_processes: u64,
+}
 
 /// One inferred figure and where it came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -72,7 +83,7 @@ impl RunLimits {
 
 /// Infers the limits of `device`'s run from the `oom` events of its trace
 /// (and `message`, the error text, when given).
-pub fn infer(snap: &Snapshot, device: u32, message: Option<&OomMessage>) -> RunLimits {
+pub fn infer(snap: &Snapshot, device: u32, message: Option<&PrintedLimits>) -> RunLimits {
     let mut out = RunLimits::default();
     let config = recorded_config(&snap.settings);
     let events = snap.device_trace(device);
@@ -111,7 +122,7 @@ pub fn infer(snap: &Snapshot, device: u32, message: Option<&OomMessage>) -> RunL
             _ => {}
         }
     }
-    let printed_cap = message.and_then(|m| m.memory_cap());
+    let printed_cap = message.and_then(|m| m.memory_cap);
     out.memory_cap = match (printed_cap, cap) {
         (Some(c), _) => Some(Limit {
             bytes: c,
@@ -138,11 +149,11 @@ pub fn infer(snap: &Snapshot, device: u32, message: Option<&OomMessage>) -> RunL
         ),
     });
     if let Some(m) = message {
-        out.device_total = m.total_capacity.as_ref().map(|t| Limit {
-            bytes: t.bytes,
+        out.device_total = m.device_total.map(|bytes| Limit {
+            bytes,
             source: "the OOM message".to_string(),
         });
-        let others = m.other_processes_bytes();
+        let others = m.other_processes;
         if others > 0 {
             out.other_processes = Some(Limit {
                 bytes: others,
@@ -159,7 +170,7 @@ pub fn with_inferred(
     snap: &Snapshot,
     device: u32,
     opts: &SimulateOptions,
-    message: Option<&OomMessage>,
+    message: Option<&PrintedLimits>,
 ) -> (SimulateOptions, RunLimits) {
     let mut limits = infer(snap, device, message);
     let mut opts = opts.clone();

@@ -7,13 +7,17 @@
 //! backward pass. For the snapshot: the site of every stack (one frame
 //! rulebook, [`crate::frames`]) and the phase of every stack.
 
-use crate::analysis::categories::{
+pub mod categories;
+pub mod sites;
+pub mod steps;
+
+use crate::snapshot::{Action, Snapshot, StackId};
+use categories::{
     classify, event_phases, free_index_of_allocs, Category, Phase, Phases, WorkspaceCandidates,
 };
-use crate::analysis::sites::{Site, SiteIndex, BACKWARD_PASS, BEFORE_RECORDING, NO_STACK};
-use crate::analysis::steps::{self, Steps};
-use crate::snapshot::{Action, Snapshot, StackId};
+use sites::{Site, SiteIndex, BACKWARD_PASS, BEFORE_RECORDING, NO_STACK};
 use std::sync::Arc;
+use steps::Steps;
 
 /// The facts of one device trace.
 #[derive(Clone, Debug)]

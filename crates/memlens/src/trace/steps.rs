@@ -16,9 +16,9 @@
 //!
 //! Otherwise the trace is one step, and no growth verdict is drawn from it.
 
-use crate::analysis::categories::Phase;
 use crate::frames::{self, FrameKind};
 use crate::snapshot::{Action, Snapshot, TraceEvent};
+use crate::trace::categories::Phase;
 use serde::Serialize;
 
 /// Name of the annotation `memlens.step()` leaves (`memlens.step N`).
@@ -107,7 +107,7 @@ impl Steps {
 }
 
 /// Finds the steps of trace `trace` of `snap`; `phases` is the phase of each
-/// of its events ([`crate::analysis::categories::event_phases`]).
+/// of its events ([`crate::trace::categories::event_phases`]).
 pub fn detect(snap: &Snapshot, trace: usize, phases: &[Phase]) -> Steps {
     let Some(t) = snap.traces.get(trace) else {
         return Steps::one(0);
