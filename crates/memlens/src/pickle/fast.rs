@@ -261,26 +261,7 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<()> {
                 p += 5;
                 s.items.push(Value::Int(v as i64));
             }
-            vm::LONG1 => {
-                let n = *b.get(p + 1)? as usize;
-                // Addresses and times: at most 8 bytes, read as one word
-                // when the window holds 8 bytes there (a copy of `n` bytes
-                // into a buffer then read whole stalled the load behind it).
-                if let (true, Some(word)) = (n <= 8, b.get(p + 2..p + 10)) {
-                    let x = u64::from_le_bytes(word.try_into().ok()?);
-                    p += 2 + n;
-                    // Each arm pushes its own value: one `Value` built for
-                    // both and then copied stalled on the copy.
-                    s.items.push(Value::Int(sign_extend(x, n)));
-                } else {
-                    let bytes = b.get(p + 2..p + 2 + n)?;
-                    p += 2 + n;
-                    match small_long(bytes) {
-                        Some(i) => s.items.push(Value::Int(i)),
-                        None => s.items.push(decode_long(bytes)),
-                    }
-                }
-            }
+            vm::LONG1 => p = look_long1(&mut s.items, b, p)?,
             vm::BINFLOAT => {
                 let v = f64::from_be_bytes(b.get(p + 1..p + 9)?.try_into().ok()?);
                 p += 9;
@@ -294,84 +275,131 @@ fn look(vm: &mut Vm, b: &[u8], first: u32, list_key: u32) -> Option<()> {
                 p += 1;
                 s.items.push(Value::Bool(op == vm::NEWTRUE));
             }
-            vm::SHORT_BINUNICODE | vm::BINUNICODE => {
-                let (n, h) = if op == vm::SHORT_BINUNICODE {
-                    (*b.get(p + 1)? as usize, 2)
-                } else {
-                    let n = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
-                    (n as usize, 5)
-                };
-                let start = p + h;
-                // Invalid UTF-8 is the general loop's (it repairs it).
-                let bytes = b.get(start..start + n)?;
-                if cache_slot(&s.cache, bytes).is_none() {
-                    std::str::from_utf8(bytes).ok()?;
-                }
-                s.strs.push(NewStr {
-                    start,
-                    len: n,
-                    item: s.items.len(),
-                });
-                p = start + n;
-                if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
-                    s.memo.push(Pending::Str(s.strs.len() - 1));
-                    s.charge += c;
-                    p += n;
-                }
-                s.items.push(Value::None); // the string's value, once committed
-            }
+            vm::SHORT_BINUNICODE | vm::BINUNICODE => p = look_string(s, b, p, op, memo_len)?,
             vm::EMPTY_LIST if key == list_key && list_item.is_none() => {
-                p += 1;
-                if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
-                    s.memo.push(Pending::List);
-                    s.charge += c;
-                    p += n;
-                }
-                // Batches of `MARK refs APPENDS`, or one `ref APPEND`.
-                loop {
-                    match *b.get(p)? {
-                        vm::MARK => {
-                            p += 1;
-                            // The hot loop of a snapshot: one memo reference a frame.
-                            loop {
-                                match *b.get(p)? {
-                                    vm::BINGET => {
-                                        let i = *b.get(p + 1)? as usize;
-                                        s.frames.push(vm.memo.id_of_kind(i, vm::KIND_FRAME)?);
-                                        p += 2;
-                                    }
-                                    vm::LONG_BINGET => {
-                                        let (f, n) = memo_id(&vm.memo, b, p, vm::KIND_FRAME)?;
-                                        s.frames.push(f);
-                                        p += n;
-                                    }
-                                    vm::APPENDS => break,
-                                    _ => return None,
-                                }
-                            }
-                            p += 1;
-                            if s.frames.len() > MAX_FRAMES {
-                                return None;
-                            }
-                        }
-                        vm::BINGET | vm::LONG_BINGET => {
-                            let (v, n) = memo_ref(&vm.memo, b, p)?;
-                            if *b.get(p + n)? != vm::APPEND {
-                                break; // the next key: the list is complete
-                            }
-                            let Value::Frame(f) = v else { return None };
-                            s.frames.push(f);
-                            p += n + 1;
-                        }
-                        _ => break,
-                    }
-                }
+                p = look_frames(s, &vm.memo, b, p + 1, memo_len)?;
                 list_item = Some(s.items.len());
                 s.items.push(Value::None); // the list's value, once committed
             }
             _ => return None,
         }
     }
+}
+
+/// A `LONG1` value at `b[p..]` onto `items`; the offset after it.
+#[inline(always)]
+fn look_long1(items: &mut Vec<Value>, b: &[u8], mut p: usize) -> Option<usize> {
+    let n = *b.get(p + 1)? as usize;
+    // Addresses and times: at most 8 bytes, read as one word
+    // when the window holds 8 bytes there (a copy of `n` bytes
+    // into a buffer then read whole stalled the load behind it).
+    if let (true, Some(word)) = (n <= 8, b.get(p + 2..p + 10)) {
+        let x = u64::from_le_bytes(word.try_into().ok()?);
+        p += 2 + n;
+        // Each arm pushes its own value: one `Value` built for
+        // both and then copied stalled on the copy.
+        items.push(Value::Int(sign_extend(x, n)));
+    } else {
+        let bytes = b.get(p + 2..p + 2 + n)?;
+        p += 2 + n;
+        match small_long(bytes) {
+            Some(i) => items.push(Value::Int(i)),
+            None => items.push(decode_long(bytes)),
+        }
+    }
+    Some(p)
+}
+
+/// A new string value (`SHORT_BINUNICODE` or `BINUNICODE`, opcode `op` at
+/// `b[p]`) and its memo put, if any: noted in the scratch, with a placeholder
+/// item for its value once committed; the offset after it. `memo_len`: the
+/// memo's length before the dict.
+#[inline(always)]
+fn look_string(s: &mut Scratch, b: &[u8], mut p: usize, op: u8, memo_len: usize) -> Option<usize> {
+    let (n, h) = if op == vm::SHORT_BINUNICODE {
+        (*b.get(p + 1)? as usize, 2)
+    } else {
+        let n = u32::from_le_bytes(b.get(p + 1..p + 5)?.try_into().ok()?);
+        (n as usize, 5)
+    };
+    let start = p + h;
+    // Invalid UTF-8 is the general loop's (it repairs it).
+    let bytes = b.get(start..start + n)?;
+    if cache_slot(&s.cache, bytes).is_none() {
+        std::str::from_utf8(bytes).ok()?;
+    }
+    s.strs.push(NewStr {
+        start,
+        len: n,
+        item: s.items.len(),
+    });
+    p = start + n;
+    if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
+        s.memo.push(Pending::Str(s.strs.len() - 1));
+        s.charge += c;
+        p += n;
+    }
+    s.items.push(Value::None); // the string's value, once committed
+    Some(p)
+}
+
+/// The inline list of frames whose `EMPTY_LIST` is just before `b[p]`: its
+/// memo put, if any, then the frames into `s.frames`; the offset after the
+/// list (at the next key or the `SETITEMS`). `memo_len`: the memo's length
+/// before the dict.
+#[inline(always)]
+fn look_frames(
+    s: &mut Scratch,
+    memo: &vm::Memo,
+    b: &[u8],
+    mut p: usize,
+    memo_len: usize,
+) -> Option<usize> {
+    if let Some((n, c)) = memo_put(b, p, memo_len + s.memo.len()).ok()? {
+        s.memo.push(Pending::List);
+        s.charge += c;
+        p += n;
+    }
+    // Batches of `MARK refs APPENDS`, or one `ref APPEND`.
+    loop {
+        match *b.get(p)? {
+            vm::MARK => {
+                p += 1;
+                // The hot loop of a snapshot: one memo reference a frame.
+                loop {
+                    match *b.get(p)? {
+                        vm::BINGET => {
+                            let i = *b.get(p + 1)? as usize;
+                            s.frames.push(memo.id_of_kind(i, vm::KIND_FRAME)?);
+                            p += 2;
+                        }
+                        vm::LONG_BINGET => {
+                            let (f, n) = memo_id(memo, b, p, vm::KIND_FRAME)?;
+                            s.frames.push(f);
+                            p += n;
+                        }
+                        vm::APPENDS => break,
+                        _ => return None,
+                    }
+                }
+                p += 1;
+                if s.frames.len() > MAX_FRAMES {
+                    return None;
+                }
+            }
+            vm::BINGET | vm::LONG_BINGET => {
+                let (v, n) = memo_ref(memo, b, p)?;
+                if *b.get(p + n)? != vm::APPEND {
+                    break; // the next key: the list is complete
+                }
+                let Value::Frame(f) = v else { return None };
+                s.frames.push(f);
+                p += n + 1;
+            }
+            _ => break,
+        }
+    }
+    Some(p)
 }
 
 /// A `LONG1` of at most 8 bytes (addresses, times), sign-extended.

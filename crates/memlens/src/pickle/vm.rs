@@ -580,7 +580,9 @@ impl Vm {
         Ok(self.stack[mark - 1])
     }
 
-    /// Executes one opcode; returns false at STOP.
+    /// Executes one opcode; returns false at STOP. The arms that build
+    /// containers and touch the memo are methods below (inlined back here);
+    /// the refusals are one cold function, [`refused`].
     #[inline]
     fn step<S: Source, B: Builder>(
         &mut self,
@@ -591,47 +593,15 @@ impl Vm {
         match op {
             BINGET => {
                 let i = input.byte()? as usize;
-                match self.memo.get(i) {
-                    Some(v) => self.push(v)?,
-                    None => return Err(self.memo.missing(i)),
-                }
+                self.push_memo(i)?;
             }
             LONG_BINGET => {
                 let i = u32::from_le_bytes(input.array()?) as usize;
-                match self.memo.get(i) {
-                    Some(v) => self.push(v)?,
-                    None => return Err(self.memo.missing(i)),
-                }
+                self.push_memo(i)?;
             }
-            MEMOIZE => {
-                let v = *self
-                    .stack
-                    .last()
-                    .ok_or_else(|| "MEMOIZE with an empty stack".to_string())?;
-                let i = self.memo.slots.len();
-                builder.charge(memo_cost(v))?;
-                self.memo.put(i, v, &self.limits)?;
-            }
-            BINPUT | LONG_BINPUT => {
-                let i = if op == BINPUT {
-                    input.byte()? as usize
-                } else {
-                    u32::from_le_bytes(input.array()?) as usize
-                };
-                let v = *self
-                    .stack
-                    .last()
-                    .ok_or_else(|| "PUT with an empty stack".to_string())?;
-                let grow = (i + 1).saturating_sub(self.memo.slots.len());
-                builder.charge(grow * 4 + memo_cost(v))?;
-                self.memo.put(i, v, &self.limits)?;
-            }
-            MARK => {
-                if self.marks.len() >= self.limits.max_marks {
-                    return Err(Fault::Msg("too many nested MARKs".into()));
-                }
-                self.marks.push(self.stack.len());
-            }
+            MEMOIZE => self.memoize(builder)?,
+            BINPUT | LONG_BINPUT => self.put_memo(op, input, builder)?,
+            MARK => self.mark()?,
             BININT => {
                 let v = i32::from_le_bytes(input.array()?);
                 self.push(Value::Int(v as i64))?;
@@ -649,20 +619,12 @@ impl Vm {
                 let v = decode_long(input.take(n)?);
                 self.push(v)?;
             }
-            LONG4 => {
-                let n = i32::from_le_bytes(input.array()?);
-                if n < 0 {
-                    return Err(Fault::Msg("LONG4 with a negative length".into()));
-                }
-                let n = self.len_checked(n as u64)?;
-                let v = decode_long(input.take(n)?);
-                self.push(v)?;
-            }
+            LONG4 => self.long4(input)?,
             BINFLOAT => {
                 let v = f64::from_be_bytes(input.array()?);
                 self.push(Value::Float(v))?;
             }
-            SHORT_BINUNICODE => {
+            SHORT_BINUNICODE | SHORT_BINSTRING => {
                 let n = input.byte()? as usize;
                 self.string(input, builder, n)?;
             }
@@ -674,33 +636,8 @@ impl Vm {
                 let n = self.len_checked(u64::from_le_bytes(input.array()?))?;
                 self.string(input, builder, n)?;
             }
-            SHORT_BINSTRING => {
-                let n = input.byte()? as usize;
-                self.string(input, builder, n)?;
-            }
-            BINSTRING => {
-                let n = i32::from_le_bytes(input.array()?);
-                if n < 0 {
-                    return Err(Fault::Msg("BINSTRING with a negative length".into()));
-                }
-                let n = self.len_checked(n as u64)?;
-                self.string(input, builder, n)?;
-            }
-            SHORT_BINBYTES => {
-                let n = input.byte()? as usize;
-                input.take(n)?;
-                self.push(Value::Bytes)?;
-            }
-            BINBYTES => {
-                let n = self.len_checked(u32::from_le_bytes(input.array()?) as u64)?;
-                input.take(n)?;
-                self.push(Value::Bytes)?;
-            }
-            BINBYTES8 | BYTEARRAY8 => {
-                let n = self.len_checked(u64::from_le_bytes(input.array()?))?;
-                input.take(n)?;
-                self.push(Value::Bytes)?;
-            }
+            BINSTRING => self.binstring(input, builder)?,
+            SHORT_BINBYTES | BINBYTES | BINBYTES8 | BYTEARRAY8 => self.bytes(op, input)?,
             NONE => self.push(Value::None)?,
             NEWTRUE => self.push(Value::Bool(true))?,
             NEWFALSE => self.push(Value::Bool(false))?,
@@ -720,108 +657,21 @@ impl Vm {
                 self.push(t)?;
             }
             EMPTY_SET => self.push(Value::Set)?,
-            SETITEMS => {
-                let mark = self.pop_mark(op)?;
-                let target = self.target_below(mark, op)?;
-                if !(self.stack.len() - mark).is_multiple_of(2) {
-                    return Err(Fault::Msg("SETITEMS with a key that has no value".into()));
-                }
-                let up = builder.set_items(target, &self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.stack[mark - 1] = up;
-                if up != target {
-                    self.memo.converted(target, up);
-                }
-            }
-            SETITEM => {
-                let floor = self.marks.last().copied().unwrap_or(0);
-                if self.stack.len() < floor + 3 {
-                    return Err(Fault::Msg("SETITEM needs a dict, a key and a value".into()));
-                }
-                let n = self.stack.len();
-                let target = self.stack[n - 3];
-                let up = builder.set_items(target, &self.stack[n - 2..])?;
-                self.stack.truncate(n - 2);
-                self.stack[n - 3] = up;
-                if up != target {
-                    self.memo.converted(target, up);
-                }
-            }
-            APPENDS => {
-                let mark = self.pop_mark(op)?;
-                let target = self.target_below(mark, op)?;
-                let up = builder.append(target, &self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.stack[mark - 1] = up;
-            }
-            APPEND => {
-                let floor = self.marks.last().copied().unwrap_or(0);
-                if self.stack.len() < floor + 2 {
-                    return Err(Fault::Msg("APPEND needs a list and a value".into()));
-                }
-                let n = self.stack.len();
-                let up = builder.append(self.stack[n - 2], &self.stack[n - 1..])?;
-                self.stack.truncate(n - 1);
-                self.stack[n - 2] = up;
-            }
-            DICT => {
-                let mark = self.pop_mark(op)?;
-                if !(self.stack.len() - mark).is_multiple_of(2) {
-                    return Err(Fault::Msg("DICT with a key that has no value".into()));
-                }
-                let d = builder.empty_dict()?;
-                let up = builder.set_items(d, &self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.push(up)?;
-            }
-            LIST => {
-                let mark = self.pop_mark(op)?;
-                let l = builder.empty_list()?;
-                let up = builder.append(l, &self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.push(up)?;
-            }
-            TUPLE => {
-                let mark = self.pop_mark(op)?;
-                let t = builder.tuple(&self.stack[mark..])?;
-                self.stack.truncate(mark);
-                self.push(t)?;
-            }
-            TUPLE1 | TUPLE2 | TUPLE3 => {
-                let k = (op - TUPLE1 + 1) as usize;
-                let floor = self.marks.last().copied().unwrap_or(0);
-                if self.stack.len() < floor + k {
-                    return Err(Fault::Msg(format!(
-                        "{} with too few values",
-                        opcode_name(op)
-                    )));
-                }
-                let n = self.stack.len();
-                let t = builder.tuple(&self.stack[n - k..])?;
-                self.stack.truncate(n - k);
-                self.push(t)?;
-            }
-            ADDITEMS => {
-                let mark = self.pop_mark(op)?;
-                let target = self.target_below(mark, op)?;
-                if target != Value::Set {
-                    return Err(Fault::Msg(format!("ADDITEMS on a {}", target.type_name())));
-                }
-                self.stack.truncate(mark);
-            }
+            SETITEMS => self.set_items(op, builder)?,
+            SETITEM => self.set_item(builder)?,
+            APPENDS => self.appends(op, builder)?,
+            APPEND => self.append(builder)?,
+            DICT => self.dict(op, builder)?,
+            LIST => self.list(op, builder)?,
+            TUPLE => self.tuple(op, builder)?,
+            TUPLE1 | TUPLE2 | TUPLE3 => self.small_tuple(op, builder)?,
+            ADDITEMS => self.add_items(op)?,
             FROZENSET => {
                 let mark = self.pop_mark(op)?;
                 self.stack.truncate(mark);
                 self.push(Value::Set)?;
             }
-            POP => {
-                // POP may also drop a MARK with nothing above it (as CPython does).
-                if self.marks.last() == Some(&self.stack.len()) {
-                    self.marks.pop();
-                } else {
-                    self.pop(op)?;
-                }
-            }
+            POP => self.pop_top(op)?,
             POP_MARK => {
                 let mark = self.pop_mark(op)?;
                 self.stack.truncate(mark);
@@ -831,59 +681,308 @@ impl Vm {
                 self.push(v)?;
                 self.push(v)?;
             }
-            PROTO => {
-                let v = input.byte()?;
-                if v > 5 {
-                    return Err(Fault::Msg(format!(
-                        "pickle protocol {v} is newer than any memlens knows (2 to 5)"
-                    )));
-                }
-            }
+            PROTO => self.proto(input)?,
             FRAME => {
                 // A buffering hint: the frame's length is not needed to read it.
                 input.array::<8>()?;
             }
             STOP => return Ok(false),
-            GLOBAL => {
-                let module = read_line(input)?;
-                let name = read_line(input)?;
-                return Err(Fault::Msg(format!(
-                    "this pickle asks to run code (GLOBAL {module}.{name}); memlens never runs code from a snapshot"
-                )));
-            }
-            STACK_GLOBAL | REDUCE | BUILD | INST | OBJ | NEWOBJ | NEWOBJ_EX | PERSID
-            | BINPERSID | EXT1 | EXT2 | EXT4 => {
-                let name = match op {
-                    STACK_GLOBAL => "STACK_GLOBAL",
-                    REDUCE => "REDUCE",
-                    BUILD => "BUILD",
-                    INST => "INST",
-                    OBJ => "OBJ",
-                    NEWOBJ => "NEWOBJ",
-                    NEWOBJ_EX => "NEWOBJ_EX",
-                    PERSID | BINPERSID => "PERSID",
-                    _ => "EXT",
-                };
-                return Err(Fault::Msg(format!(
-                    "this pickle asks to run code ({name}); memlens never runs code from a snapshot"
-                )));
-            }
-            NEXT_BUFFER | READONLY_BUFFER => {
-                return Err(Fault::Msg(
-                    "this pickle uses out-of-band buffers, which snapshots never do".into(),
-                ))
-            }
-            INT | LONG | FLOAT | STRING | UNICODE | GET | PUT => return Err(Fault::Msg(
-                "this is a protocol-0 text pickle; PyTorch snapshots use binary protocols 2 to 5"
-                    .into(),
-            )),
-            other => {
-                return Err(Fault::Msg(format!(
-                "byte 0x{other:02x} is not a pickle opcode (the file is corrupt or not a pickle)"
-            )))
-            }
+            _ => return Err(refused(op, input)),
         }
         Ok(true)
+    }
+
+    /// `BINGET`/`LONG_BINGET`: pushes memo slot `i`.
+    #[inline(always)]
+    fn push_memo(&mut self, i: usize) -> Result<(), Fault> {
+        match self.memo.get(i) {
+            Some(v) => self.push(v),
+            None => Err(self.memo.missing(i)),
+        }
+    }
+
+    /// `MEMOIZE`: the top of the stack into the next memo slot.
+    #[inline(always)]
+    fn memoize<B: Builder>(&mut self, builder: &mut B) -> Result<(), Fault> {
+        let v = *self
+            .stack
+            .last()
+            .ok_or_else(|| "MEMOIZE with an empty stack".to_string())?;
+        let i = self.memo.slots.len();
+        builder.charge(memo_cost(v))?;
+        self.memo.put(i, v, &self.limits)?;
+        Ok(())
+    }
+
+    /// `BINPUT`/`LONG_BINPUT`: the top of the stack into the memo slot the
+    /// opcode names.
+    #[inline(always)]
+    fn put_memo<S: Source, B: Builder>(
+        &mut self,
+        op: u8,
+        input: &mut S,
+        builder: &mut B,
+    ) -> Result<(), Fault> {
+        let i = if op == BINPUT {
+            input.byte()? as usize
+        } else {
+            u32::from_le_bytes(input.array()?) as usize
+        };
+        let v = *self
+            .stack
+            .last()
+            .ok_or_else(|| "PUT with an empty stack".to_string())?;
+        let grow = (i + 1).saturating_sub(self.memo.slots.len());
+        builder.charge(grow * 4 + memo_cost(v))?;
+        self.memo.put(i, v, &self.limits)?;
+        Ok(())
+    }
+
+    /// `MARK`: remembers where the stack is, within the limit of open marks.
+    #[inline(always)]
+    fn mark(&mut self) -> Result<(), Fault> {
+        if self.marks.len() >= self.limits.max_marks {
+            return Err(Fault::Msg("too many nested MARKs".into()));
+        }
+        self.marks.push(self.stack.len());
+        Ok(())
+    }
+
+    /// `LONG4`: an integer of a 4-byte length.
+    #[inline]
+    fn long4<S: Source>(&mut self, input: &mut S) -> Result<(), Fault> {
+        let n = i32::from_le_bytes(input.array()?);
+        if n < 0 {
+            return Err(Fault::Msg("LONG4 with a negative length".into()));
+        }
+        let n = self.len_checked(n as u64)?;
+        let v = decode_long(input.take(n)?);
+        self.push(v)
+    }
+
+    /// `BINSTRING`: a protocol-1 string of a signed 4-byte length.
+    #[inline]
+    fn binstring<S: Source, B: Builder>(
+        &mut self,
+        input: &mut S,
+        builder: &mut B,
+    ) -> Result<(), Fault> {
+        let n = i32::from_le_bytes(input.array()?);
+        if n < 0 {
+            return Err(Fault::Msg("BINSTRING with a negative length".into()));
+        }
+        let n = self.len_checked(n as u64)?;
+        self.string(input, builder, n)
+    }
+
+    /// `SHORT_BINBYTES`, `BINBYTES`, `BINBYTES8`, `BYTEARRAY8`: skips the
+    /// bytes (a snapshot needs none) and pushes a placeholder.
+    #[inline]
+    fn bytes<S: Source>(&mut self, op: u8, input: &mut S) -> Result<(), Fault> {
+        let n = match op {
+            SHORT_BINBYTES => input.byte()? as usize,
+            BINBYTES => self.len_checked(u32::from_le_bytes(input.array()?) as u64)?,
+            _ => self.len_checked(u64::from_le_bytes(input.array()?))?,
+        };
+        input.take(n)?;
+        self.push(Value::Bytes)
+    }
+
+    /// `SETITEMS`: the key/value pairs above the last MARK into the dict
+    /// below it.
+    #[inline(always)]
+    fn set_items<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let mark = self.pop_mark(op)?;
+        let target = self.target_below(mark, op)?;
+        if !(self.stack.len() - mark).is_multiple_of(2) {
+            return Err(Fault::Msg("SETITEMS with a key that has no value".into()));
+        }
+        let up = builder.set_items(target, &self.stack[mark..])?;
+        self.stack.truncate(mark);
+        self.stack[mark - 1] = up;
+        if up != target {
+            self.memo.converted(target, up);
+        }
+        Ok(())
+    }
+
+    /// `SETITEM`: one key and value into the dict below them.
+    #[inline(always)]
+    fn set_item<B: Builder>(&mut self, builder: &mut B) -> Result<(), Fault> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() < floor + 3 {
+            return Err(Fault::Msg("SETITEM needs a dict, a key and a value".into()));
+        }
+        let n = self.stack.len();
+        let target = self.stack[n - 3];
+        let up = builder.set_items(target, &self.stack[n - 2..])?;
+        self.stack.truncate(n - 2);
+        self.stack[n - 3] = up;
+        if up != target {
+            self.memo.converted(target, up);
+        }
+        Ok(())
+    }
+
+    /// `APPENDS`: the values above the last MARK onto the list below it.
+    #[inline(always)]
+    fn appends<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let mark = self.pop_mark(op)?;
+        let target = self.target_below(mark, op)?;
+        let up = builder.append(target, &self.stack[mark..])?;
+        self.stack.truncate(mark);
+        self.stack[mark - 1] = up;
+        Ok(())
+    }
+
+    /// `APPEND`: one value onto the list below it.
+    #[inline(always)]
+    fn append<B: Builder>(&mut self, builder: &mut B) -> Result<(), Fault> {
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() < floor + 2 {
+            return Err(Fault::Msg("APPEND needs a list and a value".into()));
+        }
+        let n = self.stack.len();
+        let up = builder.append(self.stack[n - 2], &self.stack[n - 1..])?;
+        self.stack.truncate(n - 1);
+        self.stack[n - 2] = up;
+        Ok(())
+    }
+
+    /// `DICT`: a new dict of the key/value pairs above the last MARK.
+    #[inline(always)]
+    fn dict<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let mark = self.pop_mark(op)?;
+        if !(self.stack.len() - mark).is_multiple_of(2) {
+            return Err(Fault::Msg("DICT with a key that has no value".into()));
+        }
+        let d = builder.empty_dict()?;
+        let up = builder.set_items(d, &self.stack[mark..])?;
+        self.stack.truncate(mark);
+        self.push(up)
+    }
+
+    /// `LIST`: a new list of the values above the last MARK.
+    #[inline(always)]
+    fn list<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let mark = self.pop_mark(op)?;
+        let l = builder.empty_list()?;
+        let up = builder.append(l, &self.stack[mark..])?;
+        self.stack.truncate(mark);
+        self.push(up)
+    }
+
+    /// `TUPLE`: a tuple of the values above the last MARK.
+    #[inline(always)]
+    fn tuple<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let mark = self.pop_mark(op)?;
+        let t = builder.tuple(&self.stack[mark..])?;
+        self.stack.truncate(mark);
+        self.push(t)
+    }
+
+    /// `POP`: drops the top value, or a MARK with nothing above it (as
+    /// CPython does).
+    #[inline]
+    fn pop_top(&mut self, op: u8) -> Result<(), Fault> {
+        if self.marks.last() == Some(&self.stack.len()) {
+            self.marks.pop();
+        } else {
+            self.pop(op)?;
+        }
+        Ok(())
+    }
+
+    /// `PROTO`: the protocol number, at most 5.
+    #[inline]
+    fn proto<S: Source>(&mut self, input: &mut S) -> Result<(), Fault> {
+        let v = input.byte()?;
+        if v > 5 {
+            return Err(Fault::Msg(format!(
+                "pickle protocol {v} is newer than any memlens knows (2 to 5)"
+            )));
+        }
+        Ok(())
+    }
+
+    /// `TUPLE1`, `TUPLE2`, `TUPLE3`: a tuple of the top 1, 2 or 3 values.
+    #[inline(always)]
+    fn small_tuple<B: Builder>(&mut self, op: u8, builder: &mut B) -> Result<(), Fault> {
+        let k = (op - TUPLE1 + 1) as usize;
+        let floor = self.marks.last().copied().unwrap_or(0);
+        if self.stack.len() < floor + k {
+            return Err(Fault::Msg(format!(
+                "{} with too few values",
+                opcode_name(op)
+            )));
+        }
+        let n = self.stack.len();
+        let t = builder.tuple(&self.stack[n - k..])?;
+        self.stack.truncate(n - k);
+        self.push(t)
+    }
+
+    /// `ADDITEMS`: drops the values above the last MARK, which go into the
+    /// set below it (sets are not kept).
+    #[inline]
+    fn add_items(&mut self, op: u8) -> Result<(), Fault> {
+        let mark = self.pop_mark(op)?;
+        let target = self.target_below(mark, op)?;
+        if target != Value::Set {
+            return Err(Fault::Msg(format!("ADDITEMS on a {}", target.type_name())));
+        }
+        self.stack.truncate(mark);
+        Ok(())
+    }
+}
+
+/// Why opcode `op` is refused: it would import or call something, it uses
+/// out-of-band buffers or the protocol-0 text forms, or it is no opcode at all
+/// (for `GLOBAL`, its two lines are read to name what it asks for).
+#[cold]
+#[inline(never)]
+fn refused<S: Source>(op: u8, input: &mut S) -> Fault {
+    match op {
+        GLOBAL => {
+            let module = match read_line(input) {
+                Ok(line) => line,
+                Err(fault) => return fault,
+            };
+            let name = match read_line(input) {
+                Ok(line) => line,
+                Err(fault) => return fault,
+            };
+            Fault::Msg(format!(
+                "this pickle asks to run code (GLOBAL {module}.{name}); memlens never runs code from a snapshot"
+            ))
+        }
+        STACK_GLOBAL | REDUCE | BUILD | INST | OBJ | NEWOBJ | NEWOBJ_EX | PERSID | BINPERSID
+        | EXT1 | EXT2 | EXT4 => {
+            let name = match op {
+                STACK_GLOBAL => "STACK_GLOBAL",
+                REDUCE => "REDUCE",
+                BUILD => "BUILD",
+                INST => "INST",
+                OBJ => "OBJ",
+                NEWOBJ => "NEWOBJ",
+                NEWOBJ_EX => "NEWOBJ_EX",
+                PERSID | BINPERSID => "PERSID",
+                _ => "EXT",
+            };
+            Fault::Msg(format!(
+                "this pickle asks to run code ({name}); memlens never runs code from a snapshot"
+            ))
+        }
+        NEXT_BUFFER | READONLY_BUFFER => {
+            Fault::Msg("this pickle uses out-of-band buffers, which snapshots never do".into())
+        }
+        INT | LONG | FLOAT | STRING | UNICODE | GET | PUT => Fault::Msg(
+            "this is a protocol-0 text pickle; PyTorch snapshots use binary protocols 2 to 5"
+                .into(),
+        ),
+        other => Fault::Msg(format!(
+            "byte 0x{other:02x} is not a pickle opcode (the file is corrupt or not a pickle)"
+        )),
     }
 }
 
