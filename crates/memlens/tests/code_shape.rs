@@ -585,7 +585,11 @@ fn the_graph_sees_crate_and_super_paths() {
     let uses = module_graph();
     for edge in [("analysis", "snapshot"), ("doctor", "analysis")] {
         let key = (edge.0.to_string(), edge.1.to_string());
-        assert!(uses.contains_key(&key), "{edge:?} not found in {:?}", uses.keys());
+        assert!(
+            uses.contains_key(&key),
+            "{edge:?} not found in {:?}",
+            uses.keys()
+        );
     }
     assert!(uses.keys().all(|(from, to)| from != to));
 }
