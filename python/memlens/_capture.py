@@ -608,20 +608,17 @@ def leak_alarm_line(rule: LeakRule, sites: List[Dict[str, Any]]) -> str:
 
 
 def _where(row: Dict[str, Any]) -> str:
-    """A site as the CLI shows it: ``caller -> file:line in function``."""
+    """A site as the CLI shows it (``caller -> file:line in function``): the
+    row's own ``display`` when Rust gave one, else Rust's rule applied to the
+    row's ``site``, ``function`` and ``path``."""
     shown = row.get("display")
     if shown:
         return str(shown)
-    where = str(row.get("site", "?"))
-    path = [str(p) for p in row.get("path") or []]
-    site_file = where.rsplit(":", 1)[0]
-    caller = next((p for p in reversed(path) if p.rsplit(":", 1)[0] != site_file), None)
-    if caller:
-        where = f"{caller} -> {where}"
-    fn = row.get("function")
-    if fn and not str(fn).startswith("<"):
-        where += f" in {fn}"
-    return where
+    return _native.site_display(
+        str(row.get("site", "?")),
+        str(row.get("function") or ""),
+        [str(p) for p in row.get("path") or []],
+    )
 
 
 def leak_message(rule: LeakRule, sites: List[Dict[str, Any]], step: int, since: int) -> str:

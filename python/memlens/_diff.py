@@ -1,79 +1,17 @@
 """What grew between two in-memory snapshots, by allocation site.
 
-Used by the leak alarm and the pytest marker. :func:`grown_sites` is the one
-place that decides how: the Rust ``diff`` analysis when this build has it (the
-same figures as ``memlens diff``), else a small pure-Python fallback that groups
-the ``active_allocated`` blocks of each snapshot by their innermost user frame
-and subtracts.
+Used by the leak alarm and the pytest marker: both ask Rust (the ``diff`` and
+``leaks`` analyses, the same figures as ``memlens diff`` and ``memlens
+leaks``); nothing is computed here.
 """
 
 from __future__ import annotations
 
 import json
 import pickle
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Tuple
 
 from . import _native
-
-def is_user_file(filename: str) -> bool:
-    """True when a frame's file is the user's own code: memlens's one frame
-    rulebook (Rust, ``memlens::frames``), never a rule of its own here."""
-    return bool(filename) and _native.frame_kind(filename) == "user"
-
-
-def user_site(frames: List[Dict[str, Any]]) -> Tuple[str, str]:
-    """``(file:line, function)`` of the innermost user frame of a stack
-    (innermost first); the innermost frame when none is user code."""
-    chosen: Optional[Dict[str, Any]] = None
-    for f in frames:
-        if is_user_file(str(f.get("filename", ""))):
-            chosen = f
-            break
-    if chosen is None and frames:
-        chosen = frames[0]
-    if chosen is None:
-        return ("<no stack recorded>", "")
-    return (f"{chosen.get('filename', '?')}:{chosen.get('line', 0)}", str(chosen.get("name", "")))
-
-
-def active_by_site(snapshot: Dict[str, Any]) -> Dict[str, Dict[str, Any]]:
-    """Bytes and count of ``active_allocated`` blocks per site."""
-    sites: Dict[str, Dict[str, Any]] = {}
-    for seg in snapshot.get("segments") or []:
-        for blk in seg.get("blocks") or []:
-            if blk.get("state") != "active_allocated":
-                continue
-            site, function = user_site(blk.get("frames") or [])
-            entry = sites.setdefault(site, {"site": site, "function": function, "bytes": 0, "count": 0})
-            entry["bytes"] += int(blk.get("size", 0))
-            entry["count"] += 1
-    return sites
-
-
-def python_diff(before: Dict[str, Any], after: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
-    """``{"grown": [...], "shrunk": [...]}`` of ``{site, function, bytes, count}``,
-    largest change first; bytes and count are the changes (absolute values)."""
-    a = active_by_site(before)
-    b = active_by_site(after)
-    grown: List[Dict[str, Any]] = []
-    shrunk: List[Dict[str, Any]] = []
-    for site in set(a) | set(b):
-        ea = a.get(site, {"bytes": 0, "count": 0, "function": ""})
-        eb = b.get(site, {"bytes": 0, "count": 0, "function": ea["function"]})
-        delta = eb["bytes"] - ea["bytes"]
-        row = {
-            "site": site,
-            "function": eb["function"] or ea["function"],
-            "bytes": abs(delta),
-            "count": abs(eb["count"] - ea["count"]),
-        }
-        if delta > 0:
-            grown.append(row)
-        elif delta < 0:
-            shrunk.append(row)
-    grown.sort(key=lambda r: (-r["bytes"], r["site"]))
-    shrunk.sort(key=lambda r: (-r["bytes"], r["site"]))
-    return {"grown": grown, "shrunk": shrunk}
 
 
 def without_trace(snapshot: Dict[str, Any]) -> Dict[str, Any]:
@@ -85,15 +23,15 @@ def without_trace(snapshot: Dict[str, Any]) -> Dict[str, Any]:
 
 def grown_sites(before: Dict[str, Any], after: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Sites that hold more memory in ``after`` than in ``before``, largest
-    first, as ``{site, bytes, count, ...}``."""
-    if "diff" in _native.analyses():
-        try:
-            a = _native.Snapshot.from_bytes(pickle.dumps(without_trace(before), protocol=4), "<before>")
-            b = _native.Snapshot.from_bytes(pickle.dumps(without_trace(after), protocol=4), "<after>")
-            return list(json.loads(a.analyze("diff", [b], "{}")).get("grown", []))
-        except Exception:  # noqa: BLE001 - the fallback below still answers
-            pass
-    return python_diff(before, after)["grown"]
+    first, as ``{site, bytes, count, ...}``: the ``grown`` rows of the Rust
+    ``diff`` analysis (``memlens diff``). Empty when Rust cannot read the
+    snapshots (the caller's own figures still stand)."""
+    try:
+        a = _native.Snapshot.from_bytes(pickle.dumps(without_trace(before), protocol=4), "<before>")
+        b = _native.Snapshot.from_bytes(pickle.dumps(without_trace(after), protocol=4), "<after>")
+        return list(json.loads(a.analyze("diff", [b], "{}")).get("grown", []))
+    except Exception:  # noqa: BLE001 - a listing of sites is an extra
+        return []
 
 
 def confirmed_leaks(points: List[Tuple[int, Dict[str, Any]]]) -> List[Dict[str, Any]]:

@@ -12,19 +12,19 @@ import os
 import tempfile
 from typing import Any, Dict, List, Optional
 
+from . import _native
+
 _SEVERITY_COLOR = {"critical": "#c62828", "warning": "#9a5b00", "info": "#0b5cad"}
 
 
 def format_bytes(n: Optional[int]) -> str:
-    """Bytes as the CLI prints them (binary units, two decimals)."""
+    """Bytes as the CLI prints them (Rust's ``memlens::units::format_bytes``,
+    with a ``-`` before a negative figure); ``–`` for a figure the document
+    does not have."""
     if n is None:
         return "–"
-    v, units, i = float(abs(n)), ["B", "KiB", "MiB", "GiB", "TiB"], 0
-    while v >= 1024 and i < len(units) - 1:
-        v /= 1024
-        i += 1
-    s = f"{int(v)} B" if i == 0 else f"{v:.2f} {units[i]}"
-    return ("-" if n < 0 else "") + s
+    n = int(n)
+    return ("-" if n < 0 else "") + _native.format_bytes(abs(n))
 
 
 def summary_html(path: str, summary: Dict[str, Any], doctor: Dict[str, Any]) -> str:

@@ -510,29 +510,25 @@ def test_oom_explanation_goes_through_one_function(gpu, tmp_path, capsys, monkey
     assert "EXPLAINED snapshot.oom.pickle" in capsys.readouterr().err
 
 
-# -- the snapshot diff fallback --------------------------------------------------
+# -- what grew between two snapshots (Rust's diff) ---------------------------------
 
 
-def test_python_diff_groups_by_innermost_user_frame():
-    from memlens._diff import is_user_file, python_diff, user_site
+def test_grown_sites_groups_by_innermost_user_frame():
+    from memlens import _native
+    from memlens._diff import grown_sites
+
+    # The one rulebook (Rust, memlens::frames) decides what is user code.
+    def is_user_file(name: str) -> bool:
+        return _native.frame_kind(name) == "user"
 
     assert not is_user_file("/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py")
     assert not is_user_file("/usr/lib/python3.11/threading.py")
     assert not is_user_file("/work/pytorch/torch/autograd/__init__.py")
     assert is_user_file("/home/me/train.py")
-    # The one rulebook (Rust): C/C++/object frames never, notebook cells always.
     assert not is_user_file("Objects/methodobject.c")
     assert not is_user_file("thread48.o")
     assert not is_user_file("/tmp/torchinductor_me/ab/cab12.py")
     assert is_user_file("/tmp/ipykernel_4123/2771456321.py")
-    frames = [
-        {"filename": "/x/site-packages/torch/nn/functional.py", "line": 9, "name": "linear"},
-        {"filename": "/home/me/model.py", "line": 77, "name": "forward"},
-        {"filename": "/home/me/train.py", "line": 3, "name": "<module>"},
-    ]
-    assert user_site(frames) == ("/home/me/model.py:77", "forward")
-    assert user_site(frames[:1]) == ("/x/site-packages/torch/nn/functional.py:9", "linear")
-    assert user_site([]) == ("<no stack recorded>", "")
 
     gpu = fake_torch.FakeGPU()
     keep = gpu.alloc(10 * MIB, file="/home/me/a.py", line=1)
@@ -542,7 +538,8 @@ def test_python_diff_groups_by_innermost_user_frame():
     gpu.alloc(5 * MIB, file="/home/me/c.py", line=3, name="leaky")
     gpu.alloc(2 * MIB, file="/home/me/c.py", line=3, name="leaky")
     after = gpu.snapshot()
-    d = python_diff(before, after)
-    assert d["grown"] == [{"site": "/home/me/c.py:3", "function": "leaky", "bytes": 7 * MIB, "count": 2}]
-    assert d["shrunk"] == [{"site": "/home/me/b.py:2", "function": "step", "bytes": 3 * MIB, "count": 1}]
+    grown = grown_sites(before, after)
+    assert [(r["site"], r["function"], r["bytes"], r["count"]) for r in grown] == [
+        ("/home/me/c.py:3", "leaky", 7 * MIB, 2)
+    ]
     assert keep in gpu.blocks[0]

@@ -264,7 +264,6 @@ fn format_bytes(bytes: u64) -> String {
     memlens::units::format_bytes(bytes)
 }
 
-/// The extension module `memlens._native`.
 /// What a frame is, by the one rulebook (`memlens::frames`): `user`,
 /// `torch`, `library`, `memlens`, `compiled` or `native`.
 #[pyfunction]
@@ -281,6 +280,24 @@ fn frame_kind(filename: &str, function: &str) -> &'static str {
     }
 }
 
+/// An allocation site as every command shows it (`caller -> file:line in
+/// function`, [`memlens::analysis::sites::Site::display`]): `site` is
+/// `file:line`, `path` the user frames from the entry script down to it.
+#[pyfunction]
+#[pyo3(signature = (site, function = "", path = Vec::new()))]
+fn site_display(site: &str, function: &str, path: Vec<String>) -> String {
+    memlens::analysis::sites::Site {
+        site: site.to_string(),
+        function: function.to_string(),
+        user_code: true,
+        path,
+        compiled: false,
+        via: None,
+    }
+    .display()
+}
+
+/// The extension module `memlens._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
@@ -293,5 +310,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(frame_kind, m)?)?;
+    m.add_function(wrap_pyfunction!(site_display, m)?)?;
     Ok(())
 }

@@ -51,14 +51,6 @@ pub enum Error {
         /// What was found instead.
         what: String,
     },
-    /// The compressed container (gzip, zstd) is damaged.
-    #[error("{path}: {what}")]
-    Decompress {
-        /// The file.
-        path: PathBuf,
-        /// The decompressor's complaint.
-        what: String,
-    },
     /// A model description (`config.json`, `.safetensors`) that `estimate`
     /// cannot use: unknown architecture, missing field, corrupt header.
     #[error("{path}: {what}")]

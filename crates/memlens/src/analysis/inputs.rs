@@ -261,15 +261,34 @@ pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
         };
     }
     let facts: Vec<Facts> = snaps.iter().map(|(n, s)| facts(n, s)).collect();
-    // Processes: connected components of "same process".
-    let mut parent: Vec<usize> = (0..n).collect();
-    fn root(p: &mut [usize], mut i: usize) -> usize {
-        while p[i] != i {
-            p[i] = p[p[i]];
-            i = p[i];
-        }
-        i
+    let procs = processes(snaps, &facts);
+    let named = procs.iter().all(|p| p.rank_in_name.is_some());
+    let jobs = jobs(&procs, &facts, force_ranks, named);
+    let mut groups = job_groups(jobs, &procs, &facts);
+    // Unrelated runs: oldest first, then by name.
+    groups.sort_by_key(|g| {
+        let f = g.members[0].files[0];
+        (facts[f].span.map(|s| s.0), facts[f].name.clone())
+    });
+    let reason = reason(&groups, &facts, force_ranks, named);
+    Grouping { groups, reason }
+}
+
+/// The root of `i` in the union-find forest `p` (halving the path on the way).
+fn root(p: &mut [usize], mut i: usize) -> usize {
+    while p[i] != i {
+        p[i] = p[p[i]];
+        i = p[i];
     }
+    i
+}
+
+/// The processes of `snaps`: connected components of "same process", each
+/// with its files oldest first, its devices and its time span.
+fn processes(snaps: &[(String, &Snapshot)], facts: &[Facts]) -> Vec<Process> {
+    // Processes: connected components of "same process".
+    let n = snaps.len();
+    let mut parent: Vec<usize> = (0..n).collect();
     for i in 0..n {
         for j in i + 1..n {
             if same_process((&facts[i], snaps[i].1), (&facts[j], snaps[j].1)) {
@@ -317,11 +336,17 @@ pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
         });
         p.head = *p.files.last().unwrap_or(&p.head);
     }
+    procs
+}
+
+/// The jobs: groups of processes (indices into `procs`) that ran at the same
+/// time on different devices, or whose names state ranks (`named`), or all of
+/// them with `force_ranks`.
+fn jobs(procs: &[Process], facts: &[Facts], force_ranks: bool, named: bool) -> Vec<Vec<usize>> {
     // Jobs: processes that ran at the same time, on different devices, or
     // whose names state ranks.
     let m = procs.len();
     let mut jp: Vec<usize> = (0..m).collect();
-    let named = procs.iter().all(|p| p.rank_in_name.is_some());
     for i in 0..m {
         for j in i + 1..m {
             let (a, b) = (&procs[i], &procs[j]);
@@ -348,6 +373,12 @@ pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
         }
         jobs[job_of[r]].push(i);
     }
+    jobs
+}
+
+/// One group per job: its processes in rank order (as ranks when there are
+/// several), or a single file or a series of one process.
+fn job_groups(jobs: Vec<Vec<usize>>, procs: &[Process], facts: &[Facts]) -> Vec<Group> {
     let sort_key = |p: &Process| {
         (
             p.rank_in_name,
@@ -356,8 +387,7 @@ pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
             facts[p.files[0]].name.clone(),
         )
     };
-    let mut groups: Vec<Group> = jobs
-        .into_iter()
+    jobs.into_iter()
         .map(|mut job| {
             job.sort_by(|&a, &b| sort_key(&procs[a]).cmp(&sort_key(&procs[b])));
             let ranks = job.len() > 1;
@@ -376,14 +406,7 @@ pub fn group(snaps: &[(String, &Snapshot)], force_ranks: bool) -> Grouping {
             };
             Group { kind, members }
         })
-        .collect();
-    // Unrelated runs: oldest first, then by name.
-    groups.sort_by_key(|g| {
-        let f = g.members[0].files[0];
-        (facts[f].span.map(|s| s.0), facts[f].name.clone())
-    });
-    let reason = reason(&groups, &facts, force_ranks, named);
-    Grouping { groups, reason }
+        .collect()
 }
 
 fn reason(groups: &[Group], facts: &[Facts], force: bool, named: bool) -> String {

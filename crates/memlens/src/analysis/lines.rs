@@ -15,7 +15,7 @@
 //! record_function scope; with `scope` set, only the events inside it count.
 
 use crate::replay::{Replay, ReplayOptions};
-use crate::snapshot::{Action, Snapshot, StackId};
+use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
 use crate::source::SourceFinder;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
@@ -138,6 +138,7 @@ pub fn lines(snap: &Snapshot, opts: &LineOptions, finder: &SourceFinder) -> Line
     r
 }
 
+/// The per-line table of `opts.file` on the trace of `device`.
 fn lines_of_device(
     snap: &Snapshot,
     device: u32,
@@ -199,31 +200,7 @@ fn lines_of_device(
             first_before.get_or_insert(before);
             peak = peak.max(before).max(after);
             file_seen.get_or_insert(file);
-            let row = rows
-                .entry((line, function.clone()))
-                .or_insert_with(|| LineRow {
-                    line,
-                    function,
-                    text: None,
-                    allocated_bytes: 0,
-                    allocations: 0,
-                    freed_bytes: 0,
-                    frees: 0,
-                    net_bytes: 0,
-                    peak_allocated_bytes: 0,
-                });
-            match e.action {
-                Action::Alloc => {
-                    row.allocated_bytes += e.size;
-                    row.allocations += 1;
-                }
-                Action::FreeCompleted => {
-                    row.freed_bytes += e.size;
-                    row.frees += 1;
-                }
-                _ => {}
-            }
-            row.peak_allocated_bytes = row.peak_allocated_bytes.max(before).max(after);
+            charge(&mut rows, (line, function), e, before.max(after));
         }
         before = after;
     }
@@ -237,19 +214,7 @@ fn lines_of_device(
     }
     let file = file_seen.unwrap_or_else(|| opts.file.clone());
     let source = finder.lines(&file);
-    let rows: Vec<LineRow> = rows
-        .into_values()
-        .filter(|row| opts.first_line.is_none_or(|f| row.line >= f))
-        .filter(|row| opts.last_line.is_none_or(|l| row.line <= l))
-        .map(|mut row| {
-            row.net_bytes = row.allocated_bytes as i64 - row.freed_bytes as i64;
-            row.text = source
-                .as_ref()
-                .and_then(|s| s.get(row.line as usize - 1))
-                .map(|t| t.trim_end().to_string());
-            row
-        })
-        .collect();
+    let rows = finish_rows(rows, opts, source.as_deref());
     LinesReport {
         file,
         function: opts.function.clone(),
@@ -260,6 +225,63 @@ fn lines_of_device(
         rows,
         warnings,
     }
+}
+
+/// Charges event `e` to the row of `key` (line, function), made empty if new:
+/// the bytes allocated or freed, and the highest allocated total around it
+/// (`allocated`).
+fn charge(
+    rows: &mut BTreeMap<(u32, String), LineRow>,
+    key: (u32, String),
+    e: &TraceEvent,
+    allocated: u64,
+) {
+    let (line, function) = key;
+    let row = rows
+        .entry((line, function.clone()))
+        .or_insert_with(|| LineRow {
+            line,
+            function,
+            text: None,
+            allocated_bytes: 0,
+            allocations: 0,
+            freed_bytes: 0,
+            frees: 0,
+            net_bytes: 0,
+            peak_allocated_bytes: 0,
+        });
+    match e.action {
+        Action::Alloc => {
+            row.allocated_bytes += e.size;
+            row.allocations += 1;
+        }
+        Action::FreeCompleted => {
+            row.freed_bytes += e.size;
+            row.frees += 1;
+        }
+        _ => {}
+    }
+    row.peak_allocated_bytes = row.peak_allocated_bytes.max(allocated);
+}
+
+/// The rows in line order within the lines asked for, with their net bytes
+/// and their source text (from `source`, the file's lines, when readable).
+fn finish_rows(
+    rows: BTreeMap<(u32, String), LineRow>,
+    opts: &LineOptions,
+    source: Option<&[String]>,
+) -> Vec<LineRow> {
+    rows.into_values()
+        .filter(|row| opts.first_line.is_none_or(|f| row.line >= f))
+        .filter(|row| opts.last_line.is_none_or(|l| row.line <= l))
+        .map(|mut row| {
+            row.net_bytes = row.allocated_bytes as i64 - row.freed_bytes as i64;
+            row.text = source
+                .and_then(|s| s.get(row.line as usize - 1))
+                .map(|t| t.trim_end().to_string());
+            row
+        })
+        .collect()
 }
 
 /// The time span of the record_function scope `name` on `device`: its first

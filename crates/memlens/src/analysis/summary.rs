@@ -93,7 +93,16 @@ pub struct Summary {
 
 /// Computes the summary of a snapshot.
 pub fn summarize(snap: &Snapshot) -> Summary {
-    let mut s = Summary {
+    let mut s = counts_of(snap);
+    add_segments(&mut s, snap);
+    add_trace_counts(&mut s, snap);
+    s
+}
+
+/// The summary's counts of what the snapshot holds besides its segments and
+/// trace (devices, annotations, frames, settings, warnings); the rest zero.
+fn counts_of(snap: &Snapshot) -> Summary {
+    Summary {
         devices: snap.devices(),
         reserved_bytes: 0,
         allocated_bytes: 0,
@@ -120,7 +129,13 @@ pub fn summarize(snap: &Snapshot) -> Summary {
         allocator_settings: snap.settings.clone(),
         legacy_format: snap.legacy,
         warnings: snap.warnings.clone(),
-    };
+    }
+}
+
+/// Adds the segments and their blocks: the allocator's byte and block
+/// counts, fragmentation, and the free memory of each pool (largest free
+/// block first).
+fn add_segments(s: &mut Summary, snap: &Snapshot) {
     let mut pools: HashMap<(u32, PoolKind, u16, (i64, i64)), PoolFree> = HashMap::new();
     let mut legacy_requested = 0u64;
     for seg in &snap.segments {
@@ -196,7 +211,11 @@ pub fn summarize(snap: &Snapshot) -> Summary {
                 b.stream,
             ))
     });
+}
 
+/// Adds the trace's events by action and the frees whose allocation is not
+/// in the trace (with a warning when the ring buffer wrapped unannounced).
+fn add_trace_counts(s: &mut Summary, snap: &Snapshot) {
     let mut counts = [0u64; Action::ALL.len()];
     for t in &snap.traces {
         // The replay beside the reader (`doctor`) finds every free's
@@ -233,5 +252,4 @@ pub fn summarize(snap: &Snapshot) -> Summary {
             s.frees_without_alloc
         )));
     }
-    s
 }

@@ -38,12 +38,7 @@ pub fn estimate(
         zero: if training { opts.zero } else { 0 },
         gpus: opts.gpus,
     };
-    let dropout = training
-        && !opts.no_dropout
-        && spec.arch.as_ref().is_some_and(|a| {
-            let d = a.dropout;
-            d.embedding > 0.0 || d.attention > 0.0 || d.hidden > 0.0 || d.mlp_inner > 0.0
-        });
+    let dropout = has_dropout(spec, opts);
     let settings = Settings {
         batch: opts.batch,
         seq,
@@ -75,55 +70,7 @@ pub fn estimate(
         selective: opts.checkpointing == Checkpointing::Selective,
         training_cache: false,
     };
-
-    let mut parts: Vec<Part> = vec![states::parameters(&sc)];
-    let mut layers = Vec::new();
-    if training {
-        parts.push(states::gradients(&sc));
-        parts.push(states::optimizer(&sc, opts.optimizer, spec));
-    }
-    if opts.amp && p == 4 {
-        parts.push(states::amp_weight_copies(spec));
-    }
-    if let Some(arch) = &spec.arch {
-        if training {
-            let (a, l) = training_activations(arch, &ctx, opts);
-            parts.push(a);
-            layers = l;
-            parts.extend(loss_parts(arch, &ctx, opts.keep_outputs));
-        } else {
-            parts.extend(inference_parts(arch, &ctx, &mut notes));
-        }
-        parts.push(inputs_part(arch, &ctx));
-    } else {
-        notes.push(
-            "activations, logits and KV cache are not estimated: the architecture is unknown"
-                .into(),
-        );
-    }
-    parts.push(states::workspaces(if training { 2 } else { 1 }));
-    if training {
-        parts.push(states::step_temporaries(
-            &sc,
-            opts.optimizer,
-            opts.optimizer_impl,
-            spec,
-        ));
-        if let Some(c) = states::comm_buffers(&sc, spec) {
-            parts.push(c);
-        }
-    }
-    parts.push(Part {
-        key: "cuda_context",
-        name: "CUDA context".into(),
-        category: "cuda_context",
-        bytes: CUDA_CONTEXT_BYTES,
-        formula: "512 MiB, outside PyTorch's allocator (300-600 MiB typical; CUDA version, GPU)"
-            .into(),
-        inputs: BTreeMap::new(),
-        terms: vec![],
-    });
-
+    let (parts, layers) = step_parts(spec, opts, &sc, &ctx, &mut notes);
     let phases = phases(&parts, training);
     let peak = phases
         .iter()
@@ -150,15 +97,7 @@ pub fn estimate(
             .map(|p| p.bytes),
     );
     Ok(Estimate {
-        model: ModelSummary {
-            family: spec.family,
-            model_type: spec.model_type.clone(),
-            class: spec.architecture_class.clone(),
-            source: spec.source.display().to_string(),
-            parameters_from: spec.tensors_from,
-            architecture: spec.arch.clone(),
-            checkpoint: checkpoint.cloned(),
-        },
+        model: model_summary(spec, checkpoint),
         settings,
         parameters: sc.n,
         parameters_bytes: bytes_of("parameters"),
@@ -178,6 +117,97 @@ pub fn estimate(
         layers,
         notes,
     })
+}
+
+/// Whether dropout masks are kept: training, not turned off, and some
+/// dropout probability of the architecture above zero.
+fn has_dropout(spec: &ModelSpec, opts: &Options) -> bool {
+    !opts.inference
+        && !opts.no_dropout
+        && spec.arch.as_ref().is_some_and(|a| {
+            let d = a.dropout;
+            d.embedding > 0.0 || d.attention > 0.0 || d.hidden > 0.0 || d.mlp_inner > 0.0
+        })
+}
+
+/// Every part of one step, in the order the estimate lists them (states,
+/// activations or the inference working set, inputs, workspaces, step
+/// temporaries, communication buffers, the CUDA context), and the
+/// activations layer by layer (training only).
+fn step_parts(
+    spec: &ModelSpec,
+    opts: &Options,
+    sc: &StateCtx,
+    ctx: &Ctx,
+    notes: &mut Vec<String>,
+) -> (Vec<Part>, Vec<LayerActivations>) {
+    let training = !opts.inference;
+    let mut parts: Vec<Part> = vec![states::parameters(sc)];
+    let mut layers = Vec::new();
+    if training {
+        parts.push(states::gradients(sc));
+        parts.push(states::optimizer(sc, opts.optimizer, spec));
+    }
+    if opts.amp && sc.p == 4 {
+        parts.push(states::amp_weight_copies(spec));
+    }
+    if let Some(arch) = &spec.arch {
+        if training {
+            let (a, l) = training_activations(arch, ctx, opts);
+            parts.push(a);
+            layers = l;
+            parts.extend(loss_parts(arch, ctx, opts.keep_outputs));
+        } else {
+            parts.extend(inference_parts(arch, ctx, notes));
+        }
+        parts.push(inputs_part(arch, ctx));
+    } else {
+        notes.push(
+            "activations, logits and KV cache are not estimated: the architecture is unknown"
+                .into(),
+        );
+    }
+    parts.push(states::workspaces(if training { 2 } else { 1 }));
+    if training {
+        parts.push(states::step_temporaries(
+            sc,
+            opts.optimizer,
+            opts.optimizer_impl,
+            spec,
+        ));
+        if let Some(c) = states::comm_buffers(sc, spec) {
+            parts.push(c);
+        }
+    }
+    parts.push(cuda_context_part());
+    (parts, layers)
+}
+
+/// The CUDA context: outside PyTorch's allocator, a fixed allowance.
+fn cuda_context_part() -> Part {
+    Part {
+        key: "cuda_context",
+        name: "CUDA context".into(),
+        category: "cuda_context",
+        bytes: CUDA_CONTEXT_BYTES,
+        formula: "512 MiB, outside PyTorch's allocator (300-600 MiB typical; CUDA version, GPU)"
+            .into(),
+        inputs: BTreeMap::new(),
+        terms: vec![],
+    }
+}
+
+/// What the estimate says of the model it was given.
+fn model_summary(spec: &ModelSpec, checkpoint: Option<&Checkpoint>) -> ModelSummary {
+    ModelSummary {
+        family: spec.family,
+        model_type: spec.model_type.clone(),
+        class: spec.architecture_class.clone(),
+        source: spec.source.display().to_string(),
+        parameters_from: spec.tensors_from,
+        architecture: spec.arch.clone(),
+        checkpoint: checkpoint.cloned(),
+    }
 }
 
 fn validate(o: &Options) -> Result<()> {

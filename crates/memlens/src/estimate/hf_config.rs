@@ -506,84 +506,14 @@ fn bert(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Par
         (Head::None, true, false)
     };
     let mut t = Vec::new();
-    let e = format!("{base}.embeddings");
-    t.push(ParamTensor::new(
-        format!("{e}.word_embeddings.weight"),
-        &[v, h],
-        head == Head::MaskedLm,
-        None,
-    ));
-    t.push(ParamTensor::new(
-        format!("{e}.position_embeddings.weight"),
-        &[pos, h],
-        false,
-        None,
-    ));
-    t.push(ParamTensor::new(
-        format!("{e}.token_type_embeddings.weight"),
-        &[types, h],
-        false,
-        None,
-    ));
-    norm(&mut t, &format!("{e}.LayerNorm"), h, true, None);
+    bert_embeddings(&mut t, base, [v, pos, types, h], head == Head::MaskedLm);
     for l in 0..layers {
-        let p = format!("{base}.encoder.layer.{l}");
-        let ly = Some(l);
-        linear(&mut t, &format!("{p}.attention.self.query"), h, h, true, ly);
-        linear(&mut t, &format!("{p}.attention.self.key"), h, h, true, ly);
-        linear(&mut t, &format!("{p}.attention.self.value"), h, h, true, ly);
-        linear(
-            &mut t,
-            &format!("{p}.attention.output.dense"),
-            h,
-            h,
-            true,
-            ly,
-        );
-        norm(
-            &mut t,
-            &format!("{p}.attention.output.LayerNorm"),
-            h,
-            true,
-            ly,
-        );
-        linear(&mut t, &format!("{p}.intermediate.dense"), f, h, true, ly);
-        linear(&mut t, &format!("{p}.output.dense"), h, f, true, ly);
-        norm(&mut t, &format!("{p}.output.LayerNorm"), h, true, ly);
+        bert_layer(&mut t, base, l, h, f);
     }
     if pooler {
         linear(&mut t, &format!("{base}.pooler.dense"), h, h, true, None);
     }
-    match head {
-        Head::MaskedLm => {
-            // Transform, then the tied decoder with its own bias (BERT's
-            // `cls.predictions`, RoBERTa's `lm_head`).
-            let (dense, ln, bias) = if roberta {
-                ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
-            } else {
-                (
-                    "cls.predictions.transform.dense",
-                    "cls.predictions.transform.LayerNorm",
-                    "cls.predictions.bias",
-                )
-            };
-            linear(&mut t, dense, h, h, true, None);
-            norm(&mut t, ln, h, true, None);
-            t.push(ParamTensor::new(bias, &[v], true, None));
-            if nsp {
-                linear(&mut t, "cls.seq_relationship", 2, h, true, None);
-            }
-        }
-        Head::Classifier { labels } => {
-            if roberta {
-                linear(&mut t, "classifier.dense", h, h, true, None);
-                linear(&mut t, "classifier.out_proj", labels, h, true, None);
-            } else {
-                linear(&mut t, "classifier", labels, h, true, None);
-            }
-        }
-        _ => {}
-    }
+    bert_head(&mut t, head, roberta, nsp, h, v);
     let arch = Architecture {
         stack: Stack::EncoderOnly,
         layers,
@@ -619,6 +549,82 @@ fn bert(c: &Cfg, class: &str, model_type: &str) -> Result<(Architecture, Vec<Par
     Ok((arch, t))
 }
 
+/// BERT's embeddings (`[vocabulary, positions, token types, hidden]`) and
+/// their LayerNorm; the word embeddings are tied to the decoder when
+/// `tied_word`.
+fn bert_embeddings(t: &mut Vec<ParamTensor>, base: &str, dims: [u64; 4], tied_word: bool) {
+    let [v, pos, types, h] = dims;
+    let e = format!("{base}.embeddings");
+    t.push(ParamTensor::new(
+        format!("{e}.word_embeddings.weight"),
+        &[v, h],
+        tied_word,
+        None,
+    ));
+    t.push(ParamTensor::new(
+        format!("{e}.position_embeddings.weight"),
+        &[pos, h],
+        false,
+        None,
+    ));
+    t.push(ParamTensor::new(
+        format!("{e}.token_type_embeddings.weight"),
+        &[types, h],
+        false,
+        None,
+    ));
+    norm(t, &format!("{e}.LayerNorm"), h, true, None);
+}
+
+/// One BERT encoder layer `l`: attention, its output, the MLP, two LayerNorms.
+fn bert_layer(t: &mut Vec<ParamTensor>, base: &str, l: u64, h: u64, f: u64) {
+    let p = format!("{base}.encoder.layer.{l}");
+    let ly = Some(l);
+    linear(t, &format!("{p}.attention.self.query"), h, h, true, ly);
+    linear(t, &format!("{p}.attention.self.key"), h, h, true, ly);
+    linear(t, &format!("{p}.attention.self.value"), h, h, true, ly);
+    linear(t, &format!("{p}.attention.output.dense"), h, h, true, ly);
+    norm(t, &format!("{p}.attention.output.LayerNorm"), h, true, ly);
+    linear(t, &format!("{p}.intermediate.dense"), f, h, true, ly);
+    linear(t, &format!("{p}.output.dense"), h, f, true, ly);
+    norm(t, &format!("{p}.output.LayerNorm"), h, true, ly);
+}
+
+/// What BERT's class puts on top of the encoder: the masked-LM transform and
+/// decoder bias (with next-sentence prediction when `nsp`), or a classifier.
+fn bert_head(t: &mut Vec<ParamTensor>, head: Head, roberta: bool, nsp: bool, h: u64, v: u64) {
+    match head {
+        Head::MaskedLm => {
+            // Transform, then the tied decoder with its own bias (BERT's
+            // `cls.predictions`, RoBERTa's `lm_head`).
+            let (dense, ln, bias) = if roberta {
+                ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias")
+            } else {
+                (
+                    "cls.predictions.transform.dense",
+                    "cls.predictions.transform.LayerNorm",
+                    "cls.predictions.bias",
+                )
+            };
+            linear(t, dense, h, h, true, None);
+            norm(t, ln, h, true, None);
+            t.push(ParamTensor::new(bias, &[v], true, None));
+            if nsp {
+                linear(t, "cls.seq_relationship", 2, h, true, None);
+            }
+        }
+        Head::Classifier { labels } => {
+            if roberta {
+                linear(t, "classifier.dense", h, h, true, None);
+                linear(t, "classifier.out_proj", labels, h, true, None);
+            } else {
+                linear(t, "classifier", labels, h, true, None);
+            }
+        }
+        _ => {}
+    }
+}
+
 fn t5(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
     let dm = c.dim("d_model")?;
     let f = c.dim("d_ff")?;
@@ -636,22 +642,7 @@ fn t5(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
     };
     let v = c.dim("vocab_size")?;
     let buckets = c.opt_dim("relative_attention_num_buckets")?.unwrap_or(32);
-    let ffp = c.string("feed_forward_proj", "relu");
-    let (gated, act) = match ffp.split_once('-') {
-        Some(("gated", a)) => (true, a.to_string()),
-        Some(_) => {
-            return Err(c.err(format!(
-                "feed_forward_proj {ffp:?} is not `ACT` or `gated-ACT`"
-            )))
-        }
-        None => (false, ffp.clone()),
-    };
-    // T5Config maps `gated-gelu` to the Python tanh GELU.
-    let act = if gated && act == "gelu" {
-        "gelu_new".to_string()
-    } else {
-        act
-    };
+    let (gated, act) = t5_activation(c)?;
     let tied = c.flag("tie_word_embeddings", true);
     let head = if class == "T5Model" || class == "MT5Model" || encoder_only {
         Head::None
@@ -666,55 +657,20 @@ fn t5(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
         head == Head::Lm && tied,
         None,
     ));
-    let attn = |t: &mut Vec<ParamTensor>, p: &str, ly: Option<u64>| {
-        for m in ["q", "k", "v"] {
-            linear(t, &format!("{p}.{m}"), inner, dm, false, ly);
-        }
-        linear(t, &format!("{p}.o"), dm, inner, false, ly);
-    };
-    let ff = |t: &mut Vec<ParamTensor>, p: &str, ly: Option<u64>| {
-        if gated {
-            linear(t, &format!("{p}.wi_0"), f, dm, false, ly);
-            linear(t, &format!("{p}.wi_1"), f, dm, false, ly);
-        } else {
-            linear(t, &format!("{p}.wi"), f, dm, false, ly);
-        }
-        linear(t, &format!("{p}.wo"), dm, f, false, ly);
+    let dims = T5Dims {
+        dm,
+        f,
+        inner,
+        heads,
+        buckets,
+        gated,
     };
     for l in 0..enc {
-        let p = format!("encoder.block.{l}.layer");
-        let ly = Some(l);
-        attn(&mut t, &format!("{p}.0.SelfAttention"), ly);
-        if l == 0 {
-            t.push(ParamTensor::new(
-                format!("{p}.0.SelfAttention.relative_attention_bias.weight"),
-                &[buckets, heads],
-                false,
-                ly,
-            ));
-        }
-        norm(&mut t, &format!("{p}.0.layer_norm"), dm, false, ly);
-        ff(&mut t, &format!("{p}.1.DenseReluDense"), ly);
-        norm(&mut t, &format!("{p}.1.layer_norm"), dm, false, ly);
+        dims.encoder_block(&mut t, l);
     }
     norm(&mut t, "encoder.final_layer_norm", dm, false, None);
     for l in 0..dec {
-        let p = format!("decoder.block.{l}.layer");
-        let ly = Some(enc + l);
-        attn(&mut t, &format!("{p}.0.SelfAttention"), ly);
-        if l == 0 {
-            t.push(ParamTensor::new(
-                format!("{p}.0.SelfAttention.relative_attention_bias.weight"),
-                &[buckets, heads],
-                false,
-                ly,
-            ));
-        }
-        norm(&mut t, &format!("{p}.0.layer_norm"), dm, false, ly);
-        attn(&mut t, &format!("{p}.1.EncDecAttention"), ly);
-        norm(&mut t, &format!("{p}.1.layer_norm"), dm, false, ly);
-        ff(&mut t, &format!("{p}.2.DenseReluDense"), ly);
-        norm(&mut t, &format!("{p}.2.layer_norm"), dm, false, ly);
+        dims.decoder_block(&mut t, l, enc + l);
     }
     if dec > 0 {
         norm(&mut t, "decoder.final_layer_norm", dm, false, None);
@@ -760,6 +716,102 @@ fn t5(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {
         image: None,
     };
     Ok((arch, t))
+}
+
+/// T5's `feed_forward_proj`: whether the MLP is gated, and its activation.
+fn t5_activation(c: &Cfg) -> Result<(bool, String)> {
+    let ffp = c.string("feed_forward_proj", "relu");
+    let (gated, act) = match ffp.split_once('-') {
+        Some(("gated", a)) => (true, a.to_string()),
+        Some(_) => {
+            return Err(c.err(format!(
+                "feed_forward_proj {ffp:?} is not `ACT` or `gated-ACT`"
+            )))
+        }
+        None => (false, ffp.clone()),
+    };
+    // T5Config maps `gated-gelu` to the Python tanh GELU.
+    let act = if gated && act == "gelu" {
+        "gelu_new".to_string()
+    } else {
+        act
+    };
+    Ok((gated, act))
+}
+
+/// The sizes T5's blocks are made of.
+#[derive(Clone, Copy)]
+struct T5Dims {
+    /// `d_model`.
+    dm: u64,
+    /// `d_ff`.
+    f: u64,
+    /// Heads times `d_kv`.
+    inner: u64,
+    /// Attention heads.
+    heads: u64,
+    /// Buckets of the relative attention bias.
+    buckets: u64,
+    /// The MLP is gated (two input projections).
+    gated: bool,
+}
+
+impl T5Dims {
+    /// The query, key, value and output projections of attention `p`.
+    fn attention(self, t: &mut Vec<ParamTensor>, p: &str, ly: Option<u64>) {
+        for m in ["q", "k", "v"] {
+            linear(t, &format!("{p}.{m}"), self.inner, self.dm, false, ly);
+        }
+        linear(t, &format!("{p}.o"), self.dm, self.inner, false, ly);
+    }
+
+    /// The MLP `p`.
+    fn feed_forward(self, t: &mut Vec<ParamTensor>, p: &str, ly: Option<u64>) {
+        let (f, dm) = (self.f, self.dm);
+        if self.gated {
+            linear(t, &format!("{p}.wi_0"), f, dm, false, ly);
+            linear(t, &format!("{p}.wi_1"), f, dm, false, ly);
+        } else {
+            linear(t, &format!("{p}.wi"), f, dm, false, ly);
+        }
+        linear(t, &format!("{p}.wo"), dm, f, false, ly);
+    }
+
+    /// The self-attention of block `p` (with the relative attention bias in
+    /// the first block, `first`) and its norm.
+    fn self_attention(self, t: &mut Vec<ParamTensor>, p: &str, first: bool, ly: Option<u64>) {
+        self.attention(t, &format!("{p}.0.SelfAttention"), ly);
+        if first {
+            t.push(ParamTensor::new(
+                format!("{p}.0.SelfAttention.relative_attention_bias.weight"),
+                &[self.buckets, self.heads],
+                false,
+                ly,
+            ));
+        }
+        norm(t, &format!("{p}.0.layer_norm"), self.dm, false, ly);
+    }
+
+    /// Encoder block `l`: self-attention, then the MLP.
+    fn encoder_block(self, t: &mut Vec<ParamTensor>, l: u64) {
+        let p = format!("encoder.block.{l}.layer");
+        let ly = Some(l);
+        self.self_attention(t, &p, l == 0, ly);
+        self.feed_forward(t, &format!("{p}.1.DenseReluDense"), ly);
+        norm(t, &format!("{p}.1.layer_norm"), self.dm, false, ly);
+    }
+
+    /// Decoder block `l` (layer `layer` of the whole model): self-attention,
+    /// attention over the encoder's output, then the MLP.
+    fn decoder_block(self, t: &mut Vec<ParamTensor>, l: u64, layer: u64) {
+        let p = format!("decoder.block.{l}.layer");
+        let ly = Some(layer);
+        self.self_attention(t, &p, l == 0, ly);
+        self.attention(t, &format!("{p}.1.EncDecAttention"), ly);
+        norm(t, &format!("{p}.1.layer_norm"), self.dm, false, ly);
+        self.feed_forward(t, &format!("{p}.2.DenseReluDense"), ly);
+        norm(t, &format!("{p}.2.layer_norm"), self.dm, false, ly);
+    }
 }
 
 fn vit(c: &Cfg, class: &str) -> Result<(Architecture, Vec<ParamTensor>)> {

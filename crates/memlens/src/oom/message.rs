@@ -514,13 +514,56 @@ const PAREN_TAILS: &[&str] = &["reserved in total by pytorch)", "cached)"];
 const PAREN_HINT: &str = "if reserved memory is >> allocated memory";
 const PAREN_HINT_END: &str = "to avoid fragmentation.";
 
+/// Reads the message that starts `window` (found by an anchor of `kind`):
+/// every figure it prints, the form it has and the PyTorch versions that
+/// print that form; `None` for a headless fragment with no capacity.
 fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
     let lower_full = window.to_ascii_lowercase();
     let end = message_end(&lower_full, kind);
     let w = &window[..end];
     let lower = &lower_full[..end];
 
-    let mut m = OomMessage {
+    let mut m = new_message(w, kind);
+    if kind == AnchorKind::Native {
+        if let Some(pos) = lower.find(" out of memory") {
+            let word = &w[..pos];
+            if !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric()) {
+                m.device_kind = Some(word.to_string());
+            }
+        }
+    }
+
+    let clues = read_sizes(&mut m, w, lower);
+
+    let over_1eb = lower.contains("tried to allocate more than 1eb");
+    if over_1eb {
+        m.requested = Some(Figure {
+            bytes: EXABYTE,
+            text: MORE_THAN_1EB.to_string(),
+        });
+    }
+
+    m.device_index = device_index(lower, kind, clues.parenthesised);
+    m.form = message_form(&m, lower, kind, over_1eb, clues);
+    m.pytorch_versions = match m.form {
+        // allowed_info and the private-pool text arrived in 2.4.
+        MessageForm::V2_2To2_9 if m.allowed.is_some() || m.private_pools.is_some() => "2.4 to 2.9",
+        MessageForm::Modern if m.allowed.is_some() || m.private_pools.is_some() => "2.4 or later",
+        form => form.versions(),
+    };
+
+    // A headless fragment is a message only if it printed the capacity.
+    if kind == AnchorKind::Headless && m.total_capacity.is_none() {
+        return None;
+    }
+    mark_self_in_container(&mut m);
+    Some(m)
+}
+
+/// A message of `text` with no figure read yet (the allocator from the
+/// anchor's kind).
+fn new_message(text: &str, kind: AnchorKind) -> OomMessage {
+    OomMessage {
         form: MessageForm::Modern,
         pytorch_versions: "",
         device_kind: None,
@@ -540,20 +583,27 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         private_pools: None,
         reserved_unallocated: None,
         reserved_total: None,
-        text: w.to_string(),
-    };
-
-    if kind == AnchorKind::Native {
-        if let Some(pos) = lower.find(" out of memory") {
-            let word = &w[..pos];
-            if !word.is_empty() && word.chars().all(|c| c.is_ascii_alphanumeric()) {
-                m.device_kind = Some(word.to_string());
-            }
-        }
+        text: text.to_string(),
     }
+}
 
-    let mut capacty = false;
-    let mut parenthesised = false;
+/// What the sizes of a message tell beside their figures: which older
+/// form printed them.
+#[derive(Clone, Copy)]
+struct SizeClues {
+    /// "total capacty of" (sic): the 2.1 form.
+    capacty: bool,
+    /// "(... total capacity; ...)": the parenthesised forms before 2.1.
+    parenthesised: bool,
+}
+
+/// Puts each size of `w` (`lower`: the same text in lower case) in its slot
+/// of `m` by the words around it (the first size of a slot wins).
+fn read_sizes(m: &mut OomMessage, w: &str, lower: &str) -> SizeClues {
+    let mut clues = SizeClues {
+        capacty: false,
+        parenthesised: false,
+    };
     for tok in scan_sizes(w) {
         let before = lower[..tok.start].trim_end();
         let after = lower[tok.end..].trim_start();
@@ -564,7 +614,7 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         } else if before.ends_with("total capacity of") {
             &mut m.total_capacity
         } else if before.ends_with("total capacty of") {
-            capacty = true;
+            clues.capacty = true;
             &mut m.total_capacity
         } else if before.ends_with("of which") && after.starts_with("is free") {
             &mut m.device_free
@@ -591,7 +641,7 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         } else if after.starts_with("is reserved by pytorch but unallocated") {
             &mut m.reserved_unallocated
         } else if after.starts_with("total capacity") {
-            parenthesised = true;
+            clues.parenthesised = true;
             &mut m.total_capacity
         } else if after.starts_with("free;")
             || after.starts_with("free)")
@@ -613,16 +663,18 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         }
     }
 
-    let over_1eb = lower.contains("tried to allocate more than 1eb");
-    if over_1eb {
-        m.requested = Some(Figure {
-            bytes: EXABYTE,
-            text: MORE_THAN_1EB.to_string(),
-        });
-    }
+    clues
+}
 
-    m.device_index = device_index(lower, kind, parenthesised);
-    m.form = if kind == AnchorKind::Async {
+/// The form of message `m` (read from `lower` by an anchor of `kind`).
+fn message_form(
+    m: &OomMessage,
+    lower: &str,
+    kind: AnchorKind,
+    over_1eb: bool,
+    clues: SizeClues,
+) -> MessageForm {
+    if kind == AnchorKind::Async {
         if m.allocated.is_some() || m.requested.is_some() {
             MessageForm::CudaMallocAsync
         } else {
@@ -630,9 +682,9 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         }
     } else if over_1eb {
         MessageForm::MoreThan1Eb
-    } else if capacty {
+    } else if clues.capacty {
         MessageForm::V2_1
-    } else if parenthesised {
+    } else if clues.parenthesised {
         if lower.contains(PAREN_HINT) {
             MessageForm::V1_10To2_0
         } else {
@@ -644,20 +696,7 @@ fn read_message(window: &str, kind: AnchorKind) -> Option<OomMessage> {
         MessageForm::V2_2To2_9
     } else {
         MessageForm::Modern
-    };
-    m.pytorch_versions = match m.form {
-        // allowed_info and the private-pool text arrived in 2.4.
-        MessageForm::V2_2To2_9 if m.allowed.is_some() || m.private_pools.is_some() => "2.4 to 2.9",
-        MessageForm::Modern if m.allowed.is_some() || m.private_pools.is_some() => "2.4 or later",
-        form => form.versions(),
-    };
-
-    // A headless fragment is a message only if it printed the capacity.
-    if kind == AnchorKind::Headless && m.total_capacity.is_none() {
-        return None;
     }
-    mark_self_in_container(&mut m);
-    Some(m)
 }
 
 /// Where the message ends in `lower` (a window that starts at the message).

@@ -3,7 +3,9 @@
 
 use super::documents::EstimateDoc;
 use super::layout::push_wrapped;
-use crate::estimate::{Checkpointing, Comparison, Estimate, Explanation, Fit, Part, Term};
+use crate::estimate::{
+    Checkpointing, Comparison, Estimate, Explanation, Fit, Part, Settings, Term,
+};
 use crate::units::{format_bytes, format_delta, group_digits as group};
 use std::fmt::Write;
 
@@ -46,8 +48,16 @@ fn term_lines(o: &mut String, terms: &[Term], indent: usize) {
 /// inputs, the per-layer terms, the phases and the peak.
 fn render(est: &Estimate) -> String {
     let mut o = String::new();
+    render_model(&mut o, est);
+    render_settings(&mut o, &est.settings);
+    render_parts(&mut o, est);
+    render_phases(&mut o, est);
+    o
+}
+
+/// The model: its source, type, parameters, architecture and checkpoint.
+fn render_model(o: &mut String, est: &Estimate) {
     let m = &est.model;
-    let s = &est.settings;
     let class = m
         .class
         .as_deref()
@@ -103,6 +113,10 @@ fn render(est: &Estimate) -> String {
             }
         );
     }
+}
+
+/// The settings of the step estimated and the element sizes.
+fn render_settings(o: &mut String, s: &Settings) {
     let precision = match (s.amp, s.weight_bytes) {
         (true, 4) => format!("{} weights + bf16 autocast", s.dtype.name()),
         (true, _) => format!("{} weights, fp32 master weights", s.dtype.name()),
@@ -143,7 +157,11 @@ fn render(est: &Estimate) -> String {
         "  element sizes: weights p={} B, activations e={} B, residual stream r={} B",
         s.weight_bytes, s.activation_bytes, s.residual_bytes
     );
+}
 
+/// Each part with its formula and inputs (marked when alive at the peak), then
+/// the terms of one layer of each kind.
+fn render_parts(o: &mut String, est: &Estimate) {
     let at_peak = |key: &str| est.peak().is_some_and(|ph| ph.parts.contains_key(key));
     let _ = writeln!(
         o,
@@ -163,7 +181,7 @@ fn render(est: &Estimate) -> String {
             let _ = writeln!(o, "  {:<34} {:>11}  where {}", "", "", inputs_line(p));
         }
         if p.terms.len() > 1 || p.key == "activations" {
-            term_lines(&mut o, &p.terms, 4);
+            term_lines(o, &p.terms, 4);
         }
     }
     for l in &est.layers {
@@ -175,8 +193,12 @@ fn render(est: &Estimate) -> String {
             l.seq,
             format_bytes(l.bytes_per_layer)
         );
-        term_lines(&mut o, &l.terms, 4);
+        term_lines(o, &l.terms, 4);
     }
+}
+
+/// The bytes at each phase, the peak, and the bytes on the device.
+fn render_phases(o: &mut String, est: &Estimate) {
     let _ = writeln!(o);
     for ph in &est.phases {
         let label = match ph.name {
@@ -198,7 +220,6 @@ fn render(est: &Estimate) -> String {
         "on the device",
         format_bytes(est.device_bytes)
     );
-    o
 }
 
 /// Why the peak is what it is, then the other settings with what differs.

@@ -1236,15 +1236,6 @@ pub fn replay_device(snap: &Snapshot, device: u32, opts: &ReplayOptions) -> Repl
     Replay::new(snap, device, opts).run()
 }
 
-/// Replays every device that has a trace.
-pub fn replay_all(snap: &Snapshot, opts: &ReplayOptions) -> Vec<ReplaySummary> {
-    snap.traces
-        .iter()
-        .filter(|t| !t.events.is_empty())
-        .map(|t| replay_device(snap, t.device, opts))
-        .collect()
-}
-
 /// Why the allocator gave memory back at some point of a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]

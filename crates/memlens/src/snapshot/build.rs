@@ -357,15 +357,58 @@ fn describe(heap: &Heap, v: Value) -> String {
     }
 }
 
+/// Builds the snapshot from the unpickled `root` (its values in `heap`):
+/// segments, traces, settings and annotations, the warnings about what the
+/// file holds, then checks it (see `validate`).
 fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
-    let not_snapshot = |what: String| Error::NotASnapshot {
+    let not_snapshot = not_a_snapshot(path);
+    let mut snap = Snapshot::default();
+    let top = top_level(&heap, root, path, &mut snap.legacy)?;
+    read_segments(&mut heap, top.segments, &mut snap, path)?;
+    read_traces(&mut heap, top.traces, &mut snap, path)?;
+    if let Some(v) = top.settings {
+        snap.settings = settings(&heap, v);
+    }
+    if let Some(v) = top.annotations {
+        snap.annotations = annotations(&heap, v);
+    }
+
+    add_warnings(&mut snap, &heap);
+    super::validate::check(&snap).map_err(not_snapshot)?;
+
+    snap.frames = std::mem::take(&mut heap.frames);
+    snap.stack_ranges = std::mem::take(&mut heap.stack_ranges);
+    snap.stack_frames = std::mem::take(&mut heap.stack_frames);
+    snap.streams = std::mem::take(&mut heap.streams);
+    snap.strings = std::mem::take(&mut heap.strings);
+    Ok(snap)
+}
+
+/// Makes the error for a file that is not a snapshot, saying what it is.
+fn not_a_snapshot(path: &Path) -> impl Fn(String) -> Error + Copy + '_ {
+    move |what| Error::NotASnapshot {
         path: path.into(),
         what,
-    };
-    let mut snap = Snapshot::default();
+    }
+}
 
-    // The top level: a dict, or the legacy bare list of segments.
-    let (segments_v, traces_v, settings_v, annotations_v) = match root {
+/// The parts of a snapshot's top level, where it has them.
+struct TopLevel {
+    /// The list of segments.
+    segments: Option<Value>,
+    /// The list of device traces.
+    traces: Option<Value>,
+    /// The allocator settings dict.
+    settings: Option<Value>,
+    /// The `record_function` annotations.
+    annotations: Option<Value>,
+}
+
+/// The top level: a dict, or the legacy bare list of segments (then `legacy`
+/// is set); anything else is not a snapshot.
+fn top_level(heap: &Heap, root: Value, path: &Path, legacy: &mut bool) -> Result<TopLevel> {
+    let not_snapshot = not_a_snapshot(path);
+    let parts = match root {
         Value::Dict(_) => {
             let seg = heap.get_str(root, "segments");
             let tr = heap
@@ -374,15 +417,15 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
             if seg.is_none() && tr.is_none() {
                 return Err(not_snapshot(format!(
                     "{} (a snapshot has \"segments\" and \"device_traces\")",
-                    describe(&heap, root)
+                    describe(heap, root)
                 )));
             }
-            (
-                seg,
-                tr,
-                heap.get_str(root, "allocator_settings"),
-                heap.get_str(root, "external_annotations"),
-            )
+            TopLevel {
+                segments: seg,
+                traces: tr,
+                settings: heap.get_str(root, "allocator_settings"),
+                annotations: heap.get_str(root, "external_annotations"),
+            }
         }
         Value::List(_) if heap.list_len(root) == 0 => {
             return Err(not_snapshot(
@@ -390,29 +433,50 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
             ))
         }
         Value::List(_) => {
-            snap.legacy = true;
-            (Some(root), None, None, None)
+            *legacy = true;
+            TopLevel {
+                segments: Some(root),
+                traces: None,
+                settings: None,
+                annotations: None,
+            }
         }
         other => {
             return Err(not_snapshot(format!(
                 "{} (a snapshot is a dict with \"segments\" and \"device_traces\")",
-                describe(&heap, other)
+                describe(heap, other)
             )))
         }
     };
+    Ok(parts)
+}
 
-    if let Some(v) = segments_v {
+/// Reads the segments list `v`, if any, into `snap`.
+fn read_segments(
+    heap: &mut Heap,
+    v: Option<Value>,
+    snap: &mut Snapshot,
+    path: &Path,
+) -> Result<()> {
+    let not_snapshot = not_a_snapshot(path);
+    if let Some(v) = v {
         let items = heap.sequence(v).ok_or_else(|| {
             not_snapshot(format!("\"segments\" is a {}, not a list", v.type_name()))
         })?;
         for (i, s) in items.into_iter().enumerate() {
-            let seg = segment(&mut heap, s, i).map_err(not_snapshot)?;
+            let seg = segment(heap, s, i).map_err(not_snapshot)?;
             snap.legacy |= seg.1;
             snap.segments.push(seg.0);
         }
     }
+    Ok(())
+}
 
-    if let Some(v) = traces_v {
+/// Reads the device traces list `v`, if any, into `snap` (with a warning for
+/// the entries skipped).
+fn read_traces(heap: &mut Heap, v: Option<Value>, snap: &mut Snapshot, path: &Path) -> Result<()> {
+    let not_snapshot = not_a_snapshot(path);
+    if let Some(v) = v {
         let devices = heap.sequence(v).ok_or_else(|| {
             not_snapshot(format!(
                 "\"device_traces\" is a {}, not a list",
@@ -421,7 +485,7 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
         })?;
         let mut skipped = 0u64;
         for (d, list) in devices.into_iter().enumerate() {
-            let trace = device_trace(&mut heap, list, d as u32, &mut skipped).ok_or_else(|| {
+            let trace = device_trace(heap, list, d as u32, &mut skipped).ok_or_else(|| {
                 not_snapshot(format!(
                     "device_traces[{d}] is a {}, not a list",
                     list.type_name()
@@ -435,14 +499,13 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
             ));
         }
     }
+    Ok(())
+}
 
-    if let Some(v) = settings_v {
-        snap.settings = settings(&heap, v);
-    }
-    if let Some(v) = annotations_v {
-        snap.annotations = annotations(&heap, v);
-    }
-
+/// The warnings about what the file holds: frames that were not frames, the
+/// legacy form, a trace without allocations, no stacks, a ring buffer that
+/// overflowed.
+fn add_warnings(snap: &mut Snapshot, heap: &Heap) {
     if heap.odd_frames > 0 {
         snap.warnings.push(format!(
             "{} trace entries had frames that were not frame dicts; their stacks are empty",
@@ -484,15 +547,6 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
                 .into(),
         );
     }
-
-    super::validate::check(&snap).map_err(not_snapshot)?;
-
-    snap.frames = std::mem::take(&mut heap.frames);
-    snap.stack_ranges = std::mem::take(&mut heap.stack_ranges);
-    snap.stack_frames = std::mem::take(&mut heap.stack_frames);
-    snap.streams = std::mem::take(&mut heap.streams);
-    snap.strings = std::mem::take(&mut heap.strings);
-    Ok(snap)
 }
 
 /// Reads one segment dict; the bool says the segment is in the legacy form.
