@@ -421,31 +421,6 @@ fn group(
     }
 }
 
-/// What was live on trace `trace` right after event `event_index` (`None`:
-/// before the first event), by site and category (the `top` largest sites),
-/// and the bytes by category.
-pub fn live_at(
-    snap: &Snapshot,
-    trace: usize,
-    event_index: Option<usize>,
-    top: usize,
-) -> (Vec<LiveSite>, BTreeMap<String, u64>) {
-    let Some(t) = snap.traces.get(trace) else {
-        return (Vec::new(), BTreeMap::new());
-    };
-    let mut r = Replay::new(snap, t.device, &ReplayOptions::default());
-    if let Some(i) = event_index {
-        r.run_to(i);
-    }
-    let an = Analysed::new(snap);
-    let Some(classifier) = an.classifier(trace) else {
-        return (Vec::new(), BTreeMap::new());
-    };
-    let g = group_live(&an, &classifier, &r.live_blocks(), top);
-    let cats = g.category_bytes();
-    (g.sites, cats)
-}
-
 /// Each step's peaks and what it left, from the totals after each event.
 struct StepTracker {
     peaks: Vec<StepPeak>,
