@@ -1,26 +1,9 @@
 //! The `memlens` binary: JSON contract and exit codes.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
 
-fn fixtures() -> PathBuf {
-    std::env::var("MEMLENS_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        })
-}
-
-fn memlens(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args(args)
-        .output()
-        .expect("memlens runs")
-}
-
-fn fixture(name: &str) -> String {
-    fixtures().join(name).to_string_lossy().into_owned()
-}
+mod run;
+use run::{fixture, memlens, memlens_in};
 
 /// Bad input: exit code 2 and exactly one line on stderr naming the file.
 fn assert_bad_input(args: &[&str], needle: &str) {
@@ -229,14 +212,6 @@ fn doctor_json_has_findings_and_report() {
 }
 
 /// memlens in `dir` as the working directory.
-fn memlens_in(dir: &std::path::Path, args: &[&str]) -> Output {
-    std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("memlens runs")
-}
-
 #[test]
 fn doctor_writes_its_report_beside_the_input_and_never_over_a_users_file() {
     let dir = tempfile::tempdir().unwrap();

@@ -3,8 +3,10 @@
 //! already in the folder as they were, with no temporary file behind.
 #![cfg(feature = "export")]
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
+
+mod run;
+use run::{fixture, memlens};
 
 const TABLES: [&str; 4] = [
     "events.parquet",
@@ -12,24 +14,6 @@ const TABLES: [&str; 4] = [
     "segments.parquet",
     "frames.parquet",
 ];
-
-fn fixture(name: &str) -> String {
-    std::env::var("MEMLENS_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        })
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn memlens(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args(args)
-        .output()
-        .expect("memlens runs")
-}
 
 /// The bytes of every table in `dir`.
 fn tables(dir: &Path) -> Vec<Vec<u8>> {

@@ -2,27 +2,10 @@
 //! `doctor`'s verdict when its report cannot be written, and `report` not
 //! replacing a file of the user's.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
-fn fixture(name: &str) -> String {
-    std::env::var("MEMLENS_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        })
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn memlens_in(dir: &Path, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("memlens runs")
-}
+mod run;
+use run::{fixture, memlens_in};
 
 #[test]
 fn help_gives_the_exit_codes() {

@@ -3,7 +3,9 @@
 //! file order and from a folder, and unrelated runs analysed one by one.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+
+mod run;
+use run::{fixture, memlens};
 
 fn corpus(name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -11,24 +13,6 @@ fn corpus(name: &str) -> String {
         .join(name)
         .to_string_lossy()
         .into_owned()
-}
-
-fn fixture(name: &str) -> String {
-    std::env::var("MEMLENS_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        })
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
-
-fn memlens(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args(args)
-        .output()
-        .expect("memlens runs")
 }
 
 fn truth() -> serde_json::Value {

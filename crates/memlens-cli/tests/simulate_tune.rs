@@ -1,23 +1,7 @@
 //! `memlens simulate` and `memlens tune`: JSON contract and exit codes.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
-
-fn fixture(name: &str) -> String {
-    let dir = std::env::var("MEMLENS_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        });
-    dir.join(name).to_string_lossy().into_owned()
-}
-
-fn memlens(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args(args)
-        .output()
-        .expect("memlens runs")
-}
+mod run;
+use run::{fixture, memlens};
 
 fn json(args: &[&str]) -> serde_json::Value {
     let out = memlens(args);

@@ -4,20 +4,10 @@
 //! tensors alive: the bug planted in the workload, as its `.stats.json` names
 //! it (`leak`).
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-fn fixtures() -> PathBuf {
-    std::env::var("MEMLENS_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/fixtures")
-        })
-}
-
-fn fixture(name: &str) -> String {
-    fixtures().join(name).to_string_lossy().into_owned()
-}
+mod run;
+use run::{fixture, fixtures};
 
 fn source_root() -> String {
     fixture("gen")

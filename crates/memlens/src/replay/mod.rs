@@ -1282,41 +1282,12 @@ pub fn release_runs_from(
     opts: &ReplayOptions,
     initial: InitialState,
 ) -> Vec<ReleaseRun> {
-    let events = snap.device_trace(device);
-    let Some(last_free) = events
-        .iter()
-        .rposition(|e| matches!(e.action, Action::SegmentFree | Action::SegmentUnmap))
-    else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    let mut r = Replay::from_initial(snap, device, opts, initial);
-    let mut i = 0;
-    // Past the last segment free there is nothing left to classify.
-    while i <= last_free {
-        let e = &events[i];
-        let starts = matches!(e.action, Action::SegmentFree | Action::SegmentUnmap)
-            && (i == 0 || !is_segment_event(events[i - 1].action));
-        if starts {
-            let end = events[i..]
-                .iter()
-                .position(|x| !is_segment_event(x.action))
-                .map_or(events.len(), |k| i + k);
-            let cause = if r.run_is_empty_cache(i) {
-                ReleaseCause::EmptyCache
-            } else {
-                ReleaseCause::MakeRoom
-            };
-            out.push(ReleaseRun {
-                start: i,
-                end,
-                cause,
-            });
-        }
-        r.advance();
-        i += 1;
+    let mut runs = observe::ReleaseRuns::new(snap.device_trace(device));
+    if runs.any() {
+        let r = Replay::from_initial(snap, device, opts, initial);
+        observe::observe_replay(r, &mut [&mut runs]);
     }
-    out
+    runs.into_runs()
 }
 
 /// The whole state right after event `index` of a device's trace.

@@ -34,7 +34,12 @@ pub fn observe(
     opts: &ReplayOptions,
     observers: &mut [&mut dyn Observer],
 ) {
-    let mut r = Replay::new(snap, device, opts);
+    observe_replay(Replay::new(snap, device, opts), observers);
+}
+
+/// [`observe`] on a replay already prepared (from a state before the trace
+/// the caller rebuilt: [`Replay::from_initial`]).
+pub fn observe_replay(mut r: Replay<'_>, observers: &mut [&mut dyn Observer]) {
     let until = observers.iter().map(|o| o.until()).max().unwrap_or(0);
     let n = r.events().len();
     if n == 0 {
@@ -189,6 +194,12 @@ impl<'e> ReleaseRuns<'e> {
         }
     }
 
+    /// Whether the trace has any segment free to classify (else no replay
+    /// is needed for it).
+    pub fn any(&self) -> bool {
+        self.last_free.is_some()
+    }
+
     /// The runs found, in order.
     pub fn into_runs(self) -> Vec<ReleaseRun> {
         self.runs
@@ -248,7 +259,7 @@ pub struct RecordedRun {
 pub fn recorded_run(snap: &Snapshot, device: u32, oom: Option<usize>) -> RecordedRun {
     let mut releases = ReleaseRuns::new(snap.device_trace(device));
     let mut at = oom.map(StateBefore::new);
-    let needed = oom.is_some() || releases.last_free.is_some();
+    let needed = oom.is_some() || releases.any();
     {
         let mut observers: Vec<&mut dyn Observer> = vec![&mut releases];
         if let Some(a) = at.as_mut() {
