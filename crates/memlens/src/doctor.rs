@@ -3,9 +3,11 @@
 
 use crate::analysis::inputs::{self as grouping, Group, GroupKind};
 use crate::analysis::leaks::{self, Confidence, LeakReport};
-use crate::analysis::peak::{peak_and_live_later, AnalysedLater, AnalysedSet, PeakReport};
+use crate::analysis::peak::{
+    peak_and_live_later, AnalysedLater, AnalysedSet, AnalysedSource, PeakReport,
+};
 use crate::analysis::ranks::{self, RanksReport};
-use crate::analysis::summary::{summarize, Summary};
+use crate::analysis::summary::{summarize_with, Summary};
 use crate::replay::config::recorded_config;
 use crate::replay::observe::RecordedRun;
 use crate::replay::simulate::SimulateOptions;
@@ -183,7 +185,7 @@ pub fn diagnose_in<'s>(
     let later = set.later(last).unwrap_or(&own);
     let (analysed, (peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
         let replay = scope.spawn(|| peak_and_live_later(last, later, 20));
-        let summary = scope.spawn(|| summarize(last));
+        let summary = scope.spawn(|| summarize_with(last, later.pending()));
         let analysed = later.build(last);
         let leaks = leaks::find_analysed(snaps, analysed);
         (analysed, joined(replay), joined(summary), leaks)
@@ -192,7 +194,8 @@ pub fn diagnose_in<'s>(
     let fragmented = fragmentation_slack(&peak).is_some();
     // One replay of the run under its recorded settings serves the OOM
     // (the state it met) and the what-ifs (where empty_cache() was called).
-    let run = (oom.is_some() || fragmented).then(|| recorded_run_for(last, oom.map(|o| o.0)));
+    let run = (oom.is_some() || fragmented)
+        .then(|| recorded_run_for(later.recorded(), last, oom.map(|o| o.0)));
     let oom_report = oom.and_then(|_| explain_oom(analysed, run.as_ref(), opts));
     let tune = run.as_ref().and_then(|run| tune_run(last, run, opts));
 
@@ -220,7 +223,7 @@ pub fn diagnose_in<'s>(
     });
     Diagnosis {
         findings,
-        snapshot_peaks: snapshot_peaks(snaps, &peak),
+        snapshot_peaks: snapshot_peaks(set, snaps, &peak),
         summary,
         peak,
         leaks,
@@ -262,10 +265,14 @@ fn fragmentation_slack(peak: &PeakReport) -> Option<u64> {
 /// The one replay of `last`'s run under its recorded settings, on the device
 /// `tune` simulates, watching the OOM at `oom` (trace, event) when it is on
 /// that device.
-fn recorded_run_for(last: &Snapshot, oom: Option<(usize, usize)>) -> RecordedRun {
+fn recorded_run_for(
+    passes: &crate::replay::during_read::RecordedPasses,
+    last: &Snapshot,
+    oom: Option<(usize, usize)>,
+) -> RecordedRun {
     let device = last.first_traced_device();
     let watch = oom.filter(|&(t, _)| last.traces[t].device == device);
-    crate::replay::observe::recorded_run(last, device, watch.map(|(_, i)| i))
+    crate::replay::observe::recorded_run_in(passes, last, device, watch.map(|(_, i)| i))
 }
 
 /// Why the allocation failed and what would fix it, from the replay `run`
@@ -543,11 +550,15 @@ fn caveat_findings(summary: &Summary, peak: &PeakReport) -> Vec<Finding> {
 /// Each snapshot's peaks, for the report's overview of a run given as
 /// several: the last one's is `peak`; the others' come from their replay
 /// beside the reader.
-fn snapshot_peaks(snaps: &[(String, &Snapshot)], peak: &PeakReport) -> Vec<(u64, u64)> {
+fn snapshot_peaks<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    peak: &PeakReport,
+) -> Vec<(u64, u64)> {
     match snaps.split_last() {
         Some((_, earlier)) if !earlier.is_empty() => earlier
             .iter()
-            .map(|(_, s)| crate::analysis::peak::peak_totals(s))
+            .map(|(_, s)| crate::analysis::peak::peak_totals(s, set.fed_pass(s)))
             .chain(std::iter::once((
                 peak.peak_allocated_bytes,
                 peak.peak_reserved_bytes,

@@ -40,6 +40,16 @@ pub fn counts() -> WorkCounts {
     }
 }
 
+/// The counts as one line of JSON, for `MEMLENS_WORK_COUNTS=1 memlens ...`
+/// (the binary prints it on stderr when it ends; `tests/one_pass.rs` reads it).
+pub fn counts_line() -> String {
+    let c = counts();
+    format!(
+        "{{\"recorded_replays\":{},\"whatif_replays\":{},\"analysed_traces\":{},\"backward_rebuilds\":{}}}",
+        c.recorded_replays, c.whatif_replays, c.analysed_traces, c.backward_rebuilds
+    )
+}
+
 /// Sets every count back to zero.
 pub fn reset() {
     for c in [
@@ -54,9 +64,6 @@ pub fn reset() {
 
 /// Notes a replay: under the recorded settings, or a what-if.
 pub(crate) fn note_replay(recorded: bool) {
-    if recorded && std::env::var_os("WT").is_some() {
-        eprintln!("REPLAY {}", std::backtrace::Backtrace::force_capture());
-    }
     let c = if recorded {
         &RECORDED_REPLAYS
     } else {
@@ -67,16 +74,10 @@ pub(crate) fn note_replay(recorded: bool) {
 
 /// Notes an analysed trace built.
 pub(crate) fn note_analysed() {
-    if std::env::var_os("WT").is_some() {
-        eprintln!("ANALYSED {}", std::backtrace::Backtrace::force_capture());
-    }
     ANALYSED_TRACES.fetch_add(1, Ordering::Relaxed);
 }
 
 /// Notes a state rebuilt backwards from the dump.
 pub(crate) fn note_backward_rebuild() {
-    if std::env::var_os("WT").is_some() {
-        eprintln!("BACKWARD {}", std::backtrace::Backtrace::force_capture());
-    }
     BACKWARD_REBUILDS.fetch_add(1, Ordering::Relaxed);
 }

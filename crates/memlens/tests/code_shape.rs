@@ -532,11 +532,9 @@ fn cycles(uses: &Uses) -> Vec<Vec<String>> {
     found.into_iter().collect()
 }
 
-/// The one circle left (issue 29): `Snapshot` still holds the replay that
-/// ran beside its reading (`snapshot::Snapshot::peak_pass`), and the replay
-/// reads snapshots. Any other circle fails the test, and so does this one
-/// once it is gone (the list only shrinks).
-const KNOWN_CYCLES: &[&[&str]] = &[&["replay", "snapshot"]];
+/// Circles allowed: none (issue 29 took the last, `Snapshot` holding the
+/// replay beside its reader, out). The list only shrinks.
+const KNOWN_CYCLES: &[&[&str]] = &[];
 
 #[test]
 fn no_import_circle_between_top_level_modules() {

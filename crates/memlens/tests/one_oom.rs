@@ -157,7 +157,6 @@ fn two_devices() -> (Snapshot, u64) {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/corpus/oom/gpt_warm.pickle.zst");
     let mut snap = Snapshot::load(&path).expect("reads");
-    snap.peak_pass = None;
     let big_addr = 0x7f00_0000_0000u64;
     let big = 16u64 << 30;
     let mut t1 = snap.traces[0].clone();

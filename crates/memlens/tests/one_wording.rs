@@ -12,7 +12,6 @@ use memlens::Snapshot;
 #[test]
 fn a_trace_that_began_late_gets_one_caveat_in_one_wording() {
     let mut snap = Snapshot::load(&common::fixture("gpt2_train.pickle.zst")).expect("reads");
-    snap.peak_pass = None;
     for t in &mut snap.traces {
         let cut = t.events.len() / 3;
         t.events.drain(..cut);

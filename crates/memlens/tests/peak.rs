@@ -127,10 +127,12 @@ fn cublas_workspaces_are_not_activations_or_gradients() {
     assert_eq!(cat(&r, "gradient"), 0.0, "{:?}", r.categories);
 }
 
-/// A source whose analysed trace comes only when the replay has finished:
-/// every event's totals wait in the replay's buffer (the slowest case of
-/// doctor's two threads).
-struct ComesLast<'a, 's>(&'a memlens::trace::Analysed<'s>);
+/// A source whose analysed trace is never ready before it is waited for,
+/// with a replay of its own (not the one the analysed trace holds).
+struct ComesLast<'a, 's>(
+    &'a memlens::trace::Analysed<'s>,
+    memlens::replay::during_read::RecordedPasses,
+);
 
 impl<'s> memlens::analysis::peak::AnalysedSource<'s> for ComesLast<'_, 's> {
     fn ready(&self) -> Option<&memlens::trace::Analysed<'s>> {
@@ -138,6 +140,9 @@ impl<'s> memlens::analysis::peak::AnalysedSource<'s> for ComesLast<'_, 's> {
     }
     fn wait(&self) -> &memlens::trace::Analysed<'s> {
         self.0
+    }
+    fn recorded(&self) -> &memlens::replay::during_read::RecordedPasses {
+        &self.1
     }
 }
 
@@ -152,7 +157,7 @@ fn peak_is_the_same_whenever_the_analysed_trace_arrives() {
             at_once.steps.len() > 1 || name.contains("oom"),
             "{name}: steps"
         );
-        let (last, live_last) = peak_and_live_later(&snap, &ComesLast(&an), 10);
+        let (last, live_last) = peak_and_live_later(&snap, &ComesLast(&an, Default::default()), 10);
         assert_eq!(at_once, last, "{name}");
         // On two threads, as doctor runs it.
         let later = AnalysedLater::new();
@@ -202,9 +207,12 @@ fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
     for path in every_snapshot() {
         let name = path.display().to_string();
         let plain = Snapshot::load(&path).unwrap_or_else(|e| panic!("{e}"));
-        let replayed = during_read::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let read = during_read::load(&path).unwrap_or_else(|e| panic!("{e}"));
+        let replayed = &read.snap;
+        let pass = read.pass.as_deref().and_then(during_read::PendingPass::get);
         let (a, live_a) = peak_and_live(&memlens::trace::Analysed::new(&plain), 10);
-        let (b, live_b) = peak_and_live(&memlens::trace::Analysed::new(&replayed), 10);
+        let fed = memlens::trace::Analysed::with_pass(replayed, read.pass.clone());
+        let (b, live_b) = peak_and_live(&fed, 10);
         assert_eq!(a, b, "{name}");
         let blocks = |l: &Option<memlens::analysis::peak::LiveAtPeak>| {
             l.as_ref().map(|l| (l.allocated, l.blocks.clone()))
@@ -212,43 +220,44 @@ fn the_peak_of_a_trace_replayed_while_read_is_the_peak() {
         assert_eq!(blocks(&live_a), blocks(&live_b), "{name}");
         // The summary takes the pass's word that every free found its
         // allocation: the same summary as counting them.
-        let summary = |s: &Snapshot| {
-            serde_json::to_value(memlens::analysis::summary::summarize(s)).expect("serializes")
+        let summary = |s: &Snapshot, fed| {
+            serde_json::to_value(memlens::analysis::summary::summarize_with(s, fed))
+                .expect("serializes")
         };
-        assert_eq!(summary(&plain), summary(&replayed), "{name}");
+        assert_eq!(
+            summary(&plain, None),
+            summary(replayed, read.pass.as_deref()),
+            "{name}"
+        );
         // The pass is used exactly when its guesses hold: the allocator was
         // empty when the trace began, under PyTorch's default settings.
         if replayed.event_count() == 0 {
-            assert!(replayed.peak_pass().is_none(), "{name}: no trace, no pass");
+            assert!(pass.is_none(), "{name}: no trace, no pass");
             continue;
         }
         let device = replayed.first_traced_device();
         let t = replayed.device_trace(device);
-        let initial = memlens::replay::initial::reconstruct(&replayed, device, t);
+        let initial = memlens::replay::initial::reconstruct(replayed, device, t);
         // Where the pass shows the allocator empty before the trace, undoing
         // the trace gives exactly that.
-        let shown_empty = replayed
-            .peak_pass()
-            .is_some_and(|p| p.starts_empty(&replayed, device));
+        let shown_empty = pass.is_some_and(|p| p.starts_empty(replayed, device));
         if shown_empty {
             assert_eq!(initial, Default::default(), "{name}");
             shown.push(name.clone());
-        } else if replayed.peak_pass().is_some() && !initial.is_empty() {
+        } else if pass.is_some() && !initial.is_empty() {
             // A pass that replayed a trace begun after the allocator was
             // used, and says so.
             not_shown += 1;
         }
         assert_eq!(
-            memlens::replay::initial::before_trace(&replayed, device),
+            memlens::replay::initial::before_trace_with(replayed, device, pass),
             initial,
             "{name}"
         );
         let default = memlens::replay::config::recorded_config(&Default::default());
         let expected = initial.is_empty()
             && memlens::replay::config::recorded_config(&replayed.settings) == default;
-        let fits = replayed
-            .peak_pass()
-            .is_some_and(|p| p.fits(&replayed, device, &initial, &Default::default()));
+        let fits = pass.is_some_and(|p| p.fits(replayed, device, &initial, &Default::default()));
         assert_eq!(fits, expected, "{name}");
         if fits {
             used.push(name);

@@ -4,8 +4,9 @@
 //! report.
 
 use crate::output;
+use memlens::analysis::peak::AnalysedSet;
 use memlens::doctor::DoctorOptions;
-use memlens::render::{self, documents::doctor_doc};
+use memlens::render::{self, documents::doctor_doc_in};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
@@ -68,14 +69,18 @@ fn spinner(msg: &str) -> indicatif::ProgressBar {
 /// Runs `memlens doctor`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let pb = spinner("reading snapshots");
-    let snaps: Vec<(String, memlens::Snapshot)> = if args.snapshots.is_empty() {
-        vec![(
-            memlens::example::EXAMPLE_NAME.to_string(),
-            memlens::Snapshot::example(),
-        )]
+    let read = if args.snapshots.is_empty() {
+        super::ReadForPeak {
+            snaps: vec![(
+                memlens::example::EXAMPLE_NAME.to_string(),
+                memlens::Snapshot::example(),
+            )],
+            passes: Vec::new(),
+        }
     } else {
         super::load_all_for_peak(&args.snapshots)?
     };
+    let snaps = &read.snaps;
     pb.set_message("replaying and diagnosing");
     let opts = DoctorOptions {
         device_memory: args.device_memory,
@@ -100,14 +105,17 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             }
         }
     };
-    let named = super::named(&snaps);
-    let mut doc = doctor_doc(&named, &opts, None)?;
+    let named = super::named(snaps);
+    // One analysed trace per snapshot, with its replay beside the reader,
+    // for the diagnosis and then the report.
+    let set = AnalysedSet::with_passes(&named, read.passes.clone());
+    let mut doc = doctor_doc_in(&set, &named, &opts, None)?;
     // The report is written after the diagnosis, so that a folder the user
     // cannot write still gets the verdict (then exit 2: the report promised
     // was not written).
     let mut not_written = None;
     if let Some(p) = &report {
-        match memlens::report::write_report(&named, &doc.diagnosis, p) {
+        match memlens::report::write_report_in(&set, &named, &doc.diagnosis, p) {
             Ok(()) => doc.report = Some(p.display().to_string()),
             Err(e) => not_written = Some(e),
         }

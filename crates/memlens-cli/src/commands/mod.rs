@@ -29,20 +29,44 @@ pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
 /// bar on a terminal when there are several. The first bad file (in the
 /// order given) is the error.
 pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
-    read_all(paths, false)
+    read_all(paths)
 }
 
-/// [`load_all`] for the commands that report the last snapshot's peak: its
-/// trace is replayed while it is read ([`memlens::Snapshot::load_many_for_peak`]).
-pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
-    read_all(paths, true)
+/// Snapshots read with their traces replayed beside the reader, each under
+/// its file name, and those replays, in the same order.
+pub struct ReadForPeak {
+    /// The snapshots, each under its file name.
+    pub snaps: Vec<(String, memlens::Snapshot)>,
+    /// The replay beside the reader of each.
+    pub passes: Vec<Option<std::sync::Arc<memlens::replay::during_read::PendingPass>>>,
 }
 
-fn read_all(paths: &[PathBuf], for_peak: bool) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
-    use std::io::IsTerminal;
+/// [`load_all`] for the commands that report peaks (`doctor`, `report`):
+/// each trace is replayed while it is read
+/// ([`memlens::replay::during_read::load_many`]); the analyses take those
+/// replays through [`memlens::analysis::peak::AnalysedSet::with_passes`].
+pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<ReadForPeak> {
     let files = memlens::input::expand(paths)?;
-    let pb = if files.len() > 1 && std::io::stderr().is_terminal() {
-        let pb = indicatif::ProgressBar::new(files.len() as u64);
+    let pb = progress(files.len());
+    let loaded = memlens::replay::during_read::load_many(&files, || pb.inc(1));
+    pb.finish_and_clear();
+    let mut read = ReadForPeak {
+        snaps: Vec::with_capacity(files.len()),
+        passes: Vec::with_capacity(files.len()),
+    };
+    for (p, r) in files.iter().zip(loaded) {
+        let r = r?;
+        read.snaps.push((p.display().to_string(), r.snap));
+        read.passes.push(r.pass);
+    }
+    Ok(read)
+}
+
+/// A progress bar over `files` files, on a terminal when there are several.
+fn progress(files: usize) -> indicatif::ProgressBar {
+    use std::io::IsTerminal;
+    if files > 1 && std::io::stderr().is_terminal() {
+        let pb = indicatif::ProgressBar::new(files as u64);
         pb.set_style(
             indicatif::ProgressStyle::with_template(
                 "reading snapshots {bar:30} {pos}/{len} {elapsed}",
@@ -52,12 +76,13 @@ fn read_all(paths: &[PathBuf], for_peak: bool) -> anyhow::Result<Vec<(String, me
         pb
     } else {
         indicatif::ProgressBar::hidden()
-    };
-    let loaded = if for_peak {
-        memlens::Snapshot::load_many_for_peak(&files, || pb.inc(1))
-    } else {
-        memlens::Snapshot::load_many_with(&files, || pb.inc(1))
-    };
+    }
+}
+
+fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
+    let files = memlens::input::expand(paths)?;
+    let pb = progress(files.len());
+    let loaded = memlens::Snapshot::load_many_with(&files, || pb.inc(1));
     pb.finish_and_clear();
     files
         .iter()

@@ -2,7 +2,7 @@
 
 use crate::output;
 use memlens::analysis::modules::modules_at_peak;
-use memlens::analysis::peak::peak;
+use memlens::analysis::peak::peak_analysed;
 use memlens::render;
 use memlens::source::SourceFinder;
 use memlens::trace::Analysed;
@@ -51,12 +51,13 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         output::print(&r, args.json, render::profiler::peak_text)?;
         return Ok(output::OK);
     }
-    let snap = memlens::replay::during_read::load(&args.snapshot)?;
+    let read = memlens::replay::during_read::load(&args.snapshot)?;
+    let an = Analysed::with_pass(&read.snap, read.pass);
     match args.by {
-        By::Site => output::print(&peak(&snap, args.top), args.json, render::peak::text)?,
+        By::Site => output::print(&peak_analysed(&an, args.top), args.json, render::peak::text)?,
         By::Module => {
             let finder = SourceFinder::with_env(args.source_root);
-            let r = modules_at_peak(&Analysed::new(&snap), &finder);
+            let r = modules_at_peak(&an, &finder);
             output::print(&r, args.json, |r| render::modules::text(r, args.depth))?
         }
     }

@@ -1,7 +1,7 @@
 //! `memlens report`: the self-contained HTML report alone.
 
 use crate::output;
-use memlens::render::documents::report_doc;
+use memlens::render::documents::report_doc_in;
 use std::path::PathBuf;
 
 /// Arguments of `memlens report`.
@@ -62,8 +62,10 @@ fn run_to(args: Args, out_path: PathBuf) -> anyhow::Result<u8> {
             return Ok(output::OK);
         }
     }
-    let snaps = super::load_all_for_peak(&args.snapshots)?;
-    let doc = report_doc(&super::named(&snaps), &out_path)?;
+    let read = super::load_all_for_peak(&args.snapshots)?;
+    let named = super::named(&read.snaps);
+    let set = memlens::analysis::peak::AnalysedSet::with_passes(&named, read.passes);
+    let doc = report_doc_in(&set, &named, &out_path)?;
     output::print(&doc, args.json, |d| format!("Report: {}\n", d.report))?;
     Ok(output::OK)
 }

@@ -10,13 +10,15 @@
 use super::categories::{classify, Category};
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
-use crate::replay::initial::{self, InitialState};
-use crate::replay::{LiveBlock, Peaks, Replay, ReplayOptions};
+use crate::replay::during_read::{PeakPass, PendingPass, RecordedPasses};
+use crate::replay::initial;
+use crate::replay::{LiveBlock, Peaks, ReplayOptions};
 use crate::snapshot::Snapshot;
 use crate::trace::Analysed;
 pub use crate::trace::BlockClassifier;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// Live memory of one site and category at the peak.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -160,6 +162,9 @@ pub trait AnalysedSource<'s>: Sync {
     fn ready(&self) -> Option<&Analysed<'s>>;
     /// The analysed trace, waiting for it.
     fn wait(&self) -> &Analysed<'s>;
+    /// The one replay of each trace under its recorded settings (it does
+    /// not wait for the analysed trace).
+    fn recorded(&self) -> &RecordedPasses;
 }
 
 impl<'s> AnalysedSource<'s> for &Analysed<'s> {
@@ -168,6 +173,9 @@ impl<'s> AnalysedSource<'s> for &Analysed<'s> {
     }
     fn wait(&self) -> &Analysed<'s> {
         self
+    }
+    fn recorded(&self) -> &RecordedPasses {
+        Analysed::recorded(self)
     }
 }
 
@@ -181,10 +189,34 @@ pub struct AnalysedSet<'s> {
 impl<'s> AnalysedSet<'s> {
     /// A set for `snaps`, none analysed yet.
     pub fn new(snaps: &[(String, &'s Snapshot)]) -> AnalysedSet<'s> {
+        AnalysedSet::with_passes(snaps, Vec::new())
+    }
+
+    /// A set for `snaps` read with their traces replayed beside the reader:
+    /// `passes[i]` is the replay of `snaps[i]` (missing ones: none).
+    pub fn with_passes(
+        snaps: &[(String, &'s Snapshot)],
+        passes: Vec<Option<Arc<PendingPass>>>,
+    ) -> AnalysedSet<'s> {
+        let mut passes = passes.into_iter();
         AnalysedSet {
             snaps: snaps.iter().map(|(_, s)| *s).collect(),
-            cells: snaps.iter().map(|_| AnalysedLater::new()).collect(),
+            cells: snaps
+                .iter()
+                .map(|_| AnalysedLater::with_pass(passes.next().flatten()))
+                .collect(),
         }
+    }
+
+    /// The replay beside the reader of `snap`, running or done.
+    pub fn pending(&self, snap: &'s Snapshot) -> Option<&PendingPass> {
+        self.later(snap)?.pending()
+    }
+
+    /// The replay beside the reader of `snap`, once done (`None`: not one
+    /// of the set's, or not read that way).
+    pub fn fed_pass(&self, snap: &'s Snapshot) -> Option<&PeakPass> {
+        self.later(snap)?.recorded.fed()
     }
 
     /// The lazily built analysed trace of `snap` (one of the set's, else a
@@ -211,6 +243,9 @@ pub struct AnalysedLater<'s> {
     outcome: std::sync::Mutex<Option<bool>>,
     /// Wakes the waiters once `outcome` is set.
     settled: std::sync::Condvar,
+    /// The one replay of each trace of the snapshot (beside the reader, if
+    /// it was read so).
+    recorded: Arc<RecordedPasses>,
 }
 
 impl<'s> AnalysedLater<'s> {
@@ -219,10 +254,25 @@ impl<'s> AnalysedLater<'s> {
         AnalysedLater::default()
     }
 
+    /// An analysed trace yet to be built, of a snapshot whose trace was
+    /// replayed beside the reader (`fed`).
+    pub fn with_pass(fed: Option<Arc<PendingPass>>) -> AnalysedLater<'s> {
+        AnalysedLater {
+            recorded: Arc::new(RecordedPasses::new(fed)),
+            ..AnalysedLater::default()
+        }
+    }
+
+    /// The replay beside the reader of the snapshot, running or done.
+    pub fn pending(&self) -> Option<&PendingPass> {
+        self.recorded.pending()
+    }
+
     /// Builds the analysed trace of `snap` (once) and hands it to waiters.
     pub fn build(&self, snap: &'s Snapshot) -> &Analysed<'s> {
         let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            self.cell.get_or_init(|| Analysed::new(snap))
+            self.cell
+                .get_or_init(|| Analysed::with_recorded(snap, Arc::clone(&self.recorded)))
         }));
         self.settle(built.is_ok());
         built.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
@@ -240,6 +290,9 @@ impl<'s> AnalysedLater<'s> {
 impl<'s> AnalysedSource<'s> for AnalysedLater<'s> {
     fn ready(&self) -> Option<&Analysed<'s>> {
         self.cell.get()
+    }
+    fn recorded(&self) -> &RecordedPasses {
+        &self.recorded
     }
     fn wait(&self) -> &Analysed<'s> {
         let mut outcome = self.outcome.lock().unwrap_or_else(|p| p.into_inner());
@@ -263,13 +316,12 @@ pub fn peak_and_live_later<'s>(
     an: &impl AnalysedSource<'s>,
     top: usize,
 ) -> (PeakReport, Option<LiveAtPeak>) {
-    let opts = ReplayOptions::default();
     let mut reports: Vec<(PeakReport, LiveAtPeak)> = snap
         .traces
         .iter()
         .enumerate()
         .filter(|(_, t)| !t.events.is_empty())
-        .map(|(i, _)| peak_of_trace(snap, an, i, top, &opts))
+        .map(|(i, _)| peak_of_trace(snap, an, i, top))
         .collect();
     let devices: Vec<DevicePeak> = reports
         .iter()
@@ -463,14 +515,6 @@ impl StepTracker {
         self.last_allocated = allocated;
     }
 
-    /// The totals kept while the step starts were unknown: those of events
-    /// 0, 1, ... in order.
-    fn observe_early(&mut self, starts: &[usize], early: &mut Vec<(u64, u64)>) {
-        for (index, (allocated, reserved)) in early.drain(..).enumerate() {
-            self.observe(starts, index, allocated, reserved);
-        }
-    }
-
     fn finish(mut self) -> Vec<StepPeak> {
         self.current.retained_bytes = self.last_allocated;
         self.peaks.push(self.current);
@@ -527,74 +571,14 @@ struct FirstPass {
     warnings: Vec<String>,
 }
 
-/// Pass 1 over trace `trace` from `initial`: the peaks, and each step's peak
-/// and end. Until the analysed trace (the step starts) is ready, the totals
-/// after each event wait in `early`; checking every event would cost an
-/// atomic load each.
-fn first_pass<'s>(
-    snap: &'s Snapshot,
-    source: &impl AnalysedSource<'s>,
-    trace: usize,
-    opts: &ReplayOptions,
-    initial: InitialState,
-) -> (FirstPass, Vec<StepPeak>) {
-    const CHECK_EVERY: usize = 4096;
-    let t = &snap.traces[trace];
-    let mut r = Replay::from_initial(snap, t.device, opts, initial);
-    let start = r.totals().all;
-    let mut peaks = Peaks::new(start);
-    let mut tracker = StepTracker::new(start.allocated, start.reserved);
-    let mut starts: Option<&[usize]> = None;
-    let mut early: Vec<(u64, u64)> = Vec::new();
-    while let Some((index, a)) = r.step_totals() {
-        peaks.observe(index, &a);
-        match starts {
-            Some(st) => tracker.observe(st, index, a.allocated, a.reserved),
-            None => {
-                early.push((a.allocated, a.reserved));
-                if early.len().is_multiple_of(CHECK_EVERY) {
-                    if let Some(an) = source.ready() {
-                        let st = &an.traces[trace].steps.starts[..];
-                        tracker.observe_early(st, &mut early);
-                        starts = Some(st);
-                    }
-                }
-            }
-        }
-    }
-    let an = source.wait();
-    tracker.observe_early(&an.traces[trace].steps.starts, &mut early);
-    let mut warnings: Vec<String> = r.warnings().to_vec();
-    if !r.initial_state().is_empty() {
-        warnings.push(initial::late_start("peaks are over the recorded window"));
-    }
-    (FirstPass { peaks, warnings }, tracker.finish())
-}
-
-/// Pass 2: the blocks live right after event `peak` (before the first event
-/// when `None`), from the state before the trace, and the allocated bytes then.
-fn live_at_peak(
-    snap: &Snapshot,
-    device: u32,
-    opts: &ReplayOptions,
-    initial: InitialState,
-    peak: Option<usize>,
-) -> (Vec<LiveBlock>, u64) {
-    let mut r = Replay::from_initial(snap, device, opts, initial);
-    if let Some(i) = peak {
-        r.run_to(i);
-    }
-    (r.live_blocks(), r.totals().all.allocated)
-}
-
 /// The peaks (allocated, reserved bytes) of the device with the highest
 /// allocated peak, without the sites: from the replay beside the reader when
 /// it covered the snapshot's one trace (no replay, no analysed trace), else
 /// from [`peak`].
-pub fn peak_totals(snap: &Snapshot) -> (u64, u64) {
+pub fn peak_totals(snap: &Snapshot, fed: Option<&PeakPass>) -> (u64, u64) {
     let mut traced = snap.traces.iter().filter(|t| !t.events.is_empty());
-    if let (Some(t), None, Some(p)) = (traced.next(), traced.next(), snap.peak_pass()) {
-        let initial = initial::before_trace(snap, t.device);
+    if let (Some(t), None, Some(p)) = (traced.next(), traced.next(), fed) {
+        let initial = initial::before_trace_with(snap, t.device, Some(p));
         if p.fits(snap, t.device, &initial, &ReplayOptions::default()) {
             return (p.peaks.allocated.0, p.peaks.reserved.0);
         }
@@ -608,42 +592,39 @@ fn peak_of_trace<'s>(
     source: &impl AnalysedSource<'s>,
     trace: usize,
     top: usize,
-    opts: &ReplayOptions,
 ) -> (PeakReport, LiveAtPeak) {
     let t = &snap.traces[trace];
-    let initial = initial::before_trace(snap, t.device);
-    // Pass 1 (the peaks, each event's totals) was run while the file was
-    // read, if the snapshot was read that way and its guesses held.
-    let pass = snap
-        .peak_pass()
-        .filter(|p| p.fits(snap, t.device, &initial, opts));
-    let (first, step_peaks, (live, allocated_at_peak), an) = match pass {
-        Some(p) => {
-            let first = FirstPass {
-                peaks: p.peaks,
-                warnings: p.warnings(snap),
-            };
-            // Pass 2 was run too: the replay kept the blocks live at the
-            // peak as it went past it.
-            let live = (p.live_at_peak().to_vec(), p.peaks.allocated.0);
-            let an = source.wait();
-            let starts = &an.traces[trace].steps.starts;
-            let steps = step_peaks_of_ranges(p.allocated(), p.reserved_changes(), starts)
-                .unwrap_or_else(|| {
-                    let mut tracker = StepTracker::new(0, 0);
-                    for (index, (allocated, reserved)) in p.totals().enumerate() {
-                        tracker.observe(starts, index, allocated, reserved);
-                    }
-                    tracker.finish()
-                });
-            (first, steps, live, an)
-        }
-        None => {
-            let (first, steps) = first_pass(snap, source, trace, opts, initial.clone());
-            let live = live_at_peak(snap, t.device, opts, initial, first.peaks.allocated.1);
-            (first, steps, live, source.wait())
-        }
+    // The one replay of the trace under its recorded settings: made while
+    // the file was read, if it was read that way and its guesses held,
+    // else now (beside the analysed trace's building). It kept the blocks
+    // live at the peak as it went past it: no second replay to the peak.
+    let p = source.recorded().of(snap, trace);
+    let first = FirstPass {
+        peaks: p.peaks,
+        warnings: p.warnings(snap),
     };
+    let live = (p.live_at_peak().to_vec(), p.peaks.allocated.0);
+    let an = source.wait();
+    let starts = &an.traces[trace].steps.starts;
+    let start = p.watched.start;
+    let from_empty = start.allocated == 0 && start.reserved == 0;
+    let step_peaks = from_empty
+        .then(|| step_peaks_of_ranges(p.allocated(), p.reserved_changes(), starts))
+        .flatten()
+        .unwrap_or_else(|| {
+            let mut tracker = StepTracker::new(start.allocated, start.reserved);
+            for (index, (allocated, reserved)) in p.totals().enumerate() {
+                tracker.observe(starts, index, allocated, reserved);
+            }
+            tracker.finish()
+        });
+    let mut first = first;
+    if !p.watched.from_empty {
+        first
+            .warnings
+            .push(initial::late_start("peaks are over the recorded window"));
+    }
+    let (live, allocated_at_peak) = live;
     let st = &an.traces[trace].steps;
     let (pa, pa_i) = first.peaks.allocated;
     let (pr, pr_i) = first.peaks.reserved;

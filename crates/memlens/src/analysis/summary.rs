@@ -7,6 +7,7 @@
 //! segments, `segments` the cudaMalloc segments (expandable ranges are counted
 //! apart).
 
+use crate::replay::during_read::PendingPass;
 use crate::snapshot::{Action, AllocatorSettings, BlockState, PoolKind, Snapshot};
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap};
@@ -93,9 +94,16 @@ pub struct Summary {
 
 /// Computes the summary of a snapshot.
 pub fn summarize(snap: &Snapshot) -> Summary {
+    summarize_with(snap, None)
+}
+
+/// [`summarize`] of a snapshot read with its trace replayed beside the
+/// reader (`fed`, waited for when there is a trace): a trace that replay
+/// went through needs no walk to find frees without their allocation.
+pub fn summarize_with(snap: &Snapshot, fed: Option<&PendingPass>) -> Summary {
     let mut s = counts_of(snap);
     add_segments(&mut s, snap);
-    add_trace_counts(&mut s, snap);
+    add_trace_counts(&mut s, snap, fed);
     s
 }
 
@@ -215,18 +223,18 @@ fn add_segments(s: &mut Summary, snap: &Snapshot) {
 
 /// Adds the trace's events by action and the frees whose allocation is not
 /// in the trace (with a warning when the ring buffer wrapped unannounced).
-fn add_trace_counts(s: &mut Summary, snap: &Snapshot) {
+fn add_trace_counts(s: &mut Summary, snap: &Snapshot, fed: Option<&PendingPass>) {
     let mut counts = [0u64; Action::ALL.len()];
     for t in &snap.traces {
         // The replay beside the reader (`doctor`) finds every free's
         // allocation, if it goes through the trace: then only the counts are
         // left, made while it finishes.
-        if snap.peak_pass.is_some() {
+        if let Some(fed) = fed {
             let mut own = [0u64; Action::ALL.len()];
             for e in &t.events {
                 own[e.action as usize] += 1;
             }
-            if snap.peak_pass().is_some_and(|p| p.replayed(t)) {
+            if fed.get().is_some_and(|p| p.replayed(t)) {
                 for (c, n) in counts.iter_mut().zip(own) {
                     *c += n;
                 }

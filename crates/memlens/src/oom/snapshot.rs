@@ -18,7 +18,7 @@ use crate::analysis::categories::Category;
 use crate::analysis::peak::{group_live, LiveSite};
 use crate::analysis::sites::{stack_lines, Site};
 use crate::replay::config::recorded_config;
-use crate::replay::observe::{recorded_run, RecordedRun};
+use crate::replay::observe::{recorded_run_in, RecordedRun};
 use crate::sim::allocator::BlockStatus;
 use crate::sim::rounding::{allocation_size, is_small};
 use crate::sim::SegmentView;
@@ -293,15 +293,17 @@ struct State {
 }
 
 /// The state before the OOM at `index` on `device`, from `run` when it
-/// watched that event, else from a replay of its own.
-fn state_before(snap: &Snapshot, device: u32, index: usize, run: Option<&RecordedRun>) -> State {
+/// watched that event, else from the one replay of the trace the analysed
+/// trace holds.
+fn state_before(an: &Analysed<'_>, device: u32, index: usize, run: Option<&RecordedRun>) -> State {
+    let snap = an.snap;
     let own;
     let run = match run
         .filter(|r| r.device == device && r.before_oom.as_ref().is_some_and(|b| b.0 == index))
     {
         Some(r) => r,
         None => {
-            own = recorded_run(snap, device, Some(index));
+            own = recorded_run_in(an.recorded(), snap, device, Some(index));
             &own
         }
     };
@@ -370,7 +372,7 @@ pub fn analyze_observed(
     let tried = allocation_size(&config, request);
     let small = is_small(request);
     let stream_key = snap.stream(oom.stream);
-    let st = state_before(snap, t.device, k, run);
+    let st = state_before(an, t.device, k, run);
     let mut warnings = st.warnings.clone();
     if ooms_in_trace > 1 {
         warnings.push(format!(

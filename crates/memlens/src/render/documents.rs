@@ -2,6 +2,7 @@
 //! `tune`, `doctor`, `report` and `oom` print with `--json` and what Python's
 //! methods of the same names return. Built here once, for both.
 
+use crate::analysis::peak::AnalysedSet;
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::{Diagnosis, DoctorOptions, Finding};
 use crate::oom::{OomOptions, OomReport};
@@ -145,14 +146,25 @@ pub fn doctor_doc(
     report: Option<&Path>,
 ) -> Result<DoctorDoc> {
     // One analysed trace per snapshot, for the diagnosis and its report.
-    let set = crate::analysis::peak::AnalysedSet::new(snaps);
-    let mut diagnosis = crate::doctor::diagnose_inputs_in(&set, snaps, opts);
+    doctor_doc_in(&AnalysedSet::new(snaps), snaps, opts, report)
+}
+
+/// [`doctor_doc`] with the analysed traces of `set` (the snapshots as read,
+/// with their replays beside the reader), kept there for whoever writes the
+/// report afterwards ([`crate::report::write_report_in`]).
+pub fn doctor_doc_in<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    opts: &DoctorOptions,
+    report: Option<&Path>,
+) -> Result<DoctorDoc> {
+    let mut diagnosis = crate::doctor::diagnose_inputs_in(set, snaps, opts);
     let sources = crate::source::SourceFinder::with_env(opts.source_roots.clone());
     crate::doctor::annotate_findings(&mut diagnosis.findings, &sources);
     diagnosis.leaks.annotate(&sources);
     let report = match report {
         Some(path) => {
-            crate::report::write_report_in(&set, snaps, &diagnosis, path)?;
+            crate::report::write_report_in(set, snaps, &diagnosis, path)?;
             Some(path.display().to_string())
         }
         None => None,
@@ -173,9 +185,17 @@ pub struct ReportDoc {
 
 /// Diagnoses the snapshots of one run and writes the HTML report to `path`.
 pub fn report_doc(snaps: &[(String, &Snapshot)], path: &Path) -> Result<ReportDoc> {
-    let set = crate::analysis::peak::AnalysedSet::new(snaps);
-    let d = crate::doctor::diagnose_inputs_in(&set, snaps, &DoctorOptions::default());
-    crate::report::write_report_in(&set, snaps, &d, path)?;
+    report_doc_in(&AnalysedSet::new(snaps), snaps, path)
+}
+
+/// [`report_doc`] with the analysed traces of `set`.
+pub fn report_doc_in<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    path: &Path,
+) -> Result<ReportDoc> {
+    let d = crate::doctor::diagnose_inputs_in(set, snaps, &DoctorOptions::default());
+    crate::report::write_report_in(set, snaps, &d, path)?;
     Ok(ReportDoc {
         report: path.display().to_string(),
     })

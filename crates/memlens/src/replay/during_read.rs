@@ -18,18 +18,23 @@
 
 use super::config::recorded_config;
 use super::initial::InitialState;
-use super::{start_warnings, FedFacts, LiveBlock, Peaks, PoolTotals, Replay, ReplayOptions};
+use super::observe::StateThen;
+use super::watch::{Watch, Watched};
+use super::{start_warnings, FedFacts, LiveBlock, Peaks, Replay, ReplayOptions, ReplayState};
 use crate::sim::{AllocatorConfig, DeviceLimits};
 use crate::snapshot::{
     AllocatorSettings, BlockState, DeviceTrace, EventSink, Snapshot, TraceEvent,
 };
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread::JoinHandle;
 
-/// What the peak's first pass found over a trace replayed while it was read.
+/// The one replay of a trace under its recorded settings and what it kept
+/// ([`Watched`]): made beside the reader ([`load`]) when the trace could be
+/// replayed so, else after the read ([`PeakPass::after_read`]).
 pub struct PeakPass {
     /// The device whose trace it is.
     pub device: u32,
@@ -39,21 +44,26 @@ pub struct PeakPass {
     pub config: AllocatorConfig,
     /// The peaks and the events after which they were reached.
     pub peaks: Peaks,
-    /// Allocated bytes after each event.
-    allocated: Vec<u64>,
-    /// Reserved bytes from each event at which they changed.
-    reserved: Vec<(usize, u64)>,
+    /// What the replay kept for the analyses.
+    pub watched: Watched,
     /// The blocks live at the allocated peak, by address (kept as the replay
     /// went past it: no second replay to the peak).
     live_at_peak: Vec<LiveBlock>,
-    /// Each alloc's free (shared with the analysed trace).
+    /// Each alloc's free (shared with the analysed trace); only a replay
+    /// beside the reader pairs them.
     free_of: Arc<Vec<u32>>,
-    /// The address of every `segment_alloc`, sorted.
+    /// The address of every `segment_alloc`, sorted (beside the reader).
     segments_made: Vec<u64>,
     /// Whether any segment was mapped or unmapped.
     mapped: bool,
     /// The addresses of the blocks live after the last event, sorted.
     live_at_end: Vec<u64>,
+    /// Replayed beside the reader, from an empty allocator.
+    fed: bool,
+    /// The state before the first event it replayed from.
+    initial: Arc<InitialState>,
+    /// The replay's warnings (after the read; one beside the reader has none).
+    warnings: Vec<String>,
 }
 
 impl std::fmt::Debug for PeakPass {
@@ -77,7 +87,8 @@ impl PeakPass {
         initial: &InitialState,
         opts: &ReplayOptions,
     ) -> bool {
-        self.device == device
+        self.fed
+            && self.device == device
             && self.events == snap.device_trace(device).len()
             && initial.is_empty()
             && opts.config.is_none()
@@ -93,7 +104,7 @@ impl PeakPass {
     /// only when its replay gave no warning, so then every `free_requested`
     /// of the trace found its block live: none lacks its allocation.
     pub fn replayed(&self, trace: &DeviceTrace) -> bool {
-        self.device == trace.device && self.events == trace.events.len()
+        self.fed && self.device == trace.device && self.events == trace.events.len()
     }
 
     /// The blocks live at the allocated peak, by address.
@@ -103,18 +114,7 @@ impl PeakPass {
 
     /// Allocated and reserved bytes after each event, in order.
     pub fn totals(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        let mut changes = self.reserved.iter().peekable();
-        let mut reserved = 0;
-        self.allocated.iter().enumerate().map(move |(i, &a)| {
-            while let Some(&&(at, r)) = changes.peek() {
-                if at > i {
-                    break;
-                }
-                reserved = r;
-                changes.next();
-            }
-            (a, reserved)
-        })
+        self.watched.totals()
     }
 
     /// For each `alloc` event of the trace, the index of its first free
@@ -140,7 +140,8 @@ impl PeakPass {
     /// (expandable segments) are not judged: `false`, and the state is
     /// reconstructed.
     pub fn starts_empty(&self, snap: &Snapshot, device: u32) -> bool {
-        self.device == device
+        self.fed
+            && self.device == device
             && self.events == snap.device_trace(device).len()
             && !self.mapped
             && snap
@@ -159,19 +160,81 @@ impl PeakPass {
 
     /// Allocated bytes after each event, in order.
     pub fn allocated(&self) -> &[u64] {
-        &self.allocated
+        &self.watched.allocated
     }
 
     /// Reserved bytes as (event, bytes from that event on), one entry per
     /// change, in order.
     pub fn reserved_changes(&self) -> &[(usize, u64)] {
-        &self.reserved
+        &self.watched.reserved
     }
 
-    /// The replay's warnings as a replay of `snap` gives them (a pass is
-    /// kept only when the trace itself gave none).
+    /// The replay's warnings as a replay of `snap` gives them (a pass beside
+    /// the reader is kept only when the trace itself gave none).
     pub fn warnings(&self, snap: &Snapshot) -> Vec<String> {
-        start_warnings(snap)
+        if self.fed {
+            start_warnings(snap)
+        } else {
+            self.warnings.clone()
+        }
+    }
+
+    /// The state before the first event the replay began from (empty for
+    /// one beside the reader).
+    pub fn initial(&self) -> &Arc<InitialState> {
+        &self.initial
+    }
+
+    /// The state right before OOM event `index` as a replay of `snap` met
+    /// it, if the replay kept it.
+    pub fn before_oom(&self, snap: &Snapshot, index: usize) -> Option<StateThen> {
+        let mut st = self.watched.before_oom(index)?.state.clone();
+        if self.fed {
+            st.warnings = start_warnings(snap);
+        }
+        Some(st)
+    }
+
+    /// The state right after the allocated peak's event (`None`: the peak
+    /// is before the first event, or its segments were not kept).
+    pub fn at_peak(&self) -> Option<ReplayState> {
+        let index = self.peaks.allocated.1?;
+        let (segments, totals) = self.watched.at_peak.clone()?;
+        Some(ReplayState {
+            index,
+            totals,
+            live: self.live_at_peak.clone(),
+            segments,
+        })
+    }
+
+    /// Replays `device`'s trace in `snap` once under its recorded settings
+    /// from `initial` (the state before it), keeping what the analyses need.
+    pub fn after_read(snap: &Snapshot, device: u32, initial: InitialState) -> PeakPass {
+        let opts = ReplayOptions::default();
+        let kept = Arc::new(initial.clone());
+        let mut r = Replay::from_initial(snap, device, &opts, initial);
+        let mut watch = Watch::new(&r);
+        watch.replay_ready(&mut r);
+        let watched = watch.finish(&r);
+        let live_at_peak = r
+            .kept_live_blocks()
+            .unwrap_or_else(|| watched.start_live.clone());
+        PeakPass {
+            device,
+            events: r.position(),
+            config: recorded_config(&snap.settings),
+            peaks: watched.peaks,
+            watched,
+            live_at_peak,
+            free_of: Arc::new(Vec::new()),
+            segments_made: Vec::new(),
+            mapped: false,
+            live_at_end: Vec::new(),
+            fed: false,
+            initial: kept,
+            warnings: r.warnings().to_vec(),
+        }
     }
 }
 
@@ -185,7 +248,7 @@ pub struct PendingPass {
     worker: Mutex<Option<JoinHandle<Option<PeakPass>>>>,
     /// Its pass, once waited for (`None`: the trace could not be replayed
     /// that way).
-    done: OnceLock<Option<PeakPass>>,
+    done: OnceLock<Option<Arc<PeakPass>>>,
 }
 
 impl PendingPass {
@@ -198,11 +261,16 @@ impl PendingPass {
 
     /// The pass, once the replaying thread has finished (it waits for it).
     pub fn get(&self) -> Option<&PeakPass> {
+        self.get_shared().map(|p| &**p)
+    }
+
+    /// [`PendingPass::get`], shared.
+    pub fn get_shared(&self) -> Option<&Arc<PeakPass>> {
         self.done
             .get_or_init(|| {
                 let worker = self.worker.lock().ok().and_then(|mut w| w.take());
                 // A replay that panicked only costs the shortcut.
-                worker.and_then(|w| w.join().ok().flatten())
+                worker.and_then(|w| w.join().ok().flatten().map(Arc::new))
             })
             .as_ref()
     }
@@ -217,21 +285,93 @@ impl std::fmt::Debug for PendingPass {
     }
 }
 
+/// The one replay of each trace of a snapshot under its recorded settings:
+/// the replay beside the reader where it went through the trace, else one
+/// after the read, made once by whoever asks first and shared by every
+/// analysis after (the peak, the OOM's state, `empty_cache()` points, the
+/// report's views).
+#[derive(Debug, Default)]
+pub struct RecordedPasses {
+    fed: Option<Arc<PendingPass>>,
+    done: Mutex<HashMap<usize, Arc<PeakPass>>>,
+}
+
+impl RecordedPasses {
+    /// The passes of a snapshot whose trace was replayed beside the reader
+    /// (`fed`; `None`: read without).
+    pub fn new(fed: Option<Arc<PendingPass>>) -> RecordedPasses {
+        RecordedPasses {
+            fed,
+            done: Mutex::default(),
+        }
+    }
+
+    /// The replay beside the reader, running or done.
+    pub fn pending(&self) -> Option<&PendingPass> {
+        self.fed.as_deref()
+    }
+
+    /// The replay beside the reader, once done (this waits for it).
+    pub fn fed(&self) -> Option<&PeakPass> {
+        self.pending().and_then(PendingPass::get)
+    }
+
+    /// The one replay of trace `trace` of `snap` (the snapshot these passes
+    /// are of) under its recorded settings.
+    pub fn of(&self, snap: &Snapshot, trace: usize) -> Arc<PeakPass> {
+        // Held while the replay runs: a second asker waits for the first.
+        let mut done = self.done.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = done.get(&trace) {
+            return Arc::clone(p);
+        }
+        let device = snap.traces.get(trace).map_or(0, |t| t.device);
+        let fed = self.pending().and_then(PendingPass::get_shared);
+        let initial = super::initial::before_trace_with(snap, device, fed.map(|p| &**p));
+        let pass = match fed.filter(|p| p.fits(snap, device, &initial, &ReplayOptions::default())) {
+            Some(p) => Arc::clone(p),
+            None => Arc::new(PeakPass::after_read(snap, device, initial)),
+        };
+        done.insert(trace, Arc::clone(&pass));
+        pass
+    }
+
+    /// [`RecordedPasses::of`] the trace of `device` (`None`: it has none).
+    pub fn of_device(&self, snap: &Snapshot, device: u32) -> Option<Arc<PeakPass>> {
+        let trace = snap
+            .traces
+            .iter()
+            .position(|t| t.device == device && !t.events.is_empty())?;
+        Some(self.of(snap, trace))
+    }
+}
+
+/// A snapshot read with its trace replayed beside the reader ([`load`]).
+/// The snapshot is plain data; the pass goes to whoever analyses it
+/// ([`crate::analysis::peak::AnalysedSet::with_passes`]).
+#[derive(Debug)]
+pub struct ReadWithPass {
+    /// The snapshot as read.
+    pub snap: Snapshot,
+    /// The replay beside the reader, still running or done (`None`: the
+    /// file was read without it: a single core, or no thread to spare).
+    pub pass: Option<Arc<PendingPass>>,
+}
+
 /// Reads the snapshot at `path` while a second thread replays its trace as
-/// it arrives; the snapshot carries that replay's first pass
-/// ([`Snapshot::peak_pass`]) when the trace could be replayed that way. The
-/// replay may still be running when this returns: the model costs more an
-/// event than the reader, and what it has left overlaps the analyses that
-/// do not need it.
-pub fn load(path: &Path) -> crate::Result<Snapshot> {
+/// it arrives; the pass beside the snapshot is that replay's first pass when
+/// the trace could be replayed that way. The replay may still be running
+/// when this returns: the model costs more an event than the reader, and
+/// what it has left overlaps the analyses that do not need it.
+pub fn load(path: &Path) -> crate::Result<ReadWithPass> {
     // Batches in flight: the reader runs ahead of the model by at most this
     // many (4,096 events each, 64 MB in all). The model is about a third
     // slower than the reader, so this lets the reader finish a snapshot of a
     // few hundred MB without waiting, and bounds the copies on larger ones.
     const QUEUE: usize = 512;
+    let plain = |path: &Path| Snapshot::load(path).map(|snap| ReadWithPass { snap, pass: None });
     // With one core the replay would only slow the reader down.
     if std::thread::available_parallelism().map_or(true, |n| n.get() < 2) {
-        return Snapshot::load(path);
+        return plain(path);
     }
     let config = recorded_config(&AllocatorSettings::default());
     let (tx, rx) = sync_channel(QUEUE);
@@ -241,7 +381,7 @@ pub fn load(path: &Path) -> crate::Result<Snapshot> {
         .name("memlens-peak".into())
         .spawn(move || replay_arriving(rx, config, &told));
     let Ok(worker) = spawned else {
-        return Snapshot::load(path);
+        return plain(path);
     };
     let sink = Channel {
         tx,
@@ -250,9 +390,30 @@ pub fn load(path: &Path) -> crate::Result<Snapshot> {
     };
     // The reader drops its end of the channel when it is done: the worker
     // then finishes what it has and ends.
-    let mut snap = crate::snapshot::build::load_path_into(path, Box::new(sink))?;
-    snap.peak_pass = Some(Arc::new(PendingPass::running(worker)));
-    Ok(snap)
+    let snap = crate::snapshot::build::load_path_into(path, Box::new(sink))?;
+    Ok(ReadWithPass {
+        snap,
+        pass: Some(Arc::new(PendingPass::running(worker))),
+    })
+}
+
+/// [`load`] for several files in parallel (one rayon task a file), in the
+/// order given, calling `done` as each is read (a progress bar). Every file
+/// of a run is replayed beside its reading: the report's overview and the
+/// ranks need each one's peak.
+pub fn load_many<P: AsRef<Path> + Sync>(
+    paths: &[P],
+    done: impl Fn() + Sync,
+) -> Vec<crate::Result<ReadWithPass>> {
+    use rayon::prelude::*;
+    paths
+        .par_iter()
+        .map(|p| {
+            let r = load(p.as_ref());
+            done();
+            r
+        })
+        .collect()
 }
 
 /// What the reader hands the replaying thread.
@@ -314,7 +475,7 @@ fn replay_arriving(
     let mut received = 0;
     let mut in_order = true;
     let mut whole = None;
-    let mut pass = FirstPass::new(r.totals().all);
+    let mut watch = Watch::new(&r);
     for arrived in rx {
         match arrived {
             Arrived::Streams(s) => r.set_streams(s),
@@ -324,12 +485,12 @@ fn replay_arriving(
                 in_order &= first == received;
                 received += events.len();
                 r.feed(events);
-                pass.replay_ready(&mut r);
+                watch.replay_ready(&mut r);
                 r.drop_replayed();
                 if !r.warnings().is_empty() {
                     // Tell the reader to stop sending, and drop the figures.
                     gave_up.store(true, Ordering::Relaxed);
-                    pass = FirstPass::new(PoolTotals::default());
+                    watch.clear();
                 }
             }
             Arrived::Whole { device, events } => whole = Some((device, events)),
@@ -339,12 +500,13 @@ fn replay_arriving(
         return None;
     }
     r.close();
-    pass.replay_ready(&mut r);
+    watch.replay_ready(&mut r);
     let (device, events) = whole?;
     let complete = in_order && events == received && r.position() == received;
     if !complete || !r.warnings().is_empty() {
         return None;
     }
+    let watched = watch.finish(&r);
     let FedFacts {
         free_of,
         segments_made,
@@ -355,47 +517,18 @@ fn replay_arriving(
         device,
         events,
         config,
-        peaks: pass.peaks,
-        allocated: pass.allocated,
-        reserved: pass.reserved,
+        peaks: watched.peaks,
         // No event above the start: what was live before the first (nothing).
         live_at_peak: r.kept_live_blocks().unwrap_or_default(),
+        watched,
         free_of: Arc::new(free_of),
         segments_made,
         mapped,
         live_at_end,
+        fed: true,
+        initial: Arc::default(),
+        warnings: Vec::new(),
     })
-}
-
-/// The first pass's figures, event by event.
-struct FirstPass {
-    peaks: Peaks,
-    allocated: Vec<u64>,
-    reserved: Vec<(usize, u64)>,
-}
-
-impl FirstPass {
-    fn new(start: PoolTotals) -> FirstPass {
-        FirstPass {
-            peaks: Peaks::new(start),
-            allocated: Vec::new(),
-            reserved: Vec::new(),
-        }
-    }
-
-    /// Replays what `r` can replay now, keeping each event's totals and the
-    /// blocks live at each new allocated peak.
-    fn replay_ready(&mut self, r: &mut Replay<'_>) {
-        while let Some((index, t)) = r.step_totals_ready() {
-            self.allocated.push(t.allocated);
-            if self.reserved.last().map(|&(_, b)| b) != Some(t.reserved) {
-                self.reserved.push((index, t.reserved));
-            }
-            if self.peaks.observe(index, &t) {
-                r.keep_live_here();
-            }
-        }
-    }
 }
 
 #[cfg(test)]
@@ -504,8 +637,10 @@ mod tests {
             .into_iter()
             .find(|p| p.ends_with("gpt2_train.pickle.zst"))
             .expect("gpt2_train fixture");
-        let snap = load(&path).expect("loads");
-        let pass = snap.peak_pass().expect("replayed while read");
+        let read = load(&path).expect("loads");
+        let snap = read.snap;
+        let pass = read.pass.as_deref().and_then(PendingPass::get);
+        let pass = pass.expect("replayed while read");
         let t = &snap.traces[0];
         let initial = super::super::initial::reconstruct(&snap, t.device, &t.events);
         let opts = ReplayOptions::default();

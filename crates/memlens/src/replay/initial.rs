@@ -75,14 +75,21 @@ impl InitialState {
     }
 }
 
-/// The state before the first event of `device`'s trace: empty where the
-/// replay beside the reader showed it ([`super::during_read::PeakPass::starts_empty`],
-/// no walk back over the trace), else [`reconstruct`]ed.
+/// The state before the first event of `device`'s trace, [`reconstruct`]ed
+/// from the dump.
 pub fn before_trace(snap: &Snapshot, device: u32) -> InitialState {
-    if snap
-        .peak_pass()
-        .is_some_and(|p| p.starts_empty(snap, device))
-    {
+    before_trace_with(snap, device, None)
+}
+
+/// [`before_trace`], empty without a walk back over the trace where the
+/// replay beside the reader (`fed`) showed it
+/// ([`super::during_read::PeakPass::starts_empty`]).
+pub fn before_trace_with(
+    snap: &Snapshot,
+    device: u32,
+    fed: Option<&super::during_read::PeakPass>,
+) -> InitialState {
+    if fed.is_some_and(|p| p.starts_empty(snap, device)) {
         return InitialState::default();
     }
     reconstruct(snap, device, snap.device_trace(device))

@@ -25,6 +25,7 @@ pub mod observe;
 pub mod simulate;
 mod trace_device;
 pub mod tune;
+pub mod watch;
 
 use crate::sim::rounding::{is_small, round_size};
 use crate::sim::{
@@ -244,7 +245,7 @@ fn live_block((&addr, e): (&u64, &LiveEntry)) -> LiveBlock {
 
 /// The highest allocated and reserved bytes over a replay so far, each with
 /// the event after which it was reached (`None`: never above the start).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Peaks {
     /// Highest allocated bytes and where.
     pub allocated: (u64, Option<usize>),
@@ -314,6 +315,8 @@ pub struct Replay<'s> {
     segment_sizes: Vec<u64>,
     /// The moment whose live blocks are kept, if any ([`Replay::keep_live_here`]).
     moment: Option<KeptMoment>,
+    /// The block size the model gave the last `alloc` replayed.
+    last_alloc_size: u64,
     /// What a fed replay notes beside the totals (see [`FedFacts`]).
     fed: Option<FedFacts>,
 }
@@ -404,6 +407,7 @@ impl<'s> Replay<'s> {
             segment_sizes: Vec::new(),
             moment: None,
             fed: None,
+            last_alloc_size: 0,
         };
         for w in start_warnings(snap) {
             r.warn(w);
@@ -477,14 +481,26 @@ impl<'s> Replay<'s> {
         self.events.close();
     }
 
-    /// [`Replay::step_totals`] of the next event if it can be replayed now
-    /// (a fed replay waits for what a segment event looks ahead to).
+    /// Whether the next event can be replayed now: there is one, and what a
+    /// segment event looks ahead to has arrived (a fed replay).
     #[inline]
-    pub(crate) fn step_totals_ready(&mut self) -> Option<(usize, PoolTotals)> {
-        if !self.events.ready(self.pos) {
-            return None;
-        }
-        self.step_totals()
+    pub(crate) fn can_step(&self) -> bool {
+        self.events.ready(self.pos)
+    }
+
+    /// Event `index`, if it is at hand (a fed replay keeps those not yet
+    /// replayed).
+    #[inline]
+    pub(crate) fn event(&self, index: usize) -> Option<&TraceEvent> {
+        self.events.get(index)
+    }
+
+    /// The block size the model gave the last `alloc` replayed (its
+    /// rounded size, or more where the rest of a block was too small to
+    /// split off).
+    #[inline]
+    pub(crate) fn last_alloc_size(&self) -> u64 {
+        self.last_alloc_size
     }
 
     /// Lets a fed replay drop the events it has replayed.
@@ -982,6 +998,7 @@ impl<'s> Replay<'s> {
             t.active += size;
             t.requested += e.size;
         });
+        self.last_alloc_size = size;
         Delta::Alloc {
             addr: e.addr,
             size,

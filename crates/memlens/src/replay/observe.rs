@@ -7,6 +7,7 @@
 //! and shows each event to every observer, before it (the state after the
 //! events before it) and after it (with what it changed).
 
+use super::during_read::RecordedPasses;
 use super::{
     is_segment_event, LiveBlock, ReleaseCause, ReleaseRun, Replay, ReplayOptions, ReplayState, Step,
 };
@@ -251,6 +252,39 @@ pub struct RecordedRun {
     pub empty_cache_at: Vec<usize>,
     /// The OOM event watched for, and the state right before it.
     pub before_oom: Option<(usize, StateThen)>,
+    /// The state before the trace the replay began from, when it was kept.
+    pub initial: Option<std::sync::Arc<super::initial::InitialState>>,
+}
+
+/// [`recorded_run`] taken from the one replay of `device`'s trace that
+/// `passes` holds (made beside the reader, or once after the read), with no
+/// replay of its own unless the OOM at `oom` is past the states that replay
+/// kept ([`super::watch::MAX_OOM_STATES`]).
+pub fn recorded_run_in(
+    passes: &RecordedPasses,
+    snap: &Snapshot,
+    device: u32,
+    oom: Option<usize>,
+) -> RecordedRun {
+    let Some(pass) = passes.of_device(snap, device) else {
+        return RecordedRun {
+            device,
+            ..RecordedRun::default()
+        };
+    };
+    let before_oom = match oom {
+        Some(i) => match pass.before_oom(snap, i) {
+            Some(st) => Some((i, st)),
+            None => return recorded_run(snap, device, oom),
+        },
+        None => None,
+    };
+    RecordedRun {
+        device,
+        empty_cache_at: pass.watched.empty_cache_at.clone(),
+        before_oom,
+        initial: Some(std::sync::Arc::clone(pass.initial())),
+    }
 }
 
 /// Replays `device`'s trace once under its recorded settings, noting where
@@ -278,5 +312,6 @@ pub fn recorded_run(snap: &Snapshot, device: u32, oom: Option<usize>) -> Recorde
             .map(|r| r.start)
             .collect(),
         before_oom: oom.zip(at.and_then(StateBefore::into_state)),
+        initial: None,
     }
 }

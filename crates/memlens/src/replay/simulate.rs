@@ -120,7 +120,10 @@ impl Prepared {
     /// [`Prepared::new`] from a replay of the run already made
     /// ([`super::observe::recorded_run`]): no replay of its own.
     pub fn from_run(snap: &Snapshot, run: &super::observe::RecordedRun) -> Prepared {
-        let initial = initial::before_trace(snap, run.device);
+        let initial = match &run.initial {
+            Some(i) => InitialState::clone(i),
+            None => initial::before_trace(snap, run.device),
+        };
         Prepared::with_empty_cache_at(snap, run.device, initial, run.empty_cache_at.clone())
     }
 

@@ -18,7 +18,8 @@ use crate::analysis::leaks::Confidence;
 use crate::analysis::peak::AnalysedSet;
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::Diagnosis;
-use crate::replay::{Delta, Replay, ReplayOptions, ReplayState};
+use crate::replay::during_read::PeakPass;
+use crate::replay::{ReplayOptions, ReplayState};
 use crate::sim::BlockStatus;
 use crate::snapshot::{Snapshot, StackId};
 use crate::trace::Analysed;
@@ -46,7 +47,7 @@ pub fn from_diagnosis_in<'s>(
         leaks: leaks(d),
         tune: tune(d),
         oom: super::views::oom_view(d),
-        overview: super::views::overview(snaps, d),
+        overview: super::views::overview(set, snaps, d),
         ranks: super::ranks::ranks_view(snaps, d),
         shown_file: (snaps.len() > 1).then(|| d.files.last().cloned()).flatten(),
         ..ReportData::default()
@@ -163,51 +164,81 @@ struct Views<'s> {
     oom_state: Option<(usize, ReplayState, &'s [crate::snapshot::TraceEvent])>,
 }
 
-/// Replays the shown trace once, with every view of the page watching
-/// (timeline, the state at the peak, the moments, the state at the OOM),
-/// and the OOM's own trace once more only when it is on another device.
+/// The page's views of the shown trace, from the one replay of it under its
+/// recorded settings that the analysed trace holds: the timeline and the
+/// moments are walks over the events with the totals and block sizes it
+/// kept, the segment maps its states at the peak, the OOM and spaced events.
+/// A state it did not keep (an OOM past the first ones, a peak reached in
+/// too many small steps) is replayed to, and so is an OOM on another device.
 fn observe_views<'s>(snap: &'s Snapshot, d: &Diagnosis, inp: &ViewInput<'s>) -> Views<'s> {
-    use crate::replay::observe::{observe, Observer, StateAfter};
-    let opts = ReplayOptions::default();
+    let pass = inp.an.recorded().of(snap, inp.trace);
     let peak_index = d.peak.peak_event_index;
     // The OOM `memlens oom` and doctor explain, as the diagnosis chose it.
     let oom = d.oom.as_ref().map(|o| (o.device, o.event_index));
     let oom_here = oom.filter(|&(dev, _)| dev == inp.device).map(|(_, i)| i);
+    let kept_peak = peak_index.and_then(|i| pass.at_peak().filter(|s| s.index == i));
+    let kept_oom = oom_here.and_then(|i| {
+        pass.watched.before_oom(i).map(|m| ReplayState {
+            index: i,
+            totals: m.totals,
+            live: m.state.live.clone(),
+            segments: m.state.segments.clone(),
+        })
+    });
+    let (peak_state, oom_state_here) = states_not_kept(
+        snap,
+        inp.device,
+        (peak_index, kept_peak),
+        (oom_here, kept_oom),
+    );
     let moment_input = super::moments::MomentInput {
         an: inp.an,
         trace: inp.trace,
         events: inp.events,
-        must: peak_index.into_iter().chain(oom_here).collect(),
+        must: peak_state.iter().chain(oom_state_here.iter()).collect(),
         category_of: inp.category_of,
         index: &inp.an.sites,
     };
-    let mut timeline =
-        TimelineObserver::new(snap, d, (inp.an, inp.trace), inp.category_of, inp.events);
-    let mut moments = super::moments::MomentsObserver::new(snap, &moment_input);
-    let mut at_peak = peak_index.map(StateAfter::new);
-    let mut at_oom = oom_here.map(StateAfter::new);
-    {
-        let mut observers: Vec<&mut dyn Observer> = vec![&mut timeline, &mut moments];
-        observers.extend(at_peak.as_mut().map(|o| o as &mut dyn Observer));
-        observers.extend(at_oom.as_mut().map(|o| o as &mut dyn Observer));
-        observe(snap, inp.device, &opts, &mut observers);
-    }
-    let oom_state = match (oom, oom_here) {
-        (Some((_, i)), Some(_)) => at_oom
-            .and_then(StateAfter::into_state)
-            .map(|st| (i, st, inp.events)),
-        (Some((dev, i)), None) => {
-            let st = crate::replay::state_at(snap, dev, i, &opts);
+    let moments = super::moments::moments_of_pass(snap, &moment_input, &pass);
+    let mut timeline = TimelineWalk::new(snap, d, (inp.an, inp.trace), inp.category_of, inp.events);
+    timeline.walk(inp.events, &pass);
+    let oom_state = match (oom, oom_state_here) {
+        (Some((_, i)), Some(st)) => Some((i, st, inp.events)),
+        (Some((dev, i)), None) if dev != inp.device => {
+            let st = crate::replay::state_at(snap, dev, i, &ReplayOptions::default());
             Some((i, st, snap.device_trace(dev)))
         }
         _ => None,
     };
     Views {
         timeline: timeline.finish(),
-        peak_state: at_peak.and_then(StateAfter::into_state),
-        moments: moments.finish(),
+        peak_state,
+        moments,
         oom_state,
     }
+}
+
+/// The states at the peak and the OOM (each an event, and the state if the
+/// one replay kept it), replaying once to those it did not keep.
+fn states_not_kept(
+    snap: &Snapshot,
+    device: u32,
+    (peak, kept_peak): (Option<usize>, Option<ReplayState>),
+    (oom, kept_oom): (Option<usize>, Option<ReplayState>),
+) -> (Option<ReplayState>, Option<ReplayState>) {
+    use crate::replay::observe::{observe, Observer, StateAfter};
+    let mut at_peak = peak.filter(|_| kept_peak.is_none()).map(StateAfter::new);
+    let mut at_oom = oom.filter(|_| kept_oom.is_none()).map(StateAfter::new);
+    if at_peak.is_some() || at_oom.is_some() {
+        let mut observers: Vec<&mut dyn Observer> = Vec::new();
+        observers.extend(at_peak.as_mut().map(|o| o as &mut dyn Observer));
+        observers.extend(at_oom.as_mut().map(|o| o as &mut dyn Observer));
+        observe(snap, device, &ReplayOptions::default(), &mut observers);
+    }
+    (
+        kept_peak.or_else(|| at_peak.and_then(StateAfter::into_state)),
+        kept_oom.or_else(|| at_oom.and_then(StateAfter::into_state)),
+    )
 }
 
 fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
@@ -327,9 +358,9 @@ fn tune(d: &Diagnosis) -> Option<Tune> {
     })
 }
 
-/// Watches the replay for the timeline: the totals after each event and the
-/// bytes of the top sites of the peak, each in its band.
-struct TimelineObserver<'a> {
+/// The timeline: the totals after each event and the bytes of the top sites
+/// of the peak, each in its band.
+struct TimelineWalk<'a> {
     snap: &'a Snapshot,
     an: &'a Analysed<'a>,
     trace: usize,
@@ -348,14 +379,14 @@ struct TimelineObserver<'a> {
     builder: TimelineBuilder,
 }
 
-impl<'a> TimelineObserver<'a> {
+impl<'a> TimelineWalk<'a> {
     fn new(
         snap: &'a Snapshot,
         d: &Diagnosis,
         (an, trace): (&'a Analysed<'a>, usize),
         category_of: &dyn Fn(&str) -> Category,
         events: &[crate::snapshot::TraceEvent],
-    ) -> TimelineObserver<'a> {
+    ) -> TimelineWalk<'a> {
         let mut sites: Vec<TimelineSite> = Vec::new();
         for l in &d.peak.live_at_peak {
             if sites.len() == TIMELINE_TOP_SITES {
@@ -378,7 +409,7 @@ impl<'a> TimelineObserver<'a> {
             events.len() as u64,
             DEFAULT_MAX_POINTS,
         );
-        TimelineObserver {
+        TimelineWalk {
             snap,
             an,
             trace,
@@ -427,47 +458,46 @@ impl<'a> TimelineObserver<'a> {
     }
 }
 
-impl crate::replay::observe::Observer for TimelineObserver<'_> {
-    fn after(&mut self, _r: &Replay<'_>, s: &crate::replay::Step) {
-        let oom = match s.delta {
-            Delta::Alloc { addr, size, .. } => {
-                let k = self.band_of(s.event.stack, s.index);
-                if let Some(k) = k {
-                    self.bands[k] = self.bands[k].saturating_add(size);
-                    self.peaks[k] = self.peaks[k].max(self.bands[k]);
+impl TimelineWalk<'_> {
+    /// Walks `events` with the totals and block sizes `pass` kept: each
+    /// allocation joins its band, and leaves it at the first free of its
+    /// address.
+    fn walk(&mut self, events: &[crate::snapshot::TraceEvent], pass: &PeakPass) {
+        use crate::snapshot::Action;
+        let mut sizes = pass.watched.alloc_sizes.iter().copied();
+        for ((index, e), (allocated, reserved, active)) in events
+            .iter()
+            .enumerate()
+            .zip(pass.watched.totals_with_active())
+        {
+            match e.action {
+                Action::Alloc => {
+                    let size = sizes.next().unwrap_or(e.size);
+                    let k = self.band_of(e.stack, index);
+                    if let Some(k) = k {
+                        self.bands[k] = self.bands[k].saturating_add(size);
+                        self.peaks[k] = self.peaks[k].max(self.bands[k]);
+                    }
+                    self.live.insert(e.addr, (size, k));
                 }
-                self.live.insert(addr, (size, k));
-                false
-            }
-            Delta::FreeRequested { addr, .. }
-            | Delta::FreeCompleted {
-                addr,
-                also_requested: true,
-                ..
-            } => {
-                if let Some((size, Some(k))) = self.live.remove(&addr) {
-                    self.bands[k] = self.bands[k].saturating_sub(size);
+                Action::FreeRequested | Action::FreeCompleted => {
+                    if let Some((size, Some(k))) = self.live.remove(&e.addr) {
+                        self.bands[k] = self.bands[k].saturating_sub(size);
+                    }
                 }
-                false
+                _ => {}
             }
-            Delta::Oom { .. } => true,
-            _ => false,
-        };
-        let t = s.totals.all;
-        self.builder.push(TimelinePoint {
-            x: if self.time {
-                s.event.time_us
-            } else {
-                s.index as i64
-            },
-            event: s.index as u64,
-            allocated: t.allocated,
-            reserved: t.reserved,
-            active: Some(t.active),
-            bands: &self.bands,
-            oom,
-            keep: self.keep == Some(s.index),
-        });
+            self.builder.push(TimelinePoint {
+                x: if self.time { e.time_us } else { index as i64 },
+                event: index as u64,
+                allocated,
+                reserved,
+                active: Some(active),
+                bands: &self.bands,
+                oom: e.action == Action::Oom,
+                keep: self.keep == Some(index),
+            });
+        }
     }
 }
 

@@ -15,8 +15,8 @@ use super::convert::stack_labels;
 use super::model::{Category, SegmentMap};
 use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT};
 use crate::analysis::sites::SiteIndex;
-use crate::replay::observe::Observer;
-use crate::replay::{Delta, Replay, ReplayState, Step};
+use crate::replay::during_read::PeakPass;
+use crate::replay::ReplayState;
 use crate::snapshot::{Action, Snapshot, StackId, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::HashMap;
@@ -61,7 +61,7 @@ pub struct Moments {
     pub segment_events: Vec<u64>,
 }
 
-/// What [`build_moments`] needs besides the snapshot.
+/// What [`moments_of_pass`] needs besides the snapshot.
 pub(super) struct MomentInput<'a> {
     /// The snapshot analysed once.
     pub an: &'a Analysed<'a>,
@@ -69,8 +69,8 @@ pub(super) struct MomentInput<'a> {
     pub trace: usize,
     /// Its events.
     pub events: &'a [TraceEvent],
-    /// Events whose segment map must be saved (the peak, the OOM).
-    pub must: Vec<usize>,
+    /// The states whose segment map must be saved (the peak, the OOM).
+    pub must: Vec<&'a ReplayState>,
     /// The category of a site.
     pub category_of: &'a dyn Fn(&str) -> Category,
     /// Sites of stacks (for the segment maps).
@@ -87,27 +87,44 @@ struct Interval {
     alloc_index: Option<u32>,
 }
 
-/// Watches the one replay of the trace, keeping the largest allocations'
-/// lifetimes and the segment maps at the chosen events; [`Self::finish`]
-/// gives the [`Moments`].
-pub(super) struct MomentsObserver<'a> {
+/// The moments of the trace the one replay `pass` went through: the largest
+/// allocations' lifetimes, walked from the events and the block sizes the
+/// replay kept, and the segment maps at the states it kept (the peak, the
+/// OOM, and those nearest to evenly spaced events).
+pub(super) fn moments_of_pass(snap: &Snapshot, inp: &MomentInput<'_>, pass: &PeakPass) -> Moments {
+    let mut w = MomentsWalk::new(snap, inp);
+    w.walk(pass);
+    let n = inp.events.len();
+    let mut states: Vec<&ReplayState> = inp.must.iter().copied().filter(|s| s.index < n).collect();
+    let spaced = MOMENT_SEGMENT_MAPS.saturating_sub(states.len()).max(1);
+    let targets: Vec<usize> = (1..=spaced)
+        .map(|k| (n.saturating_sub(1) * k) / spaced)
+        .collect();
+    states.extend(pass.watched.spaced_near(&targets));
+    states.sort_by_key(|s| s.index);
+    states.dedup_by_key(|s| s.index);
+    for st in states {
+        w.save_map(st);
+    }
+    w.finish()
+}
+
+/// Walks the trace for [`moments_of_pass`].
+struct MomentsWalk<'a> {
     snap: &'a Snapshot,
     inp: &'a MomentInput<'a>,
     threshold: u64,
-    targets: Vec<usize>,
-    next: usize,
     kept: Vec<Interval>,
     open: HashMap<u64, usize>,
     total: u64,
     maps: Vec<(u64, SegmentMap)>,
 }
 
-impl<'a> MomentsObserver<'a> {
-    /// Ready to watch the replay of `inp`'s trace.
-    pub(super) fn new(snap: &'a Snapshot, inp: &'a MomentInput<'a>) -> MomentsObserver<'a> {
-        let events = inp.events;
+impl<'a> MomentsWalk<'a> {
+    fn new(snap: &'a Snapshot, inp: &'a MomentInput<'a>) -> MomentsWalk<'a> {
         // The size threshold: the MAX_KEPT_ALLOCS-th largest allocation.
-        let mut sizes: Vec<u64> = events
+        let mut sizes: Vec<u64> = inp
+            .events
             .iter()
             .filter(|e| e.action == Action::Alloc)
             .map(|e| e.size)
@@ -118,22 +135,10 @@ impl<'a> MomentsObserver<'a> {
         } else {
             0
         };
-        drop(sizes);
-        // Where to save segment maps: the must-haves and evenly spaced events.
-        let n = events.len();
-        let mut targets: Vec<usize> = inp.must.iter().copied().filter(|&i| i < n).collect();
-        let spaced = MOMENT_SEGMENT_MAPS.saturating_sub(targets.len()).max(1);
-        for k in 1..=spaced {
-            targets.push((n.saturating_sub(1) * k) / spaced);
-        }
-        targets.sort_unstable();
-        targets.dedup();
-        MomentsObserver {
+        MomentsWalk {
             snap,
             inp,
             threshold,
-            targets,
-            next: 0,
             kept: Vec::new(),
             open: HashMap::default(),
             total: 0,
@@ -150,44 +155,12 @@ impl<'a> MomentsObserver<'a> {
         }
     }
 
-    /// Saves the segment map after event `index` when it is a target.
-    fn save_maps(&mut self, r: &Replay<'_>, index: usize) {
-        while self.next < self.targets.len() && self.targets[self.next] <= index {
-            if self.targets[self.next] == index {
-                let st = ReplayState {
-                    index,
-                    totals: r.totals(),
-                    live: r.live_blocks(),
-                    segments: r.segments(),
-                };
-                let when = format!("at event {index}");
-                let inp = self.inp;
-                let m = segments_of_state(
-                    self.snap,
-                    inp.events,
-                    &st,
-                    &when,
-                    inp.index,
-                    inp.category_of,
-                );
-                self.maps.push((
-                    index as u64,
-                    cap_segments(&m, MOMENT_MAX_SEGMENTS, DEFAULT_MAX_BLOCKS_PER_SEGMENT),
-                ));
-            }
-            self.next += 1;
-        }
-    }
-}
-
-impl Observer for MomentsObserver<'_> {
-    fn before(&mut self, r: &Replay<'_>, index: usize) {
-        if index != 0 {
-            return;
-        }
-        // The blocks live before the trace.
+    /// The blocks live before the trace, then every allocation with its
+    /// block size as the replay gave it, closed by the first free of its
+    /// address.
+    fn walk(&mut self, pass: &PeakPass) {
         let min = self.threshold.max(1);
-        for b in r.live_blocks().iter().filter(|b| !b.pending_free) {
+        for b in pass.watched.start_live.iter().filter(|b| !b.pending_free) {
             self.consider(
                 Interval {
                     alloc: -1,
@@ -200,41 +173,50 @@ impl Observer for MomentsObserver<'_> {
                 min,
             );
         }
+        let mut sizes = pass.watched.alloc_sizes.iter().copied();
+        for (i, e) in self.inp.events.iter().enumerate() {
+            match e.action {
+                Action::Alloc => {
+                    let size = sizes.next().unwrap_or(e.size);
+                    self.consider(
+                        Interval {
+                            alloc: i as i64,
+                            free: -1,
+                            size,
+                            addr: e.addr,
+                            stack: e.stack,
+                            alloc_index: u32::try_from(i).ok(),
+                        },
+                        self.threshold,
+                    );
+                }
+                Action::FreeRequested | Action::FreeCompleted => {
+                    if let Some(j) = self.open.remove(&e.addr) {
+                        self.kept[j].free = i as i64;
+                    }
+                }
+                _ => {}
+            }
+        }
     }
 
-    fn after(&mut self, r: &Replay<'_>, s: &Step) {
-        match s.delta {
-            Delta::Alloc { addr, size, .. } => self.consider(
-                Interval {
-                    alloc: s.index as i64,
-                    free: -1,
-                    size,
-                    addr,
-                    stack: s.event.stack,
-                    alloc_index: u32::try_from(s.index).ok(),
-                },
-                self.threshold,
-            ),
-            Delta::FreeRequested { addr, .. }
-            | Delta::FreeCompleted {
-                addr,
-                also_requested: true,
-                ..
-            } => {
-                if let Some(j) = self.open.remove(&addr) {
-                    self.kept[j].free = s.index as i64;
-                }
-            }
-            _ => {}
-        }
-        self.save_maps(r, s.index);
+    /// Saves the segment map of state `st`.
+    fn save_map(&mut self, st: &ReplayState) {
+        let index = st.index;
+        let when = format!("at event {index}");
+        let inp = self.inp;
+        let m = segments_of_state(self.snap, inp.events, st, &when, inp.index, inp.category_of);
+        self.maps.push((
+            index as u64,
+            cap_segments(&m, MOMENT_MAX_SEGMENTS, DEFAULT_MAX_BLOCKS_PER_SEGMENT),
+        ));
     }
 }
 
-impl MomentsObserver<'_> {
+impl MomentsWalk<'_> {
     /// The moments seen.
-    pub(super) fn finish(self) -> Moments {
-        let MomentsObserver {
+    fn finish(self) -> Moments {
+        let MomentsWalk {
             snap,
             inp,
             mut kept,

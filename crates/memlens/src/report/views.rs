@@ -192,21 +192,25 @@ pub struct OverviewRow {
 
 /// The overview of several snapshots; `None` for one snapshot (the header
 /// says it all then).
-pub fn overview(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Option<Overview> {
+pub fn overview<'s>(
+    set: &crate::analysis::peak::AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    d: &Diagnosis,
+) -> Option<Overview> {
     if snaps.len() < 2 {
         return None;
     }
     let total = d.oom.as_ref().and_then(|o| o.device_memory.total_bytes);
     let mut rows: Vec<OverviewRow> = Vec::with_capacity(snaps.len());
     for (i, (name, snap)) in snaps.iter().enumerate() {
-        let s = crate::analysis::summary::summarize(snap);
+        let s = crate::analysis::summary::summarize_with(snap, set.pending(snap));
         // The diagnosis' peaks of each snapshot (the last one's is its peak);
         // inputs it did not take as one run (ranks) read theirs from the
         // replay beside the reader.
         let (pa, pr) = match d.snapshot_peaks.get(i) {
             Some(&p) if d.snapshot_peaks.len() == snaps.len() => p,
             _ if i + 1 == snaps.len() => (d.peak.peak_allocated_bytes, d.peak.peak_reserved_bytes),
-            _ => crate::analysis::peak::peak_totals(snap),
+            _ => crate::analysis::peak::peak_totals(snap, set.fed_pass(snap)),
         };
         let growth = rows.last().map_or(0, |prev| {
             i64::try_from(s.allocated_bytes).unwrap_or(i64::MAX)

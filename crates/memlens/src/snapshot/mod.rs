@@ -19,7 +19,6 @@ pub mod validate;
 pub use strings::{StrId, Strings};
 // The container belongs to the input layer; re-exported for the model's users.
 pub use crate::input::Container;
-pub use crate::replay::during_read::{PeakPass, PendingPass};
 
 use serde::Serialize;
 use std::path::Path;
@@ -302,21 +301,9 @@ pub struct Snapshot {
     pub legacy: bool,
     /// Problems found while reading that do not stop the analysis.
     pub warnings: Vec<String>,
-    /// The peak's first pass, when the trace was replayed while the file was
-    /// read ([`crate::replay::during_read::load`]); the peak uses it only
-    /// where it still fits the trace ([`PeakPass::fits`]). Code that edits
-    /// `traces` should set it to `None`. It may still be running:
-    /// [`Snapshot::peak_pass`] waits for it.
-    pub peak_pass: Option<std::sync::Arc<PendingPass>>,
 }
 
 impl Snapshot {
-    /// The peak's first pass made while the file was read, if any, once it
-    /// is done (this waits for it).
-    pub fn peak_pass(&self) -> Option<&PeakPass> {
-        self.peak_pass.as_deref().and_then(PendingPass::get)
-    }
-
     /// Reads a snapshot from a file in any supported format.
     pub fn load(path: &Path) -> crate::Result<Snapshot> {
         build::load_path(path)
@@ -339,37 +326,11 @@ impl Snapshot {
         paths: &[P],
         done: impl Fn() + Sync,
     ) -> Vec<crate::Result<Snapshot>> {
-        Snapshot::read_many(paths, done, false)
-    }
-
-    /// [`Snapshot::load_many_with`] for the analyses that report peaks
-    /// (`doctor`, `peak`): each file is read with its trace replayed beside
-    /// the reader ([`crate::replay::during_read::load`]), so that the peak of
-    /// every snapshot of a run (the report's overview, each rank's) needs no
-    /// replay of its own.
-    pub fn load_many_for_peak<P: AsRef<Path> + Sync>(
-        paths: &[P],
-        done: impl Fn() + Sync,
-    ) -> Vec<crate::Result<Snapshot>> {
-        Snapshot::read_many(paths, done, true)
-    }
-
-    fn read_many<P: AsRef<Path> + Sync>(
-        paths: &[P],
-        done: impl Fn() + Sync,
-        replay_each: bool,
-    ) -> Vec<crate::Result<Snapshot>> {
         use rayon::prelude::*;
         paths
             .par_iter()
             .map(|p| {
-                // Every file of a run is replayed beside its reading: the
-                // report's overview and the ranks need each one's peak.
-                let r = if replay_each {
-                    crate::replay::during_read::load(p.as_ref())
-                } else {
-                    build::load_path(p.as_ref())
-                };
+                let r = build::load_path(p.as_ref());
                 done();
                 r
             })

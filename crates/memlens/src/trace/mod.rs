@@ -11,6 +11,7 @@ pub mod categories;
 pub mod sites;
 pub mod steps;
 
+use crate::replay::during_read::{PeakPass, PendingPass, RecordedPasses};
 use crate::snapshot::{Action, Snapshot, StackId};
 use categories::{
     classify, event_phases, free_index_of_allocs, Category, Phase, Phases, WorkspaceCandidates,
@@ -52,23 +53,52 @@ pub struct Analysed<'s> {
     pub phases: Phases,
     /// One entry per device trace, in [`Snapshot::traces`] order.
     pub traces: Vec<TraceFacts>,
+    /// The one replay of each trace under its recorded settings (beside the
+    /// reader, if the snapshot was read that way).
+    recorded: Arc<RecordedPasses>,
 }
 
 impl<'s> Analysed<'s> {
     /// Analyses `snap`: one pass over each trace for phases, frees and steps.
     pub fn new(snap: &'s Snapshot) -> Analysed<'s> {
+        Analysed::with_pass(snap, None)
+    }
+
+    /// [`Analysed::new`] of a snapshot read with its trace replayed beside
+    /// the reader: `fed` is that replay, which pairs the frees and gives the
+    /// peaks without a replay of their own where it went through the trace.
+    pub fn with_pass(snap: &'s Snapshot, fed: Option<Arc<PendingPass>>) -> Analysed<'s> {
+        Analysed::with_recorded(snap, Arc::new(RecordedPasses::new(fed)))
+    }
+
+    /// [`Analysed::new`] sharing `recorded`, the one replay of each trace.
+    pub fn with_recorded(snap: &'s Snapshot, recorded: Arc<RecordedPasses>) -> Analysed<'s> {
         crate::work::note_analysed();
         let sites = SiteIndex::new(snap);
         let phases = Phases::new(snap);
+        let pass = recorded.pending();
         let traces = (0..snap.traces.len())
-            .map(|t| TraceFacts::new(snap, t, &phases))
+            .map(|t| TraceFacts::new(snap, t, &phases, pass))
             .collect();
         Analysed {
             snap,
             sites,
             phases,
             traces,
+            recorded,
         }
+    }
+
+    /// The replay made beside the reader, once it is done (this waits for
+    /// it); `None` when the snapshot was not read that way or the trace
+    /// could not be replayed so.
+    pub fn fed_pass(&self) -> Option<&PeakPass> {
+        self.recorded.fed()
+    }
+
+    /// The one replay of each trace under its recorded settings.
+    pub fn recorded(&self) -> &RecordedPasses {
+        &self.recorded
     }
 
     /// The facts of trace `trace`.
@@ -190,7 +220,12 @@ fn backward_in_each_step(
 }
 
 impl TraceFacts {
-    fn new(snap: &Snapshot, trace: usize, phases: &Phases) -> TraceFacts {
+    fn new(
+        snap: &Snapshot,
+        trace: usize,
+        phases: &Phases,
+        fed: Option<&PendingPass>,
+    ) -> TraceFacts {
         // Each alloc's free does not depend on the phases and steps: what
         // needs no frees runs beside the pairing (which may wait for the
         // replay beside the reader to finish), so that little is left after.
@@ -199,7 +234,7 @@ impl TraceFacts {
                 // The replay beside the reader paired them already, if it
                 // went through this trace.
                 let t = &snap.traces[trace];
-                match snap.peak_pass().filter(|p| p.replayed(t)) {
+                match fed.and_then(PendingPass::get).filter(|p| p.replayed(t)) {
                     Some(p) => Arc::clone(p.free_of()),
                     None => Arc::new(free_index_of_allocs(snap, trace)),
                 }
