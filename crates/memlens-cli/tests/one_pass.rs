@@ -66,3 +66,19 @@ fn doctor_on_periodic_snapshots_replays_each_once() {
         assert_eq!(c["analysed_traces"], 1, "report {report}: {c}");
     }
 }
+
+#[test]
+fn doctor_on_two_ranks_with_the_report_replays_each_once() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("r.html");
+    let corpus =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/ranks");
+    let ranks: Vec<String> = ["ddp_ema.rank0.pickle.zst", "ddp_ema.rank1.pickle.zst"]
+        .iter()
+        .map(|n| corpus.join(n).to_string_lossy().into_owned())
+        .collect();
+    let out = out.to_string_lossy().into_owned();
+    let c = counts(&["doctor", "--json", "-o", &out, &ranks[0], &ranks[1]]);
+    assert_eq!(c["recorded_replays"], 2, "{c}");
+    assert_eq!(c["analysed_traces"], 2, "{c}");
+}

@@ -662,7 +662,7 @@ fn diagnose_group<'s>(
             Some((m.rank.unwrap_or(0), snaps[f].0.clone(), snaps[f].1))
         })
         .collect();
-    let report = ranks::compare(&latest, opts.device_memory);
+    let report = ranks::compare_in(set, &latest, opts.device_memory);
     combine(parts, "ranks", String::new(), Some(report))
 }
 

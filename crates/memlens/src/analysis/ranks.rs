@@ -3,7 +3,7 @@
 //! to it), and the imbalance: what one rank holds beyond the median rank, and
 //! at which site.
 
-use super::peak::{peak, PeakReport};
+use super::peak::{peak, peak_analysed, AnalysedSet, PeakReport};
 use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::Serialize;
@@ -93,6 +93,17 @@ fn lower_median(mut v: Vec<u64>) -> u64 {
 /// Compares the ranks; `ranks` holds (rank, file, the rank's latest snapshot).
 /// `device_memory`: the GPU's size, for the headroom.
 pub fn compare(ranks: &[(u32, String, &Snapshot)], device_memory: Option<u64>) -> RanksReport {
+    let named: Vec<(String, &Snapshot)> = ranks.iter().map(|(_, f, s)| (f.clone(), *s)).collect();
+    compare_in(&AnalysedSet::new(&named), ranks, device_memory)
+}
+
+/// [`compare`] with the analysed traces (and their one replay each) of
+/// `set`, which holds the ranks' snapshots.
+pub fn compare_in<'s>(
+    set: &AnalysedSet<'s>,
+    ranks: &[(u32, String, &'s Snapshot)],
+    device_memory: Option<u64>,
+) -> RanksReport {
     let peaks: Vec<(u32, &String, PeakReport, bool)> = ranks
         .iter()
         .map(|(r, f, s)| {
@@ -101,7 +112,11 @@ pub fn compare(ranks: &[(u32, String, &Snapshot)], device_memory: Option<u64>) -
                 .iter()
                 .flat_map(|t| &t.events)
                 .any(|e| e.action == Action::Oom);
-            (*r, f, peak(s, usize::MAX), oom)
+            let peak = match set.get(s) {
+                Some(an) => peak_analysed(an, usize::MAX),
+                None => peak(s, usize::MAX),
+            };
+            (*r, f, peak, oom)
         })
         .collect();
     compare_peaks(&peaks, device_memory)

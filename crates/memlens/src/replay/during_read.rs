@@ -506,6 +506,7 @@ fn replay_arriving(
     if !complete || !r.warnings().is_empty() {
         return None;
     }
+    crate::work::note_replay(true);
     let watched = watch.finish(&r);
     let FedFacts {
         free_of,

@@ -429,7 +429,8 @@ impl<'s> Replay<'s> {
             config: Some(config),
             limits: DeviceLimits::default(),
         };
-        crate::work::note_replay(true);
+        // Counted once it went through the trace (`during_read`): one that
+        // gave up at the first warning replayed a few events, not the trace.
         let mut r = Replay::unnoted(&NO_SNAPSHOT, 0, &opts, InitialState::default());
         r.events = Events::Window {
             buf: Vec::new(),

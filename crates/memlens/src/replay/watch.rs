@@ -15,7 +15,8 @@
 
 use super::observe::StateThen;
 use super::{is_segment_event, LiveBlock, Peaks, PoolTotals, Replay, ReplayState, Totals};
-use crate::sim::SegmentView;
+use crate::sim::rounding::round_size;
+use crate::sim::{AllocatorConfig, SegmentView};
 use crate::snapshot::{Action, TraceEvent};
 
 /// States before OOM events kept (the first ones; a trace with more is a
@@ -53,11 +54,11 @@ pub struct Watched {
     pub allocated: Vec<u64>,
     /// Reserved bytes from each event at which they changed.
     pub reserved: Vec<(usize, u64)>,
-    /// The block size of each `alloc` event, in order.
-    pub alloc_sizes: Vec<u64>,
-    /// Active minus allocated bytes (pending frees) from each event at which
-    /// it changed.
-    pub pending: Vec<(usize, u64)>,
+    /// The `alloc` events whose block the model made larger than their
+    /// rounded size (the rest of a block too small to split off), with that
+    /// size, in order ([`Watched::block_size`]); rare, so kept apart rather
+    /// than one size per `alloc`.
+    pub larger_blocks: Vec<(usize, u64)>,
     /// The starts of the runs of segment frees that were `empty_cache()`
     /// calls, in order.
     pub empty_cache_at: Vec<usize>,
@@ -122,7 +123,10 @@ impl Watch {
                 break;
             };
             if e.action == Action::Alloc {
-                self.w.alloc_sizes.push(r.last_alloc_size());
+                let size = r.last_alloc_size();
+                if size != round_size(r.allocator().config(), e.size) {
+                    self.w.larger_blocks.push((index, size));
+                }
             }
             self.after(r, index, &t);
             self.last_action = Some(e.action);
@@ -190,10 +194,6 @@ impl Watch {
         if w.reserved.last().map(|&(_, b)| b) != Some(t.reserved) {
             w.reserved.push((index, t.reserved));
         }
-        let pending = t.active.saturating_sub(t.allocated);
-        if w.pending.last().map_or(0, |&(_, b)| b) != pending {
-            w.pending.push((index, pending));
-        }
         if w.peaks.observe(index, t) {
             r.keep_live_here();
             self.peak_pending = self.peak_copied <= PEAK_COPY_BUDGET;
@@ -246,20 +246,13 @@ impl Watched {
         })
     }
 
-    /// Allocated, reserved and active bytes after each event, in order.
-    pub fn totals_with_active(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
-        let mut changes = self.pending.iter().peekable();
-        let mut pending = 0;
-        self.totals().enumerate().map(move |(i, (a, r))| {
-            while let Some(&&(at, p)) = changes.peek() {
-                if at > i {
-                    break;
-                }
-                pending = p;
-                changes.next();
-            }
-            (a, r, a + pending)
-        })
+    /// The block size the replay gave the `alloc` event `e` at `index`,
+    /// under the settings `config` it was replayed with.
+    pub fn block_size(&self, config: &AllocatorConfig, index: usize, e: &TraceEvent) -> u64 {
+        match self.larger_blocks.binary_search_by_key(&index, |&(i, _)| i) {
+            Ok(k) => self.larger_blocks[k].1,
+            Err(_) => round_size(config, e.size),
+        }
     }
 
     /// The state right before OOM event `index`, if it was kept.

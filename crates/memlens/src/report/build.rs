@@ -48,7 +48,7 @@ pub fn from_diagnosis_in<'s>(
         tune: tune(d),
         oom: super::views::oom_view(d),
         overview: super::views::overview(set, snaps, d),
-        ranks: super::ranks::ranks_view(snaps, d),
+        ranks: super::ranks::ranks_view(set, snaps, d),
         shown_file: (snaps.len() > 1).then(|| d.files.last().cloned()).flatten(),
         ..ReportData::default()
     };
@@ -374,7 +374,8 @@ struct TimelineWalk<'a> {
     time: bool,
     bands: Vec<u64>,
     peaks: Vec<u64>,
-    live: HashMap<u64, (u64, Option<usize>)>,
+    /// Live blocks by address: size, band, whether their free was requested.
+    live: HashMap<u64, (u64, Option<usize>, bool)>,
     keep: Option<usize>,
     builder: TimelineBuilder,
 }
@@ -461,28 +462,47 @@ impl<'a> TimelineWalk<'a> {
 impl TimelineWalk<'_> {
     /// Walks `events` with the totals and block sizes `pass` kept: each
     /// allocation joins its band, and leaves it at the first free of its
-    /// address.
+    /// address. The live blocks are followed as the replay followed them,
+    /// so that a block whose free was requested but not completed counts
+    /// as active (`active_bytes`) until it is.
     fn walk(&mut self, events: &[crate::snapshot::TraceEvent], pass: &PeakPass) {
         use crate::snapshot::Action;
-        let mut sizes = pass.watched.alloc_sizes.iter().copied();
-        for ((index, e), (allocated, reserved, active)) in events
-            .iter()
-            .enumerate()
-            .zip(pass.watched.totals_with_active())
-        {
+        let mut pending: u64 = 0;
+        for b in &pass.watched.start_live {
+            self.live.insert(b.addr, (b.size, None, b.pending_free));
+            if b.pending_free {
+                pending += b.size;
+            }
+        }
+        for ((index, e), (allocated, reserved)) in events.iter().enumerate().zip(pass.totals()) {
             match e.action {
                 Action::Alloc => {
-                    let size = sizes.next().unwrap_or(e.size);
+                    let size = pass.watched.block_size(&pass.config, index, e);
                     let k = self.band_of(e.stack, index);
                     if let Some(k) = k {
                         self.bands[k] = self.bands[k].saturating_add(size);
                         self.peaks[k] = self.peaks[k].max(self.bands[k]);
                     }
-                    self.live.insert(e.addr, (size, k));
+                    self.live.insert(e.addr, (size, k, false));
                 }
-                Action::FreeRequested | Action::FreeCompleted => {
-                    if let Some((size, Some(k))) = self.live.remove(&e.addr) {
-                        self.bands[k] = self.bands[k].saturating_sub(size);
+                Action::FreeRequested => {
+                    if let Some((size, k, was_pending)) = self.live.get_mut(&e.addr) {
+                        if !*was_pending {
+                            *was_pending = true;
+                            pending += *size;
+                            if let Some(k) = *k {
+                                self.bands[k] = self.bands[k].saturating_sub(*size);
+                            }
+                        }
+                    }
+                }
+                Action::FreeCompleted => {
+                    if let Some((size, k, was_pending)) = self.live.remove(&e.addr) {
+                        if was_pending {
+                            pending = pending.saturating_sub(size);
+                        } else if let Some(k) = k {
+                            self.bands[k] = self.bands[k].saturating_sub(size);
+                        }
                     }
                 }
                 _ => {}
@@ -492,7 +512,7 @@ impl TimelineWalk<'_> {
                 event: index as u64,
                 allocated,
                 reserved,
-                active: Some(active),
+                active: Some(allocated + pending),
                 bands: &self.bands,
                 oom: e.action == Action::Oom,
                 keep: self.keep == Some(index),

@@ -173,11 +173,10 @@ impl<'a> MomentsWalk<'a> {
                 min,
             );
         }
-        let mut sizes = pass.watched.alloc_sizes.iter().copied();
         for (i, e) in self.inp.events.iter().enumerate() {
             match e.action {
                 Action::Alloc => {
-                    let size = sizes.next().unwrap_or(e.size);
+                    let size = pass.watched.block_size(&pass.config, i, e);
                     self.consider(
                         Interval {
                             alloc: i as i64,

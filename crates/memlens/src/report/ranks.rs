@@ -3,17 +3,22 @@
 //! drawn on every rank.
 
 use super::model::{RankLine, RankSeries, RanksView};
+use crate::analysis::peak::{AnalysedSet, AnalysedSource};
 use crate::analysis::sites::{Site, SiteIndex};
 use crate::doctor::Diagnosis;
-use crate::replay::{Delta, Replay, ReplayOptions};
-use crate::snapshot::{Snapshot, StackId};
+use crate::replay::during_read::{PeakPass, RecordedPasses};
+use crate::snapshot::{Action, Snapshot, StackId};
 use hashbrown::HashMap;
 
 /// Points drawn per rank at most (the maxima of each bucket of events).
 pub const RANK_POINTS: usize = 1500;
 
 /// The view of `d.ranks`, when the inputs were the ranks of one job.
-pub fn ranks_view(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Option<RanksView> {
+pub fn ranks_view<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    d: &Diagnosis,
+) -> Option<RanksView> {
     let r = d.ranks.as_ref()?;
     let site = r
         .imbalance
@@ -25,7 +30,16 @@ pub fn ranks_view(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Option<RanksV
         .iter()
         .filter_map(|row| {
             let (_, snap) = snaps.iter().find(|(n, _)| *n == row.file)?;
-            Some(rank_series(row.rank, snap, row.device, site.as_deref()))
+            let pass = match set.later(snap) {
+                Some(l) => l.recorded().of_device(snap, row.device),
+                None => RecordedPasses::default().of_device(snap, row.device),
+            };
+            Some(rank_series(
+                row.rank,
+                snap,
+                pass.as_deref(),
+                site.as_deref(),
+            ))
         })
         .collect();
     // A shared axis: seconds from the first event of any rank, when the
@@ -73,8 +87,22 @@ pub fn ranks_view(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Option<RanksV
 }
 
 /// One rank's allocated and reserved bytes (and the imbalance site's) over
-/// its trace, as the maxima of at most [`RANK_POINTS`] buckets of events.
-fn rank_series(rank: u32, snap: &Snapshot, device: u32, site: Option<&str>) -> RankSeries {
+/// its trace, as the maxima of at most [`RANK_POINTS`] buckets of events: a
+/// walk over the trace with the totals and block sizes of its one replay
+/// (`pass`; `None`: no trace).
+fn rank_series(
+    rank: u32,
+    snap: &Snapshot,
+    pass: Option<&PeakPass>,
+    site: Option<&str>,
+) -> RankSeries {
+    let mut out = RankSeries {
+        rank,
+        ..RankSeries::default()
+    };
+    let Some(pass) = pass else {
+        return out;
+    };
     let index = SiteIndex::new(snap);
     let mut matches: HashMap<StackId, bool> = HashMap::default();
     let mut is_site = |stack: StackId| {
@@ -82,49 +110,41 @@ fn rank_series(rank: u32, snap: &Snapshot, device: u32, site: Option<&str>) -> R
             .entry(stack)
             .or_insert_with(|| site.is_some_and(|s| Site::of(snap, &index, stack).site == s))
     };
-    let mut r = Replay::new(snap, device, &ReplayOptions::default());
-    let n = r.events().len().max(1);
+    let events = snap.device_trace(pass.device);
+    let n = events.len().max(1);
     let per = n.div_ceil(RANK_POINTS).max(1);
-    let mut out = RankSeries {
-        rank,
-        ..RankSeries::default()
-    };
+    // The site's blocks, live, by address (until the first free).
     let mut live: HashMap<u64, u64> = HashMap::default();
     let (mut site_bytes, mut peak_alloc) = (0u64, 0u64);
     let mut bucket: Option<(i64, u64, u64, u64, u64)> = None; // time, event, alloc, reserved, site
-    while let Some(s) = r.step() {
-        match s.delta {
-            Delta::Alloc { addr, size, .. } if is_site(s.event.stack) => {
+    for ((i, e), (allocated, reserved)) in events.iter().enumerate().zip(pass.totals()) {
+        match e.action {
+            Action::Alloc if is_site(e.stack) => {
+                let size = pass.watched.block_size(&pass.config, i, e);
                 site_bytes += size;
-                live.insert(addr, size);
+                live.insert(e.addr, size);
             }
-            Delta::FreeRequested { addr, .. }
-            | Delta::FreeCompleted {
-                addr,
-                also_requested: true,
-                ..
-            } => {
-                if let Some(size) = live.remove(&addr) {
+            Action::FreeRequested | Action::FreeCompleted => {
+                if let Some(size) = live.remove(&e.addr) {
                     site_bytes = site_bytes.saturating_sub(size);
                 }
             }
             _ => {}
         }
-        let t = s.totals.all;
-        let b = bucket.get_or_insert((s.event.time_us, s.index as u64, 0, 0, 0));
-        if t.allocated >= b.2 {
+        let b = bucket.get_or_insert((e.time_us, i as u64, 0, 0, 0));
+        if allocated >= b.2 {
             // The bucket's point sits at its highest allocated moment.
-            b.0 = s.event.time_us;
-            b.1 = s.index as u64;
+            b.0 = e.time_us;
+            b.1 = i as u64;
         }
-        b.2 = b.2.max(t.allocated);
-        b.3 = b.3.max(t.reserved);
+        b.2 = b.2.max(allocated);
+        b.3 = b.3.max(reserved);
         b.4 = b.4.max(site_bytes);
-        if t.allocated > peak_alloc {
-            peak_alloc = t.allocated;
+        if allocated > peak_alloc {
+            peak_alloc = allocated;
             out.peak_point = out.event.len();
         }
-        if (s.index + 1) % per == 0 {
+        if (i + 1) % per == 0 {
             flush(&mut out, bucket.take());
         }
     }
