@@ -135,9 +135,6 @@ struct ComesLast<'a, 's>(
 );
 
 impl<'s> memlens::analysis::peak::AnalysedSource<'s> for ComesLast<'_, 's> {
-    fn ready(&self) -> Option<&memlens::trace::Analysed<'s>> {
-        None
-    }
     fn wait(&self) -> &memlens::trace::Analysed<'s> {
         self.0
     }

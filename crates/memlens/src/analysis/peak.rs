@@ -153,13 +153,11 @@ pub fn peak_and_live(an: &Analysed, top: usize) -> (PeakReport, Option<LiveAtPea
     peak_and_live_later(an.snap, &an, top)
 }
 
-/// Where the peak's replay finds the analysed trace: at hand, or still being
-/// built on another thread. The replay needs it only for the step starts and
-/// for naming what is live at the peak, so it starts without it and
-/// remembers the totals of the events it replayed before it came.
+/// Where the peak finds the analysed trace (at hand, or still being built
+/// on another thread) and the one replay of each trace. The replay needs
+/// the analysed trace only for the step starts and for naming what is live
+/// at the peak, so it runs without waiting for it.
 pub trait AnalysedSource<'s>: Sync {
-    /// The analysed trace, if it is ready.
-    fn ready(&self) -> Option<&Analysed<'s>>;
     /// The analysed trace, waiting for it.
     fn wait(&self) -> &Analysed<'s>;
     /// The one replay of each trace under its recorded settings (it does
@@ -168,9 +166,6 @@ pub trait AnalysedSource<'s>: Sync {
 }
 
 impl<'s> AnalysedSource<'s> for &Analysed<'s> {
-    fn ready(&self) -> Option<&Analysed<'s>> {
-        Some(self)
-    }
     fn wait(&self) -> &Analysed<'s> {
         self
     }
@@ -288,9 +283,6 @@ impl<'s> AnalysedLater<'s> {
 }
 
 impl<'s> AnalysedSource<'s> for AnalysedLater<'s> {
-    fn ready(&self) -> Option<&Analysed<'s>> {
-        self.cell.get()
-    }
     fn recorded(&self) -> &RecordedPasses {
         &self.recorded
     }

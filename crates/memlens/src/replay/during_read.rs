@@ -1,20 +1,25 @@
-//! The peak's first pass, run while the snapshot is still being read.
+//! The one replay of a trace under its recorded settings, run while the
+//! snapshot is still being read when it can be.
 //!
-//! Finding the peak means replaying the whole trace through the allocator
-//! model (~100 ns an event), and until now that began only once the file was
-//! read. Yet a snapshot's trace comes before the end of the file, and a trace
+//! Every analysis that needs the allocator's state over time (the peak, the
+//! state an OOM met, where `empty_cache()` was called, the report's timeline,
+//! moments and segment maps) reads one replay of the trace
+//! ([`RecordedPasses`], held by the analysed trace) through what a
+//! [`super::watch::Watch`] kept in it. Replaying costs ~60-100 ns an event,
+//! yet a snapshot's trace comes before the end of the file, and a trace
 //! recorded from the start of the process begins from an empty allocator:
 //! then nothing about the replay needs the rest of the file. So the reader
 //! hands each batch of events, as it decodes them, to a thread that replays
-//! them at once (the reader on one core, the model on another) and keeps
-//! what the peak's first pass finds: the peaks and each event's totals.
+//! them at once (the reader on one core, the model on another).
 //!
 //! Whether that guess held is known only at the end: the replay assumed an
 //! empty allocator before the trace, PyTorch's default settings and no
-//! private pools. [`PeakPass::fits`] checks each against the snapshot as read
-//! (the state before the trace is reconstructed anyway for the second pass);
-//! when one fails, the peak replays the trace as before. The result is the
-//! same either way (`tests/peak.rs` compares both on every snapshot).
+//! private pools. [`PeakPass::fits`] checks each against the snapshot as read;
+//! when one fails (a ring buffer that wrapped, settings of its own), the
+//! trace is replayed once after the read ([`PeakPass::after_read`]). The
+//! result is the same either way (`tests/peak.rs` and `tests/watch.rs`
+//! compare both on every snapshot). The snapshot itself stays plain data:
+//! [`load`] gives the replay beside it ([`ReadWithPass`]).
 
 use super::config::recorded_config;
 use super::initial::InitialState;

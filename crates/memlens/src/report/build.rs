@@ -2,10 +2,12 @@
 //! [`Diagnosis`] (what `memlens doctor` and `memlens report` write).
 //!
 //! The diagnosis gives the findings, the peak, the leaks and the tune table;
-//! this module adds what only a page needs: the timeline (one more replay,
-//! tracking the bytes of the top sites), the flame graph of the blocks live at
-//! the peak and the segment map at the OOM or the peak (one replay each, to
-//! that event). The result is not bounded yet: call [`ReportData::bounded`].
+//! this module adds what only a page needs, all from the one replay of the
+//! trace the analysed trace holds (no replay of its own): the timeline
+//! (a walk tracking the bytes of the top sites), the flame graph of the
+//! blocks live at the peak, the moments and the segment map at the OOM or
+//! the peak (states that replay kept). The result is not bounded yet: call
+//! [`ReportData::bounded`].
 
 use super::convert::{segment_map, settings_pairs, stack_labels};
 use super::flame::FlameBuilder;

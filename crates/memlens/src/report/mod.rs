@@ -1,8 +1,8 @@
 //! The self-contained HTML report.
 //!
 //! The analyses fill a [`ReportData`] (every section optional, aggregates
-//! only; [`from_diagnosis`] fills it from `doctor`'s diagnosis, with one more
-//! replay for the timeline); [`render_html`] turns it into one HTML file that
+//! only; [`from_diagnosis`] fills it from `doctor`'s diagnosis and the
+//! trace's one replay); [`render_html`] turns it into one HTML file that
 //! works offline: the page's JavaScript and CSS, the vendored uPlot chart
 //! library and the data (as JSON) are all inlined.
 //!
