@@ -50,6 +50,8 @@ enum Command {
     Report(commands::report::Args),
     /// Memory a training step will need, before running it.
     Estimate(commands::estimate::Args),
+    /// Will the run fit at another batch size, and the largest batch that fits (from two probes).
+    Fit(commands::fit::Args),
     /// Live per-process GPU memory with the allocator's view.
     Top(commands::top::Args),
     /// A memory gate for CI: fails when the peak exceeds a limit.
@@ -89,6 +91,7 @@ where
         Command::Tune(a) => commands::tune::run(a),
         Command::Report(a) => commands::report::run(a),
         Command::Estimate(a) => commands::estimate::run(a),
+        Command::Fit(a) => commands::fit::run(a),
         Command::Top(a) => commands::top::run(a),
         Command::Check(a) => commands::check::run(a),
         #[cfg(feature = "export")]

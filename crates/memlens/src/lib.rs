@@ -29,6 +29,7 @@ pub mod estimate;
 pub mod example;
 #[cfg(feature = "export")]
 pub mod export;
+pub mod fit;
 pub mod frames;
 pub mod input;
 pub mod live;

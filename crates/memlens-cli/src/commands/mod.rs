@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod estimate;
 #[cfg(feature = "export")]
 pub mod export;
+pub mod fit;
 pub mod leaks;
 pub mod lines;
 pub mod oom;

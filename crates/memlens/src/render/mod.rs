@@ -12,6 +12,7 @@ pub mod diff;
 pub mod doctor;
 pub mod documents;
 pub mod estimate;
+pub mod fit;
 pub mod layout;
 pub mod leaks;
 pub mod lines;

@@ -1,0 +1,79 @@
+//! `memlens fit`: a training run at another batch size, from two probes.
+
+use crate::output;
+use anyhow::Context;
+use memlens::fit::{fit, probes::Probe, FitOptions};
+use memlens::render;
+use memlens::sim::AllocatorConfig;
+use memlens::units::parse_size;
+use std::path::PathBuf;
+
+/// Arguments of `memlens fit`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Example:\n  memlens fit b2.pickle.zst b4.pickle.zst --recorded-batch 2,4 --batch 32 --limit 70GiB\n\n\
+                  Each probe is a snapshot of the same run (same code, same number of steps) recorded\n\
+                  from the start of the process, at its own batch size."
+)]
+pub struct Args {
+    /// The two probes: snapshots of the run at two batch sizes.
+    #[arg(required = true, value_name = "PROBE")]
+    pub probes: Vec<PathBuf>,
+    /// The probes' batch sizes, in the same order, e.g. `2,4`.
+    #[arg(long, value_name = "A,B", value_delimiter = ',', required = true)]
+    pub recorded_batch: Vec<u32>,
+    /// The batch size to predict.
+    #[arg(long, value_name = "N")]
+    pub batch: Option<u32>,
+    /// The memory PyTorch's allocator may reserve, e.g. `70GiB` (the GPU's
+    /// memory less the CUDA context, or a per-process cap); with it, fit
+    /// says whether the batch fits and finds the largest that does.
+    #[arg(long, value_name = "SIZE")]
+    pub limit: Option<String>,
+    /// Allocator settings in PYTORCH_CUDA_ALLOC_CONF syntax (default: the
+    /// probes' recorded settings).
+    #[arg(long)]
+    pub config: Option<String>,
+    /// Print the JSON document instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Runs `memlens fit`.
+pub fn run(args: Args) -> anyhow::Result<u8> {
+    if args.recorded_batch.len() != args.probes.len() {
+        anyhow::bail!(
+            "--recorded-batch gives {} batch sizes for {} probes: one per probe, e.g. --recorded-batch 2,4",
+            args.recorded_batch.len(),
+            args.probes.len()
+        );
+    }
+    let snaps = super::load_all(&args.probes)?;
+    let probes: Vec<Probe<'_>> = snaps
+        .iter()
+        .zip(&args.recorded_batch)
+        .map(|((name, snap), &batch)| Probe {
+            name: name.as_str(),
+            snap,
+            batch,
+        })
+        .collect();
+    let opts = FitOptions {
+        batch: args.batch,
+        limit: args
+            .limit
+            .as_deref()
+            .map(parse_size)
+            .transpose()
+            .context("--limit")?,
+        config: args
+            .config
+            .as_deref()
+            .map(AllocatorConfig::parse)
+            .transpose()
+            .context("--config")?,
+    };
+    let report = fit(&probes, &opts)?;
+    output::print(&report, args.json, render::fit::text)?;
+    Ok(output::OK)
+}

@@ -1,0 +1,224 @@
+//! `memlens fit`: will a training run fit at another batch size, and what is
+//! the largest batch that fits under a limit.
+//!
+//! The run is taken from two probes, recordings of the same code at two
+//! small batch sizes ([`probes::ScaledRun`]); at any batch its operations are
+//! replayed through the allocator model (`sim::program`) under the recorded
+//! settings, so the prediction carries what an allocated-bytes estimate
+//! lacks: the cache, the rounding, the fragmentation. Under a limit (the
+//! bytes PyTorch's allocator may reserve, as
+//! `set_per_process_memory_fraction` sets), the model frees its cache and
+//! retries as PyTorch does before it fails; "fits" means no allocation failed.
+//!
+//! Not yet: changes other than the batch (checkpointing, precision, the
+//! optimizer, the sequence length), one probe and an OOM snapshot, a model
+//! with no recording. Those are refused, not guessed.
+
+pub mod probes;
+
+use crate::replay::config::recorded_config;
+use crate::replay::simulate::{simulate_ops, SimulateOptions};
+use crate::sim::AllocatorConfig;
+use probes::{Probe, ScaledRun};
+use serde::Serialize;
+
+/// The largest batch [`fit`] searches for.
+pub const MAX_BATCH: u32 = 1 << 16;
+
+/// What to predict.
+#[derive(Clone, Debug, Default)]
+pub struct FitOptions {
+    /// The batch size to predict (`None`: only the largest that fits).
+    pub batch: Option<u32>,
+    /// The bytes the allocator may reserve (`None`: no limit, no search).
+    pub limit: Option<u64>,
+    /// Allocator settings to predict under (`None`: the probes').
+    pub config: Option<AllocatorConfig>,
+}
+
+/// The prediction at one batch size.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Prediction {
+    /// The batch size.
+    pub batch: u32,
+    /// `allocated_bytes.all.peak` the run would reach (no limit).
+    pub peak_allocated_bytes: u64,
+    /// `reserved_bytes.all.peak` the run would reach (no limit).
+    pub peak_reserved_bytes: u64,
+    /// Whether it runs under the limit without an allocation failing
+    /// (`None`: no limit given).
+    pub fits: Option<bool>,
+}
+
+/// One probe as the prediction used it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ProbeBasis {
+    /// The file.
+    pub file: String,
+    /// Its batch size.
+    pub batch: u32,
+    /// Its peaks as recorded (the model's replay of it).
+    pub peak_allocated_bytes: u64,
+    /// Reserved, likewise.
+    pub peak_reserved_bytes: u64,
+}
+
+/// What the prediction rests on.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Basis {
+    /// How sizes were scaled.
+    pub method: String,
+    /// The probes.
+    pub probes: Vec<ProbeBasis>,
+    /// Allocations in the run.
+    pub allocations: usize,
+    /// Of them, those whose size changes with the batch.
+    pub scaling_allocations: usize,
+    /// Bytes per extra sample over every allocation that scales.
+    pub bytes_per_sample: u64,
+    /// The allocator settings predicted under (`PYTORCH_CUDA_ALLOC_CONF`).
+    pub config: String,
+}
+
+/// `memlens fit`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct FitReport {
+    /// The prediction at the batch asked for.
+    pub predicted: Option<Prediction>,
+    /// The largest batch that runs under the limit (`None`: no limit, or not
+    /// even batch 1 fits).
+    pub largest_batch: Option<u32>,
+    /// The largest batch's prediction.
+    pub at_largest_batch: Option<Prediction>,
+    /// The limit, in bytes the allocator may reserve.
+    pub limit_bytes: Option<u64>,
+    /// What the prediction rests on.
+    pub basis: Basis,
+}
+
+/// Predicts the run of `probes` (two, at different batch sizes) under `opts`.
+pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> {
+    let [a, b] = probes else {
+        return Err(crate::Error::usage(format!(
+            "fit needs two probes (snapshots of the same run at two batch sizes), got {}",
+            probes.len()
+        )));
+    };
+    let (a, b) = if a.batch <= b.batch { (a, b) } else { (b, a) };
+    let run = ScaledRun::from_probes(a, b)?;
+    let config = opts
+        .config
+        .clone()
+        .unwrap_or_else(|| recorded_config(&b.snap.settings));
+    let model = Model {
+        run: &run,
+        config: &config,
+        device: b.snap.first_traced_device(),
+        limit: opts.limit,
+    };
+    let probe_basis = |p: &Probe<'_>| -> crate::Result<ProbeBasis> {
+        let (pa, pr) = model.peaks(p.batch)?;
+        Ok(ProbeBasis {
+            file: p.name.to_string(),
+            batch: p.batch,
+            peak_allocated_bytes: pa,
+            peak_reserved_bytes: pr,
+        })
+    };
+    let basis = Basis {
+        method: "each allocation's size linear in the batch, from the two probes; the run \
+                 replayed through the allocator model"
+            .into(),
+        probes: vec![probe_basis(a)?, probe_basis(b)?],
+        allocations: run.allocations,
+        scaling_allocations: run.scaling_allocations,
+        bytes_per_sample: run.bytes_per_sample.max(0.0).round() as u64,
+        config: config.to_conf_string(),
+    };
+    let predicted = opts.batch.map(|n| model.predict(n)).transpose()?;
+    let largest_batch = match opts.limit {
+        Some(_) => model.largest_batch()?,
+        None => None,
+    };
+    let at_largest_batch = largest_batch.map(|n| model.predict(n)).transpose()?;
+    Ok(FitReport {
+        predicted,
+        largest_batch,
+        at_largest_batch,
+        limit_bytes: opts.limit,
+        basis,
+    })
+}
+
+/// The run, the settings and the limit: a prediction at any batch.
+struct Model<'a> {
+    run: &'a ScaledRun,
+    config: &'a AllocatorConfig,
+    device: u32,
+    limit: Option<u64>,
+}
+
+impl Model<'_> {
+    /// Peak allocated and reserved bytes at `batch`, with no limit.
+    fn peaks(&self, batch: u32) -> crate::Result<(u64, u64)> {
+        let r = self.simulate(batch, None)?;
+        Ok((r.peak_allocated_bytes, r.peak_reserved_bytes))
+    }
+
+    /// Whether the run at `batch` completes under the limit.
+    fn fits(&self, batch: u32) -> crate::Result<Option<bool>> {
+        let Some(limit) = self.limit else {
+            return Ok(None);
+        };
+        Ok(Some(self.simulate(batch, Some(limit))?.first_oom.is_none()))
+    }
+
+    fn predict(&self, batch: u32) -> crate::Result<Prediction> {
+        let (peak_allocated_bytes, peak_reserved_bytes) = self.peaks(batch)?;
+        Ok(Prediction {
+            batch,
+            peak_allocated_bytes,
+            peak_reserved_bytes,
+            fits: self.fits(batch)?,
+        })
+    }
+
+    /// The largest batch that fits under the limit: doubling, then halving
+    /// the gap (fitting only gets harder as the batch grows).
+    fn largest_batch(&self) -> crate::Result<Option<u32>> {
+        if self.fits(1)? != Some(true) {
+            return Ok(None);
+        }
+        let (mut lo, mut hi) = (1u32, 2u32);
+        while hi <= MAX_BATCH && self.fits(hi)? == Some(true) {
+            lo = hi;
+            hi *= 2;
+        }
+        if hi > MAX_BATCH {
+            return Ok(Some(lo));
+        }
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if self.fits(mid)? == Some(true) {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(Some(lo))
+    }
+
+    fn simulate(
+        &self,
+        batch: u32,
+        cap: Option<u64>,
+    ) -> crate::Result<crate::replay::simulate::SimulationResult> {
+        let opts = SimulateOptions {
+            config: self.config.clone(),
+            device_memory: None,
+            overhead: Some(0),
+            allowed_memory_maximum: cap,
+        };
+        simulate_ops(&self.run.ops_at(batch), self.device, &opts)
+    }
+}

@@ -1,0 +1,369 @@
+//! Two recordings of the same training run at two batch sizes, aligned
+//! allocation by allocation into one run whose every tensor has a size as a
+//! function of the batch.
+//!
+//! A training step allocates nearly the same tensors in the same order
+//! whatever the batch (the code is the same); mostly only their sizes
+//! change. So two probes, each recorded from the start of the process for
+//! the same number of steps, pair up: their operations are aligned by a
+//! diff (Myers) on what they are (an allocation from a stack, the free of
+//! one), and each allocation in both gets `size(n) = size_a + slope * (n -
+//! batch_a)`, with `slope = (size_b - size_a) / (batch_b - batch_a)`:
+//! parameters, gradients, optimizer state and workspaces come out flat,
+//! activations and inputs linear. Some kernels allocate only past a size
+//! (a reduction's staging buffer at the larger batch): an operation only the
+//! larger probe ran is kept, at its size, from that batch on; one only the
+//! smaller ran, below it. Where the probes hardly pair (different code, a
+//! trace that began late), there is no honest model and the caller gets an
+//! error saying which.
+
+use crate::replay::initial;
+use crate::replay::simulate::Prepared;
+use crate::sim::program::Op;
+use crate::snapshot::{Action, Snapshot, StackId};
+use hashbrown::HashMap;
+
+/// One recording of the run at a known batch size.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe<'s> {
+    /// The file it was read from (for messages).
+    pub name: &'s str,
+    /// The snapshot.
+    pub snap: &'s Snapshot,
+    /// The batch size it ran at.
+    pub batch: u32,
+}
+
+/// At which batch sizes an operation of the run happens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Presence {
+    /// Both probes ran it.
+    Always,
+    /// Only the smaller probe ran it: below the larger probe's batch.
+    Below(u32),
+    /// Only the larger probe ran it: from its batch on.
+    From(u32),
+}
+
+impl Presence {
+    fn at(self, batch: u32) -> bool {
+        match self {
+            Presence::Always => true,
+            Presence::Below(b) => batch < b,
+            Presence::From(b) => batch >= b,
+        }
+    }
+}
+
+/// One operation of the recorded run, at the first probe's batch.
+#[derive(Clone, Copy, Debug)]
+enum RunOp {
+    /// A tensor made: its size at the first probe's batch and bytes per unit
+    /// of batch.
+    Alloc {
+        id: u64,
+        base: u64,
+        slope: f64,
+        stream: u64,
+        tag: u64,
+    },
+    /// Any other operation, the same at every batch.
+    Fixed(Op),
+}
+
+/// The run of two aligned probes, at any batch size ([`ScaledRun::ops_at`]).
+#[derive(Clone, Debug)]
+pub struct ScaledRun {
+    ops: Vec<(RunOp, Presence)>,
+    /// The first probe's batch.
+    base_batch: u32,
+    /// Allocations in the run.
+    pub allocations: usize,
+    /// Of them, those whose size changes with the batch.
+    pub scaling_allocations: usize,
+    /// Bytes per unit of batch over all allocations that scale (how much
+    /// more the run allocates, in all, per extra sample).
+    pub bytes_per_sample: f64,
+    /// Operations only one probe ran (kept on its side of the batch axis).
+    pub unpaired_operations: usize,
+}
+
+/// The events of a probe as operations: what was allocated (with its stack,
+/// to pair), freed, and where `empty_cache()` was called.
+struct Recorded {
+    /// (operation, stack of the allocation it makes or frees)
+    ops: Vec<(Op, Option<StackId>)>,
+}
+
+impl Recorded {
+    fn of(p: &Probe<'_>) -> crate::Result<Recorded> {
+        let snap = p.snap;
+        let device = snap.first_traced_device();
+        let events = snap.device_trace(device);
+        if events.is_empty() {
+            return Err(probe_error(p, "it holds no trace of allocations (record with memlens.record or torch.cuda.memory._record_memory_history)"));
+        }
+        if !initial::before_trace(snap, device).is_empty() {
+            return Err(probe_error(p, &initial::late_start("fit needs each probe recorded from the start of the process, before the model is built")));
+        }
+        let prep = Prepared::new(snap, device);
+        let mut empty_cache_at = prep.empty_cache_points().iter().copied().peekable();
+        let mut ops = Vec::with_capacity(events.len());
+        // The stack of the allocation live at each address, for its frees.
+        let mut stack_at: HashMap<u64, StackId> = HashMap::new();
+        for (i, e) in events.iter().enumerate() {
+            let stream = snap.stream(e.stream) as u64;
+            let op = match e.action {
+                Action::Alloc => {
+                    stack_at.insert(e.addr, e.stack);
+                    (
+                        Op::Alloc {
+                            id: e.addr,
+                            size: e.size,
+                            stream,
+                            tag: u64::from(e.stack),
+                        },
+                        Some(e.stack),
+                    )
+                }
+                Action::FreeRequested => (
+                    Op::FreeRequested { id: e.addr },
+                    stack_at.get(&e.addr).copied(),
+                ),
+                Action::FreeCompleted => (
+                    Op::FreeCompleted { id: e.addr },
+                    stack_at.get(&e.addr).copied(),
+                ),
+                Action::SegmentFree | Action::SegmentUnmap if empty_cache_at.peek() == Some(&i) => {
+                    empty_cache_at.next();
+                    (Op::EmptyCache, None)
+                }
+                Action::Oom => {
+                    return Err(probe_error(
+                        p,
+                        "it ran out of memory: a probe must be a run that completed its steps",
+                    ))
+                }
+                _ => continue,
+            };
+            ops.push(op);
+        }
+        Ok(Recorded { ops })
+    }
+}
+
+fn probe_error(p: &Probe<'_>, what: &str) -> crate::Error {
+    crate::Error::Usage(format!("{}: cannot be a probe for fit: {what}", p.name))
+}
+
+/// The frames of a stack as text, to tell whether two snapshots' stacks are
+/// the same code.
+fn stack_key(snap: &Snapshot, stack: StackId, memo: &mut HashMap<StackId, u64>) -> u64 {
+    *memo.entry(stack).or_insert_with(|| {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for &f in snap.stack(stack) {
+            let fr = snap.frame(f);
+            snap.strings.get(fr.filename).hash(&mut h);
+            fr.line.hash(&mut h);
+            snap.strings.get(fr.name).hash(&mut h);
+        }
+        h.finish()
+    })
+}
+
+/// What an operation is, to pair it with the other probe's: its kind and
+/// the code of the allocation it makes or frees.
+fn op_keys(p: &Probe<'_>, r: &Recorded) -> Vec<(u8, u64)> {
+    let mut memo = HashMap::new();
+    r.ops
+        .iter()
+        .map(|(op, stack)| {
+            let kind = match op {
+                Op::Alloc { .. } => 0,
+                Op::FreeRequested { .. } => 1,
+                Op::FreeCompleted { .. } => 2,
+                Op::Free { .. } => 3,
+                Op::EmptyCache => 4,
+                Op::FailedRequest { .. } => 5,
+            };
+            (kind, stack.map_or(0, |s| stack_key(p.snap, s, &mut memo)))
+        })
+        .collect()
+}
+
+/// Gives each tensor of the merged run a name of its own: the two probes'
+/// addresses overlap.
+struct Names {
+    next: u64,
+    a: HashMap<u64, u64>,
+    b: HashMap<u64, u64>,
+}
+
+impl Names {
+    fn rename(&mut self, op: Op, side_a: bool, also_b: Option<Op>) -> Op {
+        let id_of = |op: &Op| match *op {
+            Op::Alloc { id, .. }
+            | Op::FreeRequested { id }
+            | Op::FreeCompleted { id }
+            | Op::Free { id } => Some(id),
+            _ => None,
+        };
+        let with = |op: Op, id: u64| match op {
+            Op::Alloc {
+                size, stream, tag, ..
+            } => Op::Alloc {
+                id,
+                size,
+                stream,
+                tag,
+            },
+            Op::FreeRequested { .. } => Op::FreeRequested { id },
+            Op::FreeCompleted { .. } => Op::FreeCompleted { id },
+            Op::Free { .. } => Op::Free { id },
+            other => other,
+        };
+        let Some(addr) = id_of(&op) else { return op };
+        if let Op::Alloc { .. } = op {
+            let id = self.next;
+            self.next += 1;
+            let (mine, other) = if side_a {
+                (&mut self.a, &mut self.b)
+            } else {
+                (&mut self.b, &mut self.a)
+            };
+            mine.insert(addr, id);
+            if let Some(addr_b) = also_b.as_ref().and_then(id_of) {
+                other.insert(addr_b, id);
+            }
+            return with(op, id);
+        }
+        let map = if side_a { &self.a } else { &self.b };
+        // A free of a tensor from before the trace (none in a probe): a name
+        // no allocation has.
+        with(op, map.get(&addr).copied().unwrap_or(u64::MAX - addr))
+    }
+}
+
+impl ScaledRun {
+    /// Aligns probes `a` and `b` (at different batch sizes) into one run.
+    pub fn from_probes(a: &Probe<'_>, b: &Probe<'_>) -> crate::Result<ScaledRun> {
+        use similar::{capture_diff_slices, Algorithm, DiffOp};
+        if a.batch == b.batch || a.batch == 0 || b.batch == 0 {
+            return Err(crate::Error::usage(format!(
+                "fit needs two probes at two different batch sizes above 0 (got {} and {})",
+                a.batch, b.batch
+            )));
+        }
+        let (ra, rb) = (Recorded::of(a)?, Recorded::of(b)?);
+        let (ka, kb) = (op_keys(a, &ra), op_keys(b, &rb));
+        let per_batch = f64::from(b.batch) - f64::from(a.batch);
+        let mut run = ScaledRun {
+            ops: Vec::with_capacity(ra.ops.len().max(rb.ops.len())),
+            base_batch: a.batch,
+            allocations: 0,
+            scaling_allocations: 0,
+            bytes_per_sample: 0.0,
+            unpaired_operations: 0,
+        };
+        let mut names = Names {
+            next: 1,
+            a: HashMap::new(),
+            b: HashMap::new(),
+        };
+        let mut paired = 0usize;
+        for d in capture_diff_slices(Algorithm::Myers, &ka, &kb) {
+            let (old, new) = (d.old_range(), d.new_range());
+            if let DiffOp::Equal { .. } = d {
+                for (i, j) in old.zip(new) {
+                    paired += 1;
+                    let (oa, ob) = (ra.ops[i].0, rb.ops[j].0);
+                    let op = names.rename(oa, true, Some(ob));
+                    run.push_paired(op, ob, per_batch);
+                }
+                continue;
+            }
+            for i in old {
+                let op = names.rename(ra.ops[i].0, true, None);
+                run.push_unpaired(op, Presence::Below(b.batch));
+            }
+            for j in new {
+                let op = names.rename(rb.ops[j].0, false, None);
+                run.push_unpaired(op, Presence::From(b.batch));
+            }
+        }
+        // Probes of different code pair little: no model then.
+        let longest = ka.len().max(kb.len()).max(1);
+        if (paired as f64) < 0.9 * longest as f64 {
+            return Err(crate::Error::usage(format!(
+                "{} and {}: the probes did not run the same code ({paired} of {longest} \
+                 operations pair up): record the same code for the same number of steps at \
+                 two batch sizes",
+                a.name, b.name
+            )));
+        }
+        Ok(run)
+    }
+
+    fn push_paired(&mut self, op: Op, other: Op, per_batch: f64) {
+        let run_op = match (op, other) {
+            (
+                Op::Alloc {
+                    id,
+                    size,
+                    stream,
+                    tag,
+                },
+                Op::Alloc { size: size_b, .. },
+            ) => {
+                self.allocations += 1;
+                let slope = (size_b as f64 - size as f64) / per_batch;
+                if size_b != size {
+                    self.scaling_allocations += 1;
+                    self.bytes_per_sample += slope;
+                }
+                RunOp::Alloc {
+                    id,
+                    base: size,
+                    slope,
+                    stream,
+                    tag,
+                }
+            }
+            (op, _) => RunOp::Fixed(op),
+        };
+        self.ops.push((run_op, Presence::Always));
+    }
+
+    fn push_unpaired(&mut self, op: Op, presence: Presence) {
+        self.unpaired_operations += 1;
+        if let Op::Alloc { .. } = op {
+            self.allocations += 1;
+        }
+        self.ops.push((RunOp::Fixed(op), presence));
+    }
+
+    /// The run's operations at batch size `batch`.
+    pub fn ops_at(&self, batch: u32) -> Vec<Op> {
+        let dx = f64::from(batch) - f64::from(self.base_batch);
+        self.ops
+            .iter()
+            .filter(|(_, presence)| presence.at(batch))
+            .map(|(op, _)| match *op {
+                RunOp::Alloc {
+                    id,
+                    base,
+                    slope,
+                    stream,
+                    tag,
+                } => Op::Alloc {
+                    id,
+                    size: (base as f64 + slope * dx).round().max(1.0) as u64,
+                    stream,
+                    tag,
+                },
+                RunOp::Fixed(op) => op,
+            })
+            .collect()
+    }
+}

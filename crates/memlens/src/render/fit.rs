@@ -1,0 +1,61 @@
+//! The terminal text of `memlens fit`.
+
+use crate::fit::{FitReport, Prediction};
+use crate::units::format_bytes;
+
+/// The text `memlens fit` prints.
+pub fn text(r: &FitReport) -> String {
+    let b = &r.basis;
+    let probes: Vec<String> = b
+        .probes
+        .iter()
+        .map(|p| {
+            format!(
+                "batch {} ({}: peak reserved {})",
+                p.batch,
+                p.file,
+                format_bytes(p.peak_reserved_bytes)
+            )
+        })
+        .collect();
+    let mut out = format!(
+        "fit: from two probes, {}\n  {} of {} allocations scale with the batch (+{} per sample, all \
+         allocations together); the rest (parameters, gradients, optimizer state, workspaces) stay\n",
+        probes.join(" and "),
+        b.scaling_allocations,
+        b.allocations,
+        format_bytes(b.bytes_per_sample)
+    );
+    let limit = r.limit_bytes.map(format_bytes);
+    if let Some(p) = &r.predicted {
+        out.push_str(&line(p, limit.as_deref()));
+    }
+    match (&limit, r.largest_batch, &r.at_largest_batch) {
+        (Some(l), Some(n), Some(p)) => out.push_str(&format!(
+            "  largest batch under {l}: {n} (peak reserved {} without the limit)\n",
+            format_bytes(p.peak_reserved_bytes)
+        )),
+        (Some(l), None, _) => out.push_str(&format!("  not even batch 1 fits under {l}\n")),
+        _ => {}
+    }
+    if b.config.is_empty() {
+        out.push_str("  allocator settings: PyTorch's defaults, as recorded\n");
+    } else {
+        out.push_str(&format!("  allocator settings: {}\n", b.config));
+    }
+    out
+}
+
+fn line(p: &Prediction, limit: Option<&str>) -> String {
+    let verdict = match (p.fits, limit) {
+        (Some(true), Some(l)) => format!(": fits under {l}"),
+        (Some(false), Some(l)) => format!(": does not fit under {l}"),
+        _ => String::new(),
+    };
+    format!(
+        "  batch {}: peak allocated {}, peak reserved {}{verdict}\n",
+        p.batch,
+        format_bytes(p.peak_allocated_bytes),
+        format_bytes(p.peak_reserved_bytes)
+    )
+}
