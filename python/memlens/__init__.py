@@ -17,6 +17,7 @@ The ``memlens`` command is installed too, and a pytest plugin with the
 
 from ._native import MemlensError, __version__
 from ._analysis import Result, Snapshot, available, load
+from ._fit import fit
 from ._profile import Profile, profile
 from ._capture import (
     LeakWarning,
@@ -38,6 +39,7 @@ __all__ = [
     "Snapshot",
     "__version__",
     "available",
+    "fit",
     "load",
     "profile",
     "record",

@@ -252,6 +252,57 @@ fn explain_oom_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     .map_err(to_py_err)
 }
 
+/// `memlens fit` on the probes at `paths` (snapshots of one run at the
+/// batch sizes `batches`, in order): the JSON document the CLI's `--json`
+/// prints (the same library call).
+#[pyfunction]
+#[pyo3(signature = (paths, batches, batch = None, limit = None, config = None))]
+fn fit_json(
+    py: Python<'_>,
+    paths: Vec<PathBuf>,
+    batches: Vec<u32>,
+    batch: Option<u32>,
+    limit: Option<u64>,
+    config: Option<String>,
+) -> PyResult<String> {
+    py.detach(|| {
+        if paths.len() != batches.len() {
+            return Err(memlens::Error::usage(format!(
+                "recorded_batch gives {} batch sizes for {} probes: one per probe",
+                batches.len(),
+                paths.len()
+            )));
+        }
+        let snaps = paths
+            .iter()
+            .map(|p| Snapshot::load(p))
+            .collect::<memlens::Result<Vec<_>>>()?;
+        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
+        let probes: Vec<memlens::fit::probes::Probe<'_>> = snaps
+            .iter()
+            .zip(&names)
+            .zip(&batches)
+            .map(|((snap, name), &batch)| memlens::fit::probes::Probe {
+                name: name.as_str(),
+                snap,
+                batch,
+            })
+            .collect();
+        let opts = memlens::fit::FitOptions {
+            batch,
+            limit,
+            config: config
+                .as_deref()
+                .map(memlens::sim::AllocatorConfig::parse)
+                .transpose()
+                .map_err(|e| memlens::Error::usage(format!("config: {e}")))?,
+        };
+        let report = memlens::fit::fit(&probes, &opts)?;
+        serde_json::to_string(&report).map_err(|e| memlens::Error::usage(e.to_string()))
+    })
+    .map_err(to_py_err)
+}
+
 /// Parses a size such as `8GiB`, `512MiB`, `80GB` or a number of bytes.
 #[pyfunction]
 fn parse_size(text: &str) -> PyResult<u64> {
@@ -308,6 +359,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(summary_text, m)?)?;
     m.add_function(wrap_pyfunction!(explain_oom_file, m)?)?;
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
+    m.add_function(wrap_pyfunction!(fit_json, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(frame_kind, m)?)?;
     m.add_function(wrap_pyfunction!(site_display, m)?)?;
