@@ -89,26 +89,22 @@ pub struct ModuleReport {
 /// by module.
 pub fn modules_at_peak(an: &Analysed, finder: &SourceFinder) -> ModuleReport {
     let snap = an.snap;
-    let opts = ReplayOptions::default();
-    // The trace with the highest allocated peak, and the peak's event.
-    let mut best: Option<(usize, u64, Option<usize>)> = None;
+    // The trace with the highest allocated peak, from each trace's one
+    // replay (which kept the blocks live at its peak).
+    let mut best: Option<(usize, std::sync::Arc<crate::replay::during_read::PeakPass>)> = None;
     for (i, t) in snap.traces.iter().enumerate() {
         if t.events.is_empty() {
             continue;
         }
-        let mut r = Replay::new(snap, t.device, &opts);
-        let (mut pa, mut pa_i) = (r.totals().all.allocated, None);
-        while let Some(s) = r.step() {
-            if s.totals.all.allocated > pa {
-                pa = s.totals.all.allocated;
-                pa_i = Some(s.index);
-            }
-        }
-        if best.is_none_or(|(_, b, _)| pa > b) {
-            best = Some((i, pa, pa_i));
+        let pass = an.recorded().of(snap, i);
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| pass.peaks.allocated.0 > b.peaks.allocated.0)
+        {
+            best = Some((i, pass));
         }
     }
-    let Some((trace, _, event)) = best else {
+    let Some((trace, pass)) = best else {
         return ModuleReport {
             device: snap.first_traced_device(),
             peak_allocated_bytes: 0,
@@ -118,7 +114,8 @@ pub fn modules_at_peak(an: &Analysed, finder: &SourceFinder) -> ModuleReport {
             warnings: vec!["the snapshot has no trace: no peak to group by module".into()],
         };
     };
-    modules_live_at(an, trace, event, finder)
+    let (allocated, event) = pass.peaks.allocated;
+    modules_of_live(an, trace, event, pass.live_at_peak(), allocated, finder)
 }
 
 /// Live memory on trace `trace` right after event `event` (`None`: before
