@@ -301,7 +301,13 @@ fn tune_run(last: &Snapshot, run: &RecordedRun, opts: &DoctorOptions) -> Option<
         overhead: None,
         allowed_memory_maximum: None,
     };
-    let (sim, _) = crate::replay::limits::with_inferred(last, run.device, &sim, None);
+    let (sim, _) = crate::replay::limits::with_inferred_from(
+        last,
+        run.device,
+        &sim,
+        None,
+        run.initial.as_deref(),
+    );
     let prep = crate::replay::simulate::Prepared::from_run(last, run);
     crate::replay::tune::tune_prepared(last, &sim, &prep).ok()
 }

@@ -20,11 +20,11 @@
 use crate::analysis::categories::{Category, Phase};
 use crate::analysis::peak::BlockClassifier;
 use crate::analysis::steps::Steps;
+use crate::replay::initial;
 use crate::replay::simulate::{simulate_ops, SimulateOptions, SimulationResult};
-use crate::replay::{initial, release_runs, ReleaseCause, ReplayOptions};
 use crate::sim::program::Op;
 use crate::sim::AllocatorConfig;
-use crate::snapshot::{Action, DeviceTrace, Snapshot, TraceEvent};
+use crate::snapshot::{Action, Snapshot, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
@@ -152,14 +152,17 @@ impl WhatIf {
     /// Builds the model of the step in which the `oom` event `oom_index` of
     /// trace `trace` happened.
     pub fn new(an: &Analysed, trace: usize, oom_index: usize) -> Option<WhatIf> {
-        let device = an.snap.traces.get(trace)?.device;
-        // Where the program called empty_cache(), judged on the recorded run.
-        let empty_cache_at: HashSet<usize> =
-            release_runs(an.snap, device, &ReplayOptions::default())
-                .into_iter()
-                .filter(|r| r.cause == ReleaseCause::EmptyCache)
-                .map(|r| r.start)
-                .collect();
+        an.snap.traces.get(trace)?;
+        // Where the program called empty_cache(), judged on the trace's one
+        // replay under its recorded settings.
+        let empty_cache_at: HashSet<usize> = an
+            .recorded()
+            .of(an.snap, trace)
+            .watched
+            .empty_cache_at
+            .iter()
+            .copied()
+            .collect();
         WhatIf::with_empty_cache_at(an, trace, oom_index, &empty_cache_at)
     }
 
@@ -187,7 +190,9 @@ impl WhatIf {
             events: &t.events,
             empty_cache_at,
         };
-        let mut prefix = initial_allocs(snap, t);
+        // The state before the trace, as that one replay began from it.
+        let pass = an.recorded().of(snap, trace);
+        let mut prefix = initial_allocs(snap, pass.initial());
         prefix.extend(rec.ops(0..start).into_iter().map(|(_, op)| op));
         let built = from_previous_step(&rec, steps, f, oom_index, &classifier)
             .unwrap_or_else(|| failing_step_only(&rec, start, oom_index, oom, &classifier));
@@ -271,8 +276,7 @@ impl WhatIf {
 
 /// Allocations that recreate the blocks live before a trace that does not
 /// start at the allocator's birth (the model places them itself).
-fn initial_allocs(snap: &Snapshot, t: &DeviceTrace) -> Vec<Op> {
-    let init = initial::before_trace(snap, t.device);
+fn initial_allocs(snap: &Snapshot, init: &initial::InitialState) -> Vec<Op> {
     init.blocks
         .iter()
         .filter(|b| !b.pending)

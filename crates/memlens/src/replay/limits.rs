@@ -84,10 +84,24 @@ impl RunLimits {
 /// Infers the limits of `device`'s run from the `oom` events of its trace
 /// (and `message`, the error text, when given).
 pub fn infer(snap: &Snapshot, device: u32, message: Option<&PrintedLimits>) -> RunLimits {
+    infer_from(
+        snap,
+        device,
+        message,
+        &super::initial::before_trace(snap, device),
+    )
+}
+
+/// [`infer`] given the state before the trace (`initial`), already rebuilt.
+pub fn infer_from(
+    snap: &Snapshot,
+    device: u32,
+    message: Option<&PrintedLimits>,
+    initial: &super::initial::InitialState,
+) -> RunLimits {
     let mut out = RunLimits::default();
     let config = recorded_config(&snap.settings);
     let events = snap.device_trace(device);
-    let initial = super::initial::before_trace(snap, device);
     let mut reserved: u64 = initial.segments.iter().map(|s| s.size).sum();
     let mut peak = reserved;
     // Tightest bounds over every OOM of the run: the cap did not change.
@@ -172,7 +186,22 @@ pub fn with_inferred(
     opts: &SimulateOptions,
     message: Option<&PrintedLimits>,
 ) -> (SimulateOptions, RunLimits) {
-    let mut limits = infer(snap, device, message);
+    with_inferred_from(snap, device, opts, message, None)
+}
+
+/// [`with_inferred`] given the state before the trace when the caller has
+/// it (`None`: rebuilt from the dump).
+pub fn with_inferred_from(
+    snap: &Snapshot,
+    device: u32,
+    opts: &SimulateOptions,
+    message: Option<&PrintedLimits>,
+    initial: Option<&super::initial::InitialState>,
+) -> (SimulateOptions, RunLimits) {
+    let mut limits = match initial {
+        Some(i) => infer_from(snap, device, message, i),
+        None => infer(snap, device, message),
+    };
     let mut opts = opts.clone();
     if let Some(total) = opts.device_memory {
         limits.device_total = Some(Limit {
