@@ -236,6 +236,9 @@ pub struct Context {
     pub batch: Option<u64>,
     /// The run used autocast.
     pub autocast: bool,
+    /// Some code line allocated tensors of several sizes (variable shapes
+    /// between steps): only then is "keep shapes steady" grounded.
+    pub shapes_vary: bool,
     /// Reserved at the failure.
     pub reserved: u64,
     /// Activations and temporaries live at the failure.
@@ -463,7 +466,9 @@ fn advice(ctx: &Context) -> Vec<OomFix> {
             ),
         ));
     }
-    if !ctx.autocast {
+    // Autocast shrinks a forward pass's activations: without any live at
+    // the failure there is nothing for it to act on.
+    if !ctx.autocast && ctx.activation_bytes > 0 {
         out.push(OomFix::advice(
             FixKind::MixedPrecision,
             Basis::Estimated,
@@ -481,7 +486,7 @@ fn advice(ctx: &Context) -> Vec<OomFix> {
              shapes with torch.compile(mode=\"reduce-overhead\")"
                 .into(),
         )),
-        Cause::Fragmentation => out.push(OomFix::advice(
+        Cause::Fragmentation if ctx.shapes_vary => out.push(OomFix::advice(
             FixKind::SteadyShapes,
             Basis::Advice,
             "Keep tensor shapes steady between steps (pad variable lengths to a few bucket \

@@ -540,6 +540,7 @@ fn predict_fixes(p: &Predicting<'_, '_>) -> (Option<WhatIf>, fixes::Outcome, Opt
         others: facts.others,
         batch: p.opts.batch,
         autocast: uses_autocast(snap),
+        shapes_vary: shapes_vary(snap, &snap.traces[p.trace].events),
         reserved: st.reserved,
         activation_bytes: activation_bytes(p.groups),
         leftovers,
@@ -678,6 +679,40 @@ fn activation_bytes(groups: &crate::analysis::peak::LiveGroups) -> u64 {
         .filter(|(c, _)| matches!(c, Category::Activation | Category::Temporary))
         .map(|(_, v)| v.0)
         .sum()
+}
+
+/// Whether some line of the program allocated tensors of several sizes (at
+/// least three of 1 MiB or more from one stack with Python frames): shapes
+/// that vary between steps, which leave freed blocks that do not fit the
+/// next requests.
+fn shapes_vary(snap: &Snapshot, events: &[crate::snapshot::TraceEvent]) -> bool {
+    const MIN: u64 = 1 << 20;
+    // Sizes seen by stack; `None`: a stack without Python frames (the
+    // backward pass's kernels serve every shape from one C++ stack).
+    let mut sizes: hashbrown::HashMap<crate::snapshot::StackId, Option<Vec<u64>>> =
+        hashbrown::HashMap::new();
+    for e in events {
+        if e.action != Action::Alloc || e.size < MIN {
+            continue;
+        }
+        let entry = sizes.entry(e.stack).or_insert_with(|| {
+            let python = snap
+                .stack(e.stack)
+                .iter()
+                .any(|&f| snap.str(snap.frame(f).filename).ends_with(".py"));
+            python.then(Vec::new)
+        });
+        let Some(seen) = entry.as_mut() else {
+            continue;
+        };
+        if !seen.contains(&e.size) {
+            seen.push(e.size);
+            if seen.len() >= 3 {
+                return true;
+            }
+        }
+    }
+    false
 }
 
 /// Whether the run used autocast (mixed precision is then already on).
