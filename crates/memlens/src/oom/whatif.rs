@@ -167,7 +167,7 @@ impl WhatIf {
     }
 
     /// [`WhatIf::new`] given the events at which the program called
-    /// `empty_cache()` (the starts of [`ReleaseCause::EmptyCache`] runs),
+    /// `empty_cache()` (the starts of [`crate::replay::ReleaseCause::EmptyCache`] runs),
     /// found by a replay the caller already made.
     pub fn with_empty_cache_at(
         an: &Analysed,
