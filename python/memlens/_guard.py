@@ -199,9 +199,12 @@ class Guard:
 
 
 def _site_line(row: Dict[str, Any]) -> str:
-    where = str(row.get("site", "?"))
-    if row.get("function"):
-        where += f" in {row['function']}"
+    # The site as every command shows it: Rust's wording, not a copy of it.
+    where = row.get("display") or _native.site_display(
+        str(row.get("site", "?")),
+        str(row.get("function") or ""),
+        [str(p) for p in row.get("path") or []],
+    )
     return f"  +{_native.format_bytes(int(row.get('bytes', 0)))}  {int(row.get('count', 0))} blocks  {where}"
 
 
