@@ -1,9 +1,9 @@
-"""Evidence for `memlens fit` (issue 30): three workloads of different shapes,
+"""Evidence for `memlens fit` (issue 30): workloads of different shapes,
 each recorded at two small batches (the probes), then run at larger batches
 (the truth: torch.cuda.max_memory_reserved/allocated after the same steps),
 and under a cap, where the true largest batch is found by bisection.
 
-    python tests/gpu/fit_probes.py OUT_DIR
+    python tests/gpu/fit_probes.py OUT_DIR [WORKLOAD,...]
 
 Writes OUT_DIR/probes/<workload>.b<N>.pickle (the probes) and
 OUT_DIR/fit_truth.json (every measurement). Every run is a process of its own,
@@ -22,6 +22,7 @@ STEPS = 3
 PROBES = (2, 4)
 MEASURE = (8, 16, 32)
 SEQ = 256
+WORKLOADS = ["gpt", "hf_gpt2", "resnet_amp", "t5", "vit"]
 
 
 def build(workload, batch):
@@ -110,6 +111,45 @@ def build(workload, batch):
             opt.zero_grad(set_to_none=True)
 
         return step
+    if workload == "t5":
+        # An encoder-decoder: HF T5 from a config, its own loss.
+        from transformers import T5Config, T5ForConditionalGeneration
+
+        cfg = T5Config(
+            vocab_size=8192, d_model=512, d_kv=64, d_ff=2048, num_layers=4, num_heads=8,
+            decoder_start_token_id=0, pad_token_id=0,
+        )
+        model = T5ForConditionalGeneration(cfg).to(dev)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            src = torch.randint(0, 8192, (batch, SEQ), device=dev)
+            tgt = torch.randint(0, 8192, (batch, SEQ // 2), device=dev)
+            out = model(input_ids=src, labels=tgt)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step
+    if workload == "vit":
+        # A ViT (torchvision's, 6 layers, 128x128 images, 16x16 patches), AdamW.
+        from torchvision.models import VisionTransformer
+
+        model = VisionTransformer(
+            image_size=128, patch_size=16, num_layers=6, num_heads=8,
+            hidden_dim=512, mlp_dim=2048, num_classes=100,
+        ).to(dev)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+        def step():
+            x = torch.randn(batch, 3, 128, 128, device=dev)
+            y = torch.randint(0, 100, (batch,), device=dev)
+            nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        return step
     raise SystemExit(f"unknown workload {workload}")
 
 
@@ -165,10 +205,10 @@ def bisect_largest(workload, cap, hi=64):
     return lo, runs
 
 
-def main(out_dir):
+def main(out_dir, workloads):
     os.makedirs(os.path.join(out_dir, "probes"), exist_ok=True)
     truth = {"steps": STEPS, "seq": SEQ, "workloads": {}}
-    for w in ("gpt", "hf_gpt2", "resnet_amp"):
+    for w in workloads:
         t0 = time.time()
         rec = {"probes": {}, "measured": {}, "capped": {}}
         for b in PROBES:
@@ -195,4 +235,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "worker":
         worker(sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), sys.argv[6])
     else:
-        main(sys.argv[1] if len(sys.argv) > 1 else "out")
+        main(
+            sys.argv[1] if len(sys.argv) > 1 else "out",
+            sys.argv[2].split(",") if len(sys.argv) > 2 else WORKLOADS,
+        )

@@ -1,9 +1,14 @@
-//! `memlens fit` against what the GPU measured (issue 30): three workloads
+//! `memlens fit` against what the GPU measured (issue 30): five workloads
 //! (a hand-written GPT, an HF GPT-2 through its own loss, a ResNet-50 with
-//! bf16 autocast) recorded at batch 2 and 4 on an H200, then run at 8, 16
-//! and 32 and, under a cap, bisected for the largest batch that completes
-//! (`tests/gpu/fit_probes.py`; the probes and the measurements are in
-//! `tests/corpus/fit`).
+//! bf16 autocast, an HF T5 encoder-decoder, a torchvision ViT) recorded at
+//! batch 2 and 4 on an H200, then run at 8, 16 and 32 and, under a cap,
+//! bisected for the largest batch that completes (`tests/gpu/fit_probes.py`;
+//! the probes and the measurements are in `tests/corpus/fit`).
+//!
+//! The ViT is where the model falls short today: its allocated peak is
+//! right (within 1.4%) but its reserved peak is 6% under at batch 16 and 32,
+//! and the largest batch it names under the cap (26) is one the GPU could
+//! not run (25 was the largest). Its tests hold what is right and no more.
 
 use memlens::fit::{fit, probes::Probe, FitOptions};
 use memlens::Snapshot;
@@ -25,7 +30,8 @@ fn probes(w: &str) -> (Snapshot, Snapshot) {
     (load(2), load(4))
 }
 
-const WORKLOADS: [&str; 3] = ["gpt", "hf_gpt2", "resnet_amp"];
+/// The workloads whose reserved peaks the model gets within 3%.
+const WORKLOADS: [&str; 4] = ["gpt", "hf_gpt2", "resnet_amp", "t5"];
 
 #[test]
 fn batch_predictions_from_two_probes_are_within_three_percent_of_the_gpu() {
@@ -94,6 +100,41 @@ fn the_largest_batch_under_a_cap_never_claims_more_than_the_gpu_ran() {
         } else {
             assert!(predicted + 3 >= truth, "{w}: {predicted} vs {truth}");
         }
+    }
+}
+
+#[test]
+fn the_vit_allocated_peak_is_within_two_percent() {
+    let t = truth();
+    let (a, b) = probes("vit");
+    let ps = [
+        Probe {
+            name: "b2",
+            snap: &a,
+            batch: 2,
+        },
+        Probe {
+            name: "b4",
+            snap: &b,
+            batch: 4,
+        },
+    ];
+    for (batch, m) in t["workloads"]["vit"]["measured"]
+        .as_object()
+        .expect("measured")
+    {
+        let n: u32 = batch.parse().expect("batch");
+        let opts = FitOptions {
+            batch: Some(n),
+            ..FitOptions::default()
+        };
+        let p = fit(&ps, &opts)
+            .expect("fits")
+            .predicted
+            .expect("a prediction");
+        let want = m["max_allocated"].as_u64().expect("allocated") as f64;
+        let err = p.peak_allocated_bytes as f64 / want - 1.0;
+        assert!(err.abs() <= 0.02, "vit batch {n}: {err:+.3}");
     }
 }
 
