@@ -94,6 +94,8 @@ pub struct FitReport {
     pub limit_bytes: Option<u64>,
     /// What the prediction rests on.
     pub basis: Basis,
+    /// Caveats: how far the answer reaches beyond the probes.
+    pub warnings: Vec<String>,
 }
 
 /// Predicts the run of `probes` (two, at different batch sizes) under `opts`.
@@ -141,12 +143,32 @@ pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> 
         None => None,
     };
     let at_largest_batch = largest_batch.map(|n| model.predict(n)).transpose()?;
+    let farthest = opts.batch.into_iter().chain(largest_batch).max();
+    let warnings = farthest
+        .and_then(|n| extrapolation_warning(n, b.batch))
+        .into_iter()
+        .collect();
     Ok(FitReport {
         predicted,
         largest_batch,
         at_largest_batch,
         limit_bytes: opts.limit,
         basis,
+        warnings,
+    })
+}
+
+/// The caveat on an answer at `batch`, far past the larger probe's
+/// (`probe`): what was measured there (tests/gpu/RESULTS.md).
+fn extrapolation_warning(batch: u32, probe: u32) -> Option<String> {
+    (batch > probe.saturating_mul(2)).then(|| {
+        format!(
+            "batch {batch} is {:.0}x the larger probe's ({probe}): an extrapolation. On four of \
+             five measured workloads it held within 3%, but on a ViT the reserved peak came out 6% \
+             under at 4-8x and the largest batch one too many; a probe nearer batch {batch} \
+             narrows it",
+            f64::from(batch) / f64::from(probe.max(1))
+        )
     })
 }
 

@@ -38,6 +38,9 @@ pub fn text(r: &FitReport) -> String {
         (Some(l), None, _) => out.push_str(&format!("  not even batch 1 fits under {l}\n")),
         _ => {}
     }
+    for w in &r.warnings {
+        out.push_str(&format!("  note: {w}\n"));
+    }
     if b.config.is_empty() {
         out.push_str("  allocator settings: PyTorch's defaults, as recorded\n");
     } else {
