@@ -31,25 +31,30 @@ fn probes(w: &str) -> (Snapshot, Snapshot) {
 }
 
 /// The workloads whose reserved peaks the model gets within 3%.
+/// `fit` on workload `w`'s two probes (batch 2 and 4) under `opts`.
+fn fit_workload(w: &str, opts: &FitOptions) -> memlens::fit::FitReport {
+    let (a, b) = probes(w);
+    let ps = [
+        Probe {
+            name: "b2",
+            snap: &a,
+            batch: 2,
+        },
+        Probe {
+            name: "b4",
+            snap: &b,
+            batch: 4,
+        },
+    ];
+    fit(&ps, opts).unwrap_or_else(|e| panic!("{w}: {e}"))
+}
+
 const WORKLOADS: [&str; 4] = ["gpt", "hf_gpt2", "resnet_amp", "t5"];
 
 #[test]
 fn batch_predictions_from_two_probes_are_within_three_percent_of_the_gpu() {
     let t = truth();
     for w in WORKLOADS {
-        let (a, b) = probes(w);
-        let ps = [
-            Probe {
-                name: "b2",
-                snap: &a,
-                batch: 2,
-            },
-            Probe {
-                name: "b4",
-                snap: &b,
-                batch: 4,
-            },
-        ];
         let measured = t["workloads"][w]["measured"].as_object().expect("measured");
         assert_eq!(measured.len(), 3, "{w}");
         for (batch, m) in measured {
@@ -58,8 +63,7 @@ fn batch_predictions_from_two_probes_are_within_three_percent_of_the_gpu() {
                 batch: Some(n),
                 ..FitOptions::default()
             };
-            let r = fit(&ps, &opts).expect("fits the probes");
-            let p = r.predicted.expect("a prediction");
+            let p = fit_workload(w, &opts).predicted.expect("a prediction");
             let want = m["max_reserved"].as_u64().expect("reserved") as f64;
             let err = p.peak_reserved_bytes as f64 / want - 1.0;
             assert!(err.abs() <= 0.03, "{w} batch {n}: {err:+.3}");
@@ -71,26 +75,14 @@ fn batch_predictions_from_two_probes_are_within_three_percent_of_the_gpu() {
 fn the_largest_batch_under_a_cap_never_claims_more_than_the_gpu_ran() {
     let t = truth();
     for w in WORKLOADS {
-        let (a, b) = probes(w);
-        let ps = [
-            Probe {
-                name: "b2",
-                snap: &a,
-                batch: 2,
-            },
-            Probe {
-                name: "b4",
-                snap: &b,
-                batch: 4,
-            },
-        ];
         let capped = &t["workloads"][w]["capped"];
         let opts = FitOptions {
             limit: capped["cap"].as_u64(),
             ..FitOptions::default()
         };
-        let r = fit(&ps, &opts).expect("fits the probes");
-        let predicted = r.largest_batch.expect("some batch fits");
+        let predicted = fit_workload(w, &opts)
+            .largest_batch
+            .expect("some batch fits");
         let truth = capped["largest_batch"].as_u64().expect("largest") as u32;
         // Never a batch the GPU could not run; exact on the two LMs, 3 below
         // on the ResNet (its cuDNN workspaces do not scale linearly).
@@ -106,19 +98,6 @@ fn the_largest_batch_under_a_cap_never_claims_more_than_the_gpu_ran() {
 #[test]
 fn the_vit_allocated_peak_is_within_two_percent() {
     let t = truth();
-    let (a, b) = probes("vit");
-    let ps = [
-        Probe {
-            name: "b2",
-            snap: &a,
-            batch: 2,
-        },
-        Probe {
-            name: "b4",
-            snap: &b,
-            batch: 4,
-        },
-    ];
     for (batch, m) in t["workloads"]["vit"]["measured"]
         .as_object()
         .expect("measured")
@@ -128,10 +107,7 @@ fn the_vit_allocated_peak_is_within_two_percent() {
             batch: Some(n),
             ..FitOptions::default()
         };
-        let p = fit(&ps, &opts)
-            .expect("fits")
-            .predicted
-            .expect("a prediction");
+        let p = fit_workload("vit", &opts).predicted.expect("a prediction");
         let want = m["max_allocated"].as_u64().expect("allocated") as f64;
         let err = p.peak_allocated_bytes as f64 / want - 1.0;
         assert!(err.abs() <= 0.02, "vit batch {n}: {err:+.3}");
