@@ -5,7 +5,6 @@ import json
 import os
 
 from . import _native
-from ._native import MemlensError
 
 
 def fit(probes, recorded_batch, batch=None, limit=None, config=None):
@@ -27,8 +26,4 @@ def fit(probes, recorded_batch, batch=None, limit=None, config=None):
         limit = _native.parse_size(limit)
     paths = [os.fspath(p) for p in probes]
     batches = [int(b) for b in recorded_batch]
-    if len(paths) != len(batches):
-        raise MemlensError(
-            f"recorded_batch gives {len(batches)} batch sizes for {len(paths)} probes: one per probe"
-        )
     return json.loads(_native.fit_json(paths, batches, batch, limit, config))

@@ -266,28 +266,11 @@ fn fit_json(
     config: Option<String>,
 ) -> PyResult<String> {
     py.detach(|| {
-        if paths.len() != batches.len() {
-            return Err(memlens::Error::usage(format!(
-                "recorded_batch gives {} batch sizes for {} probes: one per probe",
-                batches.len(),
-                paths.len()
-            )));
-        }
         let snaps = paths
             .iter()
-            .map(|p| Snapshot::load(p))
+            .map(|p| Ok((p.display().to_string(), Snapshot::load(p)?)))
             .collect::<memlens::Result<Vec<_>>>()?;
-        let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
-        let probes: Vec<memlens::fit::probes::Probe<'_>> = snaps
-            .iter()
-            .zip(&names)
-            .zip(&batches)
-            .map(|((snap, name), &batch)| memlens::fit::probes::Probe {
-                name: name.as_str(),
-                snap,
-                batch,
-            })
-            .collect();
+        let probes = memlens::fit::probes::probes(&snaps, &batches)?;
         let opts = memlens::fit::FitOptions {
             batch,
             limit,

@@ -15,7 +15,7 @@ static ANALYSED_TRACES: AtomicU64 = AtomicU64::new(0);
 static BACKWARD_REBUILDS: AtomicU64 = AtomicU64::new(0);
 
 /// How often each costly pass ran since the last [`reset`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct WorkCounts {
     /// Replays of a device trace under the settings it was recorded with
     /// (the one the analyses observe), whole or up to an event.
@@ -43,11 +43,7 @@ pub fn counts() -> WorkCounts {
 /// The counts as one line of JSON, for `MEMLENS_WORK_COUNTS=1 memlens ...`
 /// (the binary prints it on stderr when it ends; `tests/one_pass.rs` reads it).
 pub fn counts_line() -> String {
-    let c = counts();
-    format!(
-        "{{\"recorded_replays\":{},\"whatif_replays\":{},\"analysed_traces\":{},\"backward_rebuilds\":{}}}",
-        c.recorded_replays, c.whatif_replays, c.analysed_traces, c.backward_rebuilds
-    )
+    serde_json::to_string(&counts()).unwrap_or_default()
 }
 
 /// Sets every count back to zero.

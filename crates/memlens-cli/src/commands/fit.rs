@@ -2,7 +2,7 @@
 
 use crate::output;
 use anyhow::Context;
-use memlens::fit::{fit, probes::Probe, FitOptions};
+use memlens::fit::{fit, probes::probes, FitOptions};
 use memlens::render;
 use memlens::sim::AllocatorConfig;
 use memlens::units::parse_size;
@@ -41,23 +41,8 @@ pub struct Args {
 
 /// Runs `memlens fit`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    if args.recorded_batch.len() != args.probes.len() {
-        anyhow::bail!(
-            "--recorded-batch gives {} batch sizes for {} probes: one per probe, e.g. --recorded-batch 2,4",
-            args.recorded_batch.len(),
-            args.probes.len()
-        );
-    }
     let snaps = super::load_all(&args.probes)?;
-    let probes: Vec<Probe<'_>> = snaps
-        .iter()
-        .zip(&args.recorded_batch)
-        .map(|((name, snap), &batch)| Probe {
-            name: name.as_str(),
-            snap,
-            batch,
-        })
-        .collect();
+    let probes = probes(&snaps, &args.recorded_batch)?;
     let opts = FitOptions {
         batch: args.batch,
         limit: args

@@ -21,7 +21,7 @@
 //! so the top-level groups sum to the peak exactly.
 
 use super::categories::Category;
-use crate::replay::{LiveBlock, Replay, ReplayOptions};
+use crate::replay::LiveBlock;
 use crate::snapshot::{Snapshot, StackId, StrId};
 use crate::source::{class_of_line, SourceFinder};
 use crate::trace::Analysed;
@@ -116,29 +116,6 @@ pub fn modules_at_peak(an: &Analysed, finder: &SourceFinder) -> ModuleReport {
     };
     let (allocated, event) = pass.peaks.allocated;
     modules_of_live(an, trace, event, pass.live_at_peak(), allocated, finder)
-}
-
-/// Live memory on trace `trace` right after event `event` (`None`: before
-/// the first event), by module.
-pub fn modules_live_at(
-    an: &Analysed,
-    trace: usize,
-    event: Option<usize>,
-    finder: &SourceFinder,
-) -> ModuleReport {
-    let t = &an.snap.traces[trace];
-    let mut r = Replay::new(an.snap, t.device, &ReplayOptions::default());
-    if let Some(i) = event {
-        r.run_to(i);
-    }
-    modules_of_live(
-        an,
-        trace,
-        event,
-        &r.live_blocks(),
-        r.totals().all.allocated,
-        finder,
-    )
 }
 
 /// The module tree of the blocks `live` (pending frees left out) of trace

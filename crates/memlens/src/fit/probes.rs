@@ -17,8 +17,8 @@
 //! trace that began late), there is no honest model and the caller gets an
 //! error saying which.
 
+use crate::replay::during_read::RecordedPasses;
 use crate::replay::initial;
-use crate::replay::simulate::Prepared;
 use crate::sim::program::Op;
 use crate::snapshot::{Action, Snapshot, StackId};
 use hashbrown::HashMap;
@@ -55,7 +55,32 @@ impl Presence {
     }
 }
 
-/// One operation of the recorded run, at the first probe's batch.
+/// The probes of `snaps` (each named) at `batches`, in the same order: one
+/// batch size per probe, else a usage error (both fronts, CLI and Python,
+/// take their probes from here).
+pub fn probes<'s>(
+    snaps: &'s [(String, Snapshot)],
+    batches: &[u32],
+) -> crate::Result<Vec<Probe<'s>>> {
+    if batches.len() != snaps.len() {
+        return Err(crate::Error::usage(format!(
+            "{} batch sizes for {} probes: give one per probe, e.g. --recorded-batch 2,4",
+            batches.len(),
+            snaps.len()
+        )));
+    }
+    Ok(snaps
+        .iter()
+        .zip(batches)
+        .map(|((name, snap), &batch)| Probe {
+            name: name.as_str(),
+            snap,
+            batch,
+        })
+        .collect())
+}
+
+/// At which batch sizes an operation of the run happens.
 #[derive(Clone, Copy, Debug)]
 enum RunOp {
     /// A tensor made: its size at the first probe's batch and bytes per unit
@@ -103,11 +128,19 @@ impl Recorded {
         if events.is_empty() {
             return Err(probe_error(p, "it holds no trace of allocations (record with memlens.record or torch.cuda.memory._record_memory_history)"));
         }
-        if !initial::before_trace(snap, device).is_empty() {
+        // The trace's one replay under its recorded settings: the state
+        // before it (empty for a run recorded from its start) and where the
+        // program called empty_cache().
+        let trace = snap
+            .traces
+            .iter()
+            .position(|t| t.device == device && !t.events.is_empty())
+            .unwrap_or(0);
+        let pass = RecordedPasses::default().of(snap, trace);
+        if !pass.initial().is_empty() {
             return Err(probe_error(p, &initial::late_start("fit needs each probe recorded from the start of the process, before the model is built")));
         }
-        let prep = Prepared::new(snap, device);
-        let mut empty_cache_at = prep.empty_cache_points().iter().copied().peekable();
+        let mut empty_cache_at = pass.watched.empty_cache_at.iter().copied().peekable();
         let mut ops = Vec::with_capacity(events.len());
         // The stack of the allocation live at each address, for its frees.
         let mut stack_at: HashMap<u64, StackId> = HashMap::new();
