@@ -35,6 +35,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         r.peak_reserved_bytes
     );
 
+    let t = Instant::now();
+    let initial = memlens::replay::initial::before_trace(&snap, device);
+    let rebuild = t.elapsed().as_secs_f64();
+    println!(
+        "rebuild   {rebuild:8.3} s  (initial state: {} segments, {} blocks)",
+        initial.segments.len(),
+        initial.blocks.len()
+    );
+    let t = Instant::now();
+    let pass = memlens::replay::during_read::PeakPass::after_read(&snap, device, initial);
+    let watched = t.elapsed().as_secs_f64();
+    println!(
+        "watched   {watched:8.3} s  {:8.2} M events/s  (peak allocated {})",
+        events / 1e6 / watched,
+        pass.peaks.allocated.0
+    );
+
     let config = memlens::replay::config::recorded_config(&snap.settings);
     let opts = SimulateOptions {
         config,
