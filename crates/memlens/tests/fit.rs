@@ -5,10 +5,15 @@
 //! bisected for the largest batch that completes (`tests/gpu/fit_probes.py`;
 //! the probes and the measurements are in `tests/corpus/fit`).
 //!
-//! The ViT is where the model falls short today: its allocated peak is
-//! right (within 1.4%) but its reserved peak is 6% under at batch 16 and 32,
-//! and the largest batch it names under the cap (26) is one the GPU could
-//! not run (25 was the largest). Its tests hold what is right and no more.
+//! The ViT is where the model falls short today: its reserved peak from the
+//! batch 2 and 4 probes is 6% under at batch 16 and 32. The cause is in the
+//! probes, not the allocator model: past batch 8 the bias gradients' sum
+//! (`gpu_reduce_kernel`) reduces across blocks and allocates staging
+//! buffers (4-17 MiB at batch 16, twice that at 32) that no small probe
+//! shows; probes at 16 and 32 (`vit.b16`, `vit.b32`, recorded on an H100)
+//! give both peaks exactly. Its largest batch under the cap is right (25)
+//! since every run is replayed with new segments at rising and at falling
+//! addresses (one order alone named 26, a batch the GPU could not run).
 
 use memlens::fit::{fit, probes::Probe, FitOptions};
 use memlens::Snapshot;
@@ -23,32 +28,39 @@ fn truth() -> serde_json::Value {
     serde_json::from_str(&text).expect("JSON")
 }
 
-fn probes(w: &str) -> (Snapshot, Snapshot) {
-    let load = |b: u32| {
-        Snapshot::load(&corpus().join(format!("{w}.b{b}.pickle.zst"))).expect("probe reads")
-    };
-    (load(2), load(4))
+fn probe(w: &str, batch: u32) -> Snapshot {
+    Snapshot::load(&corpus().join(format!("{w}.b{batch}.pickle.zst"))).expect("probe reads")
 }
 
-/// The workloads whose reserved peaks the model gets within 3%.
-/// `fit` on workload `w`'s two probes (batch 2 and 4) under `opts`.
-fn fit_workload(w: &str, opts: &FitOptions) -> memlens::fit::FitReport {
-    let (a, b) = probes(w);
+fn probes(w: &str) -> (Snapshot, Snapshot) {
+    (probe(w, 2), probe(w, 4))
+}
+
+/// `fit` on workload `w`'s probes at `batches` under `opts`.
+fn fit_probes_at(w: &str, batches: [u32; 2], opts: &FitOptions) -> memlens::fit::FitReport {
+    let (a, b) = (probe(w, batches[0]), probe(w, batches[1]));
+    let names = batches.map(|n| format!("b{n}"));
     let ps = [
         Probe {
-            name: "b2",
+            name: &names[0],
             snap: &a,
-            batch: 2,
+            batch: batches[0],
         },
         Probe {
-            name: "b4",
+            name: &names[1],
             snap: &b,
-            batch: 4,
+            batch: batches[1],
         },
     ];
     fit(&ps, opts).unwrap_or_else(|e| panic!("{w}: {e}"))
 }
 
+/// `fit` on workload `w`'s two probes (batch 2 and 4) under `opts`.
+fn fit_workload(w: &str, opts: &FitOptions) -> memlens::fit::FitReport {
+    fit_probes_at(w, [2, 4], opts)
+}
+
+/// The workloads whose reserved peaks the model gets within 3%.
 const WORKLOADS: [&str; 4] = ["gpt", "hf_gpt2", "resnet_amp", "t5"];
 
 #[test]
@@ -74,7 +86,7 @@ fn batch_predictions_from_two_probes_are_within_three_percent_of_the_gpu() {
 #[test]
 fn the_largest_batch_under_a_cap_never_claims_more_than_the_gpu_ran() {
     let t = truth();
-    for w in WORKLOADS {
+    for w in WORKLOADS.into_iter().chain(["vit"]) {
         let capped = &t["workloads"][w]["capped"];
         let opts = FitOptions {
             limit: capped["cap"].as_u64(),
@@ -84,8 +96,8 @@ fn the_largest_batch_under_a_cap_never_claims_more_than_the_gpu_ran() {
             .largest_batch
             .expect("some batch fits");
         let truth = capped["largest_batch"].as_u64().expect("largest") as u32;
-        // Never a batch the GPU could not run; exact on the two LMs, 3 below
-        // on the ResNet (its cuDNN workspaces do not scale linearly).
+        // Never a batch the GPU could not run; exact on the LMs and the ViT,
+        // 3 below on the ResNet (its cuDNN workspaces do not scale linearly).
         assert!(predicted <= truth, "{w}: {predicted} > {truth}");
         if w != "resnet_amp" {
             assert_eq!(predicted, truth, "{w}");
@@ -111,6 +123,52 @@ fn the_vit_allocated_peak_is_within_two_percent() {
         let want = m["max_allocated"].as_u64().expect("allocated") as f64;
         let err = p.peak_allocated_bytes as f64 / want - 1.0;
         assert!(err.abs() <= 0.02, "vit batch {n}: {err:+.3}");
+    }
+}
+
+/// At a batch it recorded, fit replays that probe's own operations: its
+/// peak must be the GPU's, exactly. With new segments only at falling
+/// addresses the ViT's batch 4 came out 2 MiB under and its batch 16 probe
+/// 21 MiB under; the higher of both orders is exact on every probe.
+#[test]
+fn at_a_probed_batch_the_prediction_is_what_the_gpu_measured() {
+    let t = truth();
+    for w in WORKLOADS.into_iter().chain(["vit"]) {
+        for n in [2u32, 4] {
+            let opts = FitOptions {
+                batch: Some(n),
+                ..FitOptions::default()
+            };
+            let p = fit_workload(w, &opts).predicted.expect("a prediction");
+            let gpu = &t["workloads"][w]["probes"][n.to_string()];
+            assert_eq!(
+                Some(p.peak_reserved_bytes),
+                gpu["max_reserved"].as_u64(),
+                "{w} batch {n}"
+            );
+        }
+    }
+    let text = std::fs::read_to_string(corpus().join("vit_large_probes.json")).expect("truth");
+    let large: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    for n in [16u32, 32] {
+        let opts = FitOptions {
+            batch: Some(n),
+            ..FitOptions::default()
+        };
+        let p = fit_probes_at("vit", [16, 32], &opts)
+            .predicted
+            .expect("a prediction");
+        let gpu = &large[n.to_string()];
+        assert_eq!(
+            Some(p.peak_reserved_bytes),
+            gpu["max_reserved"].as_u64(),
+            "vit batch {n}"
+        );
+        // Allocated bytes include the remainders left unsplit in the blocks
+        // chosen, which the addresses decide too: within 0.5%.
+        let want = gpu["max_allocated"].as_u64().expect("allocated") as f64;
+        let err = p.peak_allocated_bytes as f64 / want - 1.0;
+        assert!(err.abs() <= 0.005, "vit batch {n}: {err:+.4}");
     }
 }
 

@@ -11,7 +11,7 @@ use super::initial::{self, InitialState};
 use super::{ReleaseCause, ReplayOptions};
 use crate::sim::program::{Op, Outcome, Run};
 use crate::sim::rounding::SMALL_BUFFER;
-use crate::sim::{AllocatorConfig, MemoryStats};
+use crate::sim::{AddressOrder, AllocatorConfig, MemoryStats};
 use crate::snapshot::{Action, Snapshot, StackId};
 use serde::Serialize;
 
@@ -278,11 +278,23 @@ pub fn simulate_ops(
     device: u32,
     opts: &SimulateOptions,
 ) -> crate::Result<SimulationResult> {
+    simulate_ops_in(ops, device, opts, AddressOrder::default())
+}
+
+/// [`simulate_ops`] on a device that hands out new segments' addresses in
+/// `order` (the allocator's tie-breaks follow them: [`AddressOrder`]).
+pub fn simulate_ops_in(
+    ops: &[Op],
+    device: u32,
+    opts: &SimulateOptions,
+    order: AddressOrder,
+) -> crate::Result<SimulationResult> {
     let overhead = match (opts.device_memory, opts.overhead) {
         (Some(_), o) => Some(o.unwrap_or(0)),
         (None, o) => o,
     };
     let (mut run, capacity) = start_run(opts, overhead)?;
+    run.device.set_order(order);
     run.started();
     for (i, &op) in ops.iter().enumerate() {
         run.apply(i, op);

@@ -66,11 +66,33 @@ const VA_ALIGN: u64 = 2 << 20;
 /// addresses use); they grow downwards, as CUDA's tend to.
 const VA_TOP: u64 = 0x6000_0000_0000;
 
+/// Where to put the lowest address first, with no real addresses to follow.
+///
+/// The allocator breaks ties between free blocks of one size by address, so
+/// which of two equal segments it fills depends on where `cudaMalloc` put
+/// them. CUDA's choice is not predictable from the program: in one recorded
+/// ViT step, new 20 MiB segments came at rising addresses for a while, then
+/// at falling ones (`tests/corpus/fit`). Neither order alone reproduces every
+/// recorded run; the higher of the two peaks did on every run recorded from
+/// its start in the fixtures and corpus (`crates/memlens/tests/fit.rs`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum AddressOrder {
+    /// Newer segments at lower addresses (what a growing process mostly sees).
+    #[default]
+    Downward,
+    /// Newer segments at higher addresses.
+    Upward,
+}
+
+/// Where upward addresses start.
+const VA_BOTTOM: u64 = 0x1000_0000_0000;
+
 /// A GPU with a capacity (or none) that hands out made-up addresses.
 ///
-/// Addresses are given top-down in 2 MiB steps and never reused, which is
-/// close to what CUDA does for a growing process: newer segments sit at lower
-/// addresses, so the allocator's lowest-address tie-break prefers them.
+/// Addresses are given in 2 MiB steps and never reused, top-down by default,
+/// which is close to what CUDA does for a growing process: newer segments sit
+/// at lower addresses, so the allocator's lowest-address tie-break prefers
+/// them ([`AddressOrder`]).
 #[derive(Clone, Debug)]
 pub struct SyntheticDevice {
     /// Bytes the allocator may hold at once (`None`: unlimited).
@@ -80,6 +102,10 @@ pub struct SyntheticDevice {
     /// The highest `used` seen.
     pub peak_used: u64,
     next: u64,
+    /// The next upward address.
+    up: u64,
+    /// Which way new addresses go.
+    order: AddressOrder,
     /// Every operation, in order, when recording.
     pub log: Option<Vec<DeviceOp>>,
 }
@@ -92,6 +118,8 @@ impl SyntheticDevice {
             used: 0,
             peak_used: 0,
             next: VA_TOP,
+            up: VA_BOTTOM,
+            order: AddressOrder::Downward,
             log: None,
         }
     }
@@ -102,6 +130,17 @@ impl SyntheticDevice {
             log: Some(Vec::new()),
             ..SyntheticDevice::new(capacity)
         }
+    }
+
+    /// The same device, handing out addresses in `order`.
+    pub fn with_order(mut self, order: AddressOrder) -> SyntheticDevice {
+        self.set_order(order);
+        self
+    }
+
+    /// Hands out the next addresses in `order`.
+    pub fn set_order(&mut self, order: AddressOrder) {
+        self.order = order;
     }
 
     fn take(&mut self, size: u64) -> bool {
@@ -117,6 +156,11 @@ impl SyntheticDevice {
 
     fn carve(&mut self, size: u64) -> u64 {
         let span = size.div_ceil(VA_ALIGN).max(1) * VA_ALIGN;
+        if self.order == AddressOrder::Upward {
+            let addr = self.up;
+            self.up = self.up.saturating_add(span).min(VA_TOP);
+            return addr;
+        }
         // Wrapping cannot happen in practice (2^46 bytes of room); saturate
         // to stay panic-free regardless.
         self.next = self.next.saturating_sub(span).max(VA_ALIGN);
@@ -178,5 +222,14 @@ mod tests {
         d.free(a, 20 << 20);
         assert!(d.malloc(20 << 20).is_some());
         assert_eq!(d.log.as_ref().map(Vec::len), Some(4));
+    }
+
+    #[test]
+    fn upward_addresses_rise() {
+        let mut d = SyntheticDevice::new(None).with_order(AddressOrder::Upward);
+        let a = d.malloc(20 << 20).unwrap();
+        let b = d.malloc(1).unwrap();
+        assert_eq!(b, a + (20 << 20));
+        assert!(d.malloc(1).unwrap() > b);
     }
 }

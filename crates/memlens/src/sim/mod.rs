@@ -27,7 +27,7 @@ pub mod stats;
 
 pub use allocator::{Allocator, BlockStatus, DeviceLimits, Handle, OomInfo, DEFAULT_POOL};
 pub use config::{AllocatorConfig, ConfigError, TorchVersion};
-pub use device::{Device, DeviceOp, SyntheticDevice};
+pub use device::{AddressOrder, Device, DeviceOp, SyntheticDevice};
 pub use state::{BlockView, SegmentView};
 pub use stats::{MemoryStats, Stat, StatArray};
 
