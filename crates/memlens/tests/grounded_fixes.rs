@@ -37,3 +37,60 @@ fn a_training_step_with_activations_live_still_gets_autocast() {
     let kinds = oom_fix_kinds("gpt_warm.pickle.zst");
     assert!(kinds.iter().any(|k| k == "mixed_precision"), "{kinds:?}");
 }
+
+/// The fragmentation OOM of equal tensors in a plain loop (no model, no
+/// batch): no batch advice anywhere (no smaller batch, no batch model, no
+/// "combine it with a smaller batch"), and the first fix is the one the GPU
+/// held: freeing the tensors kept at the `keep.append` line
+/// (`tests/gpu/frag_cap_fix.py`: as recorded it fails under the 4 GiB cap,
+/// with them freed the 2 GiB request succeeds, H100 2026-11-27).
+#[test]
+fn the_fragmentation_oom_without_a_model_gets_no_batch_advice_and_leads_with_the_fix_that_held() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/oom/frag_cap.pickle.zst");
+    let snap = Snapshot::load(&path).expect("reads");
+    let r = analyze_snapshot(&snap, &OomOptions::default())
+        .expect("analyses")
+        .expect("has an OOM");
+    let v = serde_json::to_value(&r).expect("serializes");
+    assert!(v["batch"].is_null(), "{}", v["batch"]);
+    assert!(v["batch_model"].is_null(), "{}", v["batch_model"]);
+    let all: Vec<&serde_json::Value> = v["fixes"]
+        .as_array()
+        .expect("fixes")
+        .iter()
+        .chain(v["not_helpful"].as_array().expect("not_helpful"))
+        .collect();
+    for f in &all {
+        assert_ne!(f["kind"], "smaller_batch", "{f}");
+        let action = f["action"].as_str().unwrap_or_default();
+        assert!(!action.contains("batch"), "{action}");
+    }
+    let first = &v["fixes"][0];
+    assert_eq!(first["kind"], "free_tensors");
+    assert!(
+        first["action"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("train_oom.py:108"),
+        "{first}"
+    );
+}
+
+/// In that loop the `drop` list (line 107) grew as `keep` did but was freed
+/// before the failure: growth given back is no leak. The `keep` list (108)
+/// was still held: it is, with no autograd advice (no model ran).
+#[test]
+fn growth_freed_before_the_end_is_no_leak_and_no_model_means_no_no_grad_advice() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/oom/frag_cap.pickle.zst");
+    let snap = Snapshot::load(&path).expect("reads");
+    let report = memlens::analysis::leaks::within_trace(&snap);
+    let sites: Vec<&str> = report.leaks.iter().map(|l| l.site.as_str()).collect();
+    assert_eq!(sites, ["/home/user/proj/train_oom.py:108"], "{sites:?}");
+    assert!(
+        !report.leaks[0].suggestion.contains("no_grad"),
+        "{}",
+        report.leaks[0].suggestion
+    );
+}

@@ -250,6 +250,31 @@ struct Traits {
     blocks_per_step: f64,
     /// The site's function is a module's `forward`.
     in_forward: bool,
+    /// Some model's forward pass ran in the trace: without one there is no
+    /// autograd graph to keep, and no evaluation to wrap in `no_grad`.
+    model_ran: bool,
+}
+
+/// Whether backward ran lately (the last two steps of any trace) and
+/// whether a model ran at all in the snapshot analysed as `last`. Without a
+/// trace (dumps of segments only) whether a model ran is unknown: the
+/// evidence of the steps decides, as before.
+fn what_ran(last: &Analysed) -> (bool, bool) {
+    let backward_seen = last.traces.iter().any(|t| {
+        let from = t.steps.len().saturating_sub(2);
+        t.backward_in_step[from..].iter().any(|b| *b)
+    });
+    let model_ran =
+        last.traces.iter().all(|t| t.ev_phase.is_empty()) || last.traces.iter().any(model_ran_in);
+    (backward_seen, model_ran)
+}
+
+/// Whether a module's forward pass ran in the trace of `facts`.
+fn model_ran_in(facts: &crate::trace::TraceFacts) -> bool {
+    facts
+        .ev_phase
+        .iter()
+        .any(|p| *p == crate::analysis::categories::Phase::Forward)
 }
 
 fn suggestion(site: &str, t: &Traits) -> String {
@@ -258,7 +283,7 @@ fn suggestion(site: &str, t: &Traits) -> String {
             "A small tensor from {site} is kept every step, like a loss added up as a tensor (`total += loss`). Accumulate a Python number instead: `total += loss.item()`."
         );
     }
-    if !t.backward_seen {
+    if !t.backward_seen && t.model_ran {
         return format!(
             "Memory allocated under {site} is never freed and no backward pass runs: evaluation without `torch.no_grad()` / `torch.inference_mode()` keeps the autograd graph (every saved activation) alive as long as an output is referenced. Wrap the evaluation in `with torch.no_grad():` and keep `loss.item()`, not the tensor."
         );
@@ -321,11 +346,7 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             &own
         }
     };
-    // Did backward run lately? The last two steps of the last trace.
-    let backward_seen = last.traces.iter().any(|t| {
-        let from = t.steps.len().saturating_sub(2);
-        t.backward_in_step[from..].iter().any(|b| *b)
-    });
+    let (backward_seen, model_ran) = what_ran(last);
     let step_span = match (steps[used[0]], steps[*used.last().unwrap_or(&0)]) {
         (Some(a), Some(b)) if b > a => Some(b - a),
         _ => None,
@@ -359,6 +380,7 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             avg_block: growth / count.max(1),
             blocks_per_step: count as f64 / per as f64,
             in_forward: site.function == "forward",
+            model_ran,
         };
         leaks.push(Leak {
             site: site.site.clone(),
@@ -433,7 +455,9 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         method = Some(st.method);
         loop_function = st.loop_function.clone();
         steps_found = steps_found.max(st.len());
-        let (sites, points) = live_by_site_at_steps(an, ti);
+        let (sites, mut points) = live_by_site_at_steps(an, ti);
+        // The last point is the first OOM's (see there).
+        let at_end = points.pop().unwrap_or_default();
         // Point 0 is the end of step 1: what step 1 initialised is the baseline.
         if points.len() < 2 {
             continue;
@@ -449,6 +473,7 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         ids.sort_by(|a, b| sites[*a as usize].cmp(&sites[*b as usize]));
         leaks.extend(
             ids.into_iter()
+                .filter(|id| !released_by_end(*id, &points, &at_end))
                 .filter_map(|id| leak_of_site(an, ti, &sites[id as usize], id, &points)),
         );
     }
@@ -467,12 +492,23 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
     report
 }
 
+/// Whether site `id` gave back by the first OOM (`at_end`) what it grew by
+/// over the steps (`points`): memory the program built up and then freed
+/// itself, as a list dropped after a loop, is not kept; no leak is claimed.
+fn released_by_end(id: u32, points: &[StepPoint], at_end: &StepPoint) -> bool {
+    let first = points.first().and_then(|p| p.get(&id)).map_or(0, |v| v.0);
+    let end = at_end.get(&id).map_or(0, |v| v.0);
+    end <= first
+}
+
 /// Live bytes per site at a step's end: (bytes, blocks, an example stack,
 /// the newest block's `alloc` event), by site number.
 type StepPoint = hashbrown::HashMap<u32, (u64, u64, StackId, u32)>;
 
 /// The sites of trace `ti`'s allocations, numbered, and each one's live
-/// bytes at the end of every complete step.
+/// bytes at the end of every complete step, then at the first OOM (the
+/// last point; the last step's end again when there is none, or when the
+/// OOM comes before it).
 fn live_by_site_at_steps(an: &Analysed, ti: usize) -> (Vec<Site>, Vec<StepPoint>) {
     let trace = &an.snap.traces[ti];
     let facts = &an.traces[ti];
@@ -485,6 +521,20 @@ fn live_by_site_at_steps(an: &Analysed, ti: usize) -> (Vec<Site>, Vec<StepPoint>
     let mut cuts: Vec<usize> = st.starts[1..].to_vec();
     if st.last_complete {
         cuts.push(trace.events.len());
+    }
+    // One more point, not a step's: the first OOM, where the program was
+    // still at work (before the exception's unwinding frees its locals), to
+    // tell growth it released itself from growth still held. The end of a
+    // trace without an OOM may be the teardown, which frees every kind of
+    // memory: no such point there (the last step's end stands for it).
+    let oom = trace
+        .events
+        .iter()
+        .position(|e| e.action == crate::snapshot::Action::Oom);
+    match (oom, cuts.last().copied()) {
+        (Some(end), last) if last.is_none_or(|c| c < end) => cuts.push(end),
+        (_, Some(last)) => cuts.push(last),
+        (_, None) => cuts.push(0),
     }
     // Sites are numbered once each (a block alive across many steps
     // would otherwise clone and hash its site at every one), and built
@@ -584,6 +634,7 @@ fn leak_of_site(
         avg_block: growth / count.max(1),
         blocks_per_step: count as f64 / intervals as f64,
         in_forward: key.function == "forward",
+        model_ran: model_ran_in(facts),
     };
     Some(Leak {
         suggestion: suggestion(&key.display(), &traits),

@@ -234,6 +234,9 @@ pub struct Context {
     pub others: Option<u64>,
     /// The failing batch.
     pub batch: Option<u64>,
+    /// The run has a batch axis: a model's forward or backward pass ran
+    /// (or the user named the batch). Without one, no batch advice.
+    pub batch_axis: bool,
     /// The run used autocast.
     pub autocast: bool,
     /// Some code line allocated tensors of several sizes (variable shapes
@@ -561,7 +564,7 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
             fixes.push(f);
         }
     }
-    let batch = if w.model.scaling_allocations > 0 && !base.fits {
+    let batch = if ctx.batch_axis && w.model.scaling_allocations > 0 && !base.fits {
         batch_fit(w, ctx, &base_spec)
     } else {
         None
@@ -762,11 +765,15 @@ fn simulated_fix(
         )
     } else if p.needed + (2 << 20) < base.needed {
         format!(
-            ": the step would need {} reserved instead of {} (simulated), still over {}; \
-             combine it with a smaller batch",
+            ": the step would need {} reserved instead of {} (simulated), still over {}{}",
             format_bytes(p.needed),
             format_bytes(base.needed),
-            ctx.limit_text()
+            ctx.limit_text(),
+            if ctx.batch_axis {
+                "; combine it with a smaller batch"
+            } else {
+                ""
+            }
         )
     } else {
         format!(

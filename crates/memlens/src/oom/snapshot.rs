@@ -539,6 +539,7 @@ fn predict_fixes(p: &Predicting<'_, '_>) -> (Option<WhatIf>, fixes::Outcome, Opt
         device_free: facts.device_free,
         others: facts.others,
         batch: p.opts.batch,
+        batch_axis: p.opts.batch.is_some() || p.classifier.facts().model_ran_before(p.oom_index),
         autocast: uses_autocast(snap),
         shapes_vary: shapes_vary(snap, &snap.traces[p.trace].events),
         reserved: st.reserved,
@@ -552,7 +553,7 @@ fn predict_fixes(p: &Predicting<'_, '_>) -> (Option<WhatIf>, fixes::Outcome, Opt
         None => fixes::advice_only(&ctx),
     };
     let batch_model = match (&whatif, an.trace(p.trace)) {
-        (Some(w), Some(t)) => batch_model::fit(&batch_model::Inputs {
+        (Some(w), Some(t)) if ctx.batch_axis => batch_model::fit(&batch_model::Inputs {
             events: &snap.traces[p.trace].events,
             steps: &t.steps,
             classifier: p.classifier,

@@ -264,6 +264,16 @@ impl TraceFacts {
         }
     }
 
+    /// Whether a model ran before event `end`: some event of the trace was
+    /// in a module's forward call or in the backward pass. Only then does
+    /// the trace show a batch axis (advice about the batch size is grounded).
+    pub fn model_ran_before(&self, end: usize) -> bool {
+        let end = end.min(self.ev_phase.len());
+        self.ev_phase[..end]
+            .iter()
+            .any(|p| matches!(p, Phase::Forward | Phase::Backward))
+    }
+
     /// Whether the `alloc` event `alloc_index` made a cuBLAS workspace.
     pub fn is_cublas_workspace(&self, alloc_index: Option<u32>) -> bool {
         alloc_index.is_some_and(|i| self.workspaces.binary_search(&i).is_ok())
