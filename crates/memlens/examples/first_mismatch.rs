@@ -1,5 +1,9 @@
 //! Prints where the allocator model first placed an allocation differently
-//! from the recorded trace (debugging aid).
+//! from the recorded trace, with the events before it: the first question
+//! when a what-if run disagrees with the GPU (it found none on the ViT of
+//! tests/corpus/fit: the addresses were the cause there, not the model).
+//!
+//! Usage: cargo run --release -p memlens --example first_mismatch -- SNAPSHOT
 use memlens::replay::{Replay, ReplayOptions};
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::args()
@@ -21,9 +25,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "mismatch #{last} at event {i}: {:?} addr {:#x} size {}",
                 e.action, e.addr, e.size
             );
-            for j in i.saturating_sub(6)..i {
-                let p = &events[j];
-                println!("    {j}: {:?} {:#x} {}", p.action, p.addr, p.size);
+            let from = i.saturating_sub(6);
+            for (j, p) in events[from..i].iter().enumerate() {
+                println!("    {}: {:?} {:#x} {}", from + j, p.action, p.addr, p.size);
             }
             shown += 1;
             if shown >= 5 {

@@ -273,8 +273,7 @@ fn what_ran(last: &Analysed) -> (bool, bool) {
 fn model_ran_in(facts: &crate::trace::TraceFacts) -> bool {
     facts
         .ev_phase
-        .iter()
-        .any(|p| *p == crate::analysis::categories::Phase::Forward)
+        .contains(&crate::analysis::categories::Phase::Forward)
 }
 
 fn suggestion(site: &str, t: &Traits) -> String {
