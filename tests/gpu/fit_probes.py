@@ -25,13 +25,17 @@ SEQ = 256
 WORKLOADS = ["gpt", "hf_gpt2", "resnet_amp", "t5", "vit"]
 
 
-def build(workload, batch):
-    """The model, the optimizer and one training step at `batch`."""
+def parts(workload):
+    """The workload's model (on the GPU), its optimizer's factory, a batch
+    maker (`make(batch)`) and its loss (`loss(model, inputs)`, which gives
+    the loss and what the step held through backward: the outputs, as the
+    probes and measurements in tests/corpus/fit were recorded)."""
     import torch
     import torch.nn as nn
 
     torch.manual_seed(0)
     dev = "cuda"
+    adamw = lambda m: torch.optim.AdamW(m.parameters(), lr=1e-4)  # noqa: E731
     if workload == "gpt":
         # A GPT-style LM written by hand.
         class Block(nn.Module):
@@ -64,18 +68,14 @@ def build(workload, batch):
                     x = b(x, mask)
                 return self.head(self.ln(x))
 
-        model = GPT().to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        def make(batch):
+            return torch.randint(0, 8192, (batch, SEQ), device=dev)
 
-        def step():
-            idx = torch.randint(0, 8192, (batch, SEQ), device=dev)
+        def loss(model, idx):
             logits = model(idx)
-            loss = nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), idx.view(-1))
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            return nn.functional.cross_entropy(logits.view(-1, logits.size(-1)), idx.view(-1)), logits
 
-        return step
+        return GPT().to(dev), adamw, make, loss
     if workload == "hf_gpt2":
         # An HF causal LM through its own forward and loss.
         from transformers import GPT2Config, GPT2LMHeadModel
@@ -83,34 +83,34 @@ def build(workload, batch):
         cfg = GPT2Config(n_layer=6, n_embd=512, n_head=8, vocab_size=8192, n_positions=SEQ)
         model = GPT2LMHeadModel(cfg).to(dev)
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step():
-            idx = torch.randint(0, 8192, (batch, SEQ), device=dev)
+        def make(batch):
+            return torch.randint(0, 8192, (batch, SEQ), device=dev)
+
+        def loss(model, idx):
             out = model(input_ids=idx, labels=idx)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            return out.loss, out
 
-        return step
+        return model, adamw, make, loss
     if workload == "resnet_amp":
         # A CNN with AMP (bf16 autocast), SGD with momentum.
         import torchvision
 
         torch.backends.cudnn.benchmark = False
         model = torchvision.models.resnet50(num_classes=100).to(dev)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
 
-        def step():
-            x = torch.randn(batch, 3, 160, 160, device=dev)
-            y = torch.randint(0, 100, (batch,), device=dev)
+        def make(batch):
+            return (
+                torch.randn(batch, 3, 160, 160, device=dev),
+                torch.randint(0, 100, (batch,), device=dev),
+            )
+
+        def loss(model, xy):
             with torch.autocast("cuda", dtype=torch.bfloat16):
-                loss = nn.functional.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+                return nn.functional.cross_entropy(model(xy[0]), xy[1]), None
 
-        return step
+        sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)  # noqa: E731
+        return model, sgd, make, loss
     if workload == "t5":
         # An encoder-decoder: HF T5 from a config, its own loss.
         from transformers import T5Config, T5ForConditionalGeneration
@@ -121,17 +121,18 @@ def build(workload, batch):
         )
         model = T5ForConditionalGeneration(cfg).to(dev)
         model.train()
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step():
-            src = torch.randint(0, 8192, (batch, SEQ), device=dev)
-            tgt = torch.randint(0, 8192, (batch, SEQ // 2), device=dev)
-            out = model(input_ids=src, labels=tgt)
-            out.loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        def make(batch):
+            return (
+                torch.randint(0, 8192, (batch, SEQ), device=dev),
+                torch.randint(0, 8192, (batch, SEQ // 2), device=dev),
+            )
 
-        return step
+        def loss(model, st):
+            out = model(input_ids=st[0], labels=st[1])
+            return out.loss, out
+
+        return model, adamw, make, loss
     if workload == "vit":
         # A ViT (torchvision's, 6 layers, 128x128 images, 16x16 patches), AdamW.
         from torchvision.models import VisionTransformer
@@ -140,17 +141,34 @@ def build(workload, batch):
             image_size=128, patch_size=16, num_layers=6, num_heads=8,
             hidden_dim=512, mlp_dim=2048, num_classes=100,
         ).to(dev)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-        def step():
-            x = torch.randn(batch, 3, 128, 128, device=dev)
-            y = torch.randint(0, 100, (batch,), device=dev)
-            nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+        def make(batch):
+            return (
+                torch.randn(batch, 3, 128, 128, device=dev),
+                torch.randint(0, 100, (batch,), device=dev),
+            )
 
-        return step
+        def loss(model, xy):
+            return nn.functional.cross_entropy(model(xy[0]), xy[1]), None
+
+        return model, adamw, make, loss
     raise SystemExit(f"unknown workload {workload}")
+
+
+def build(workload, batch):
+    """The model, the optimizer and one training step at `batch`."""
+    model, make_opt, make, loss = parts(workload)
+    opt = make_opt(model)
+
+    def step():
+        inputs = make(batch)
+        value, held = loss(model, inputs)
+        value.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del inputs, value, held
+
+    return step
 
 
 def worker(workload, batch, mode, cap, out):
