@@ -1,0 +1,280 @@
+"""Evidence for `memlens.why` (issue 32): leaks planted on the GPU, each kind
+in a process of its own, and the holder the in-process search names for the
+line that allocated the leaked tensors.
+
+    python tests/gpu/leak_holders.py [KIND,...]     (prints one JSON line a kind, then a table)
+
+Each kind trains a small model for a few steps on CUDA under
+`torch.cuda.memory._record_memory_history`, keeps memory the way users do by
+mistake, then calls `why(site="leak_holders.py:LINE")` with the line marked
+`# LEAK` in its code (the line memlens names as the leak's site). A kind
+passes when the first holder names what the code really keeps (`expect`).
+The `clean` kind keeps nothing: its search must name no holder.
+
+`why` is imported from python/memlens/_why.py directly (it needs no wheel).
+"""
+
+import gc
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STEPS = 5
+
+
+def load_why():
+    path = os.path.join(HERE, "..", "..", "python", "memlens", "_why.py")
+    spec = importlib.util.spec_from_file_location("memlens_why", path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["memlens_why"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def leak_line(kind):
+    """The line of this file marked `# LEAK kind`."""
+    with open(__file__) as f:
+        for n, text in enumerate(f, 1):
+            if text.rstrip().endswith(f"# LEAK {kind}"):
+                return n
+    raise SystemExit(f"no line marked for {kind}")
+
+
+# Globals some kinds fill (module globals are what users keep by mistake).
+kept_outputs = []
+metrics = {}
+callbacks = []
+
+
+def model_and_data(torch):
+    nn = torch.nn
+    model = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    return model, opt
+
+
+def run_framework_kind(kind):
+    """The leaks of a training loop run by a framework: a LightningModule that
+    keeps its training_step outputs on itself, and a Hugging Face Trainer
+    whose compute_loss keeps the logits on the trainer."""
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    nn = torch.nn
+    data = torch.utils.data.TensorDataset(torch.randn(STEPS * 64, 1024))
+    if kind == "lightning_outputs":
+        import lightning.pytorch as pl
+
+        class Module(pl.LightningModule):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+                self.step_outputs = []
+
+            def training_step(self, batch, _):
+                out = self.net(batch[0])  # LEAK lightning_outputs
+                self.step_outputs.append(out.detach())
+                return out.float().pow(2).mean()
+
+            def configure_optimizers(self):
+                return torch.optim.SGD(self.parameters(), lr=0.01)
+
+        module = Module()
+        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=STEPS, logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False)
+        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=64))
+    else:  # hf_trainer_logits
+        from transformers import Trainer, TrainingArguments
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+
+            def forward(self, x):
+                return self.net(x)
+
+        class KeepingTrainer(Trainer):
+            kept_logits = []
+
+            def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+                out = model(inputs["x"])  # LEAK hf_trainer_logits
+                self.kept_logits.append(out.detach())
+                return out.float().pow(2).mean()
+
+        class Rows(torch.utils.data.Dataset):
+            def __len__(self):
+                return STEPS * 64
+
+            def __getitem__(self, i):
+                return {"x": data[i][0]}
+
+        args = TrainingArguments(output_dir="/tmp/hf-leak", max_steps=STEPS,
+                                 per_device_train_batch_size=64, report_to=[],
+                                 save_strategy="no", logging_strategy="no",
+                                 remove_unused_columns=False, disable_tqdm=True)
+        trainer = KeepingTrainer(model=Net().cuda(), args=args, train_dataset=Rows())
+        trainer.train()
+    torch.cuda.synchronize()
+    gc.collect()
+    why = load_why()
+    site = f"leak_holders.py:{leak_line(kind)}"
+    holders = why.why(site=site)
+    return {
+        "kind": kind,
+        "site": site,
+        "holders": [h.to_dict() for h in holders],
+        "text": [str(h) for h in holders],
+    }
+
+
+def run_kind(kind):
+    if kind in ("lightning_outputs", "hf_trainer_logits"):
+        return run_framework_kind(kind)
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    model, opt = model_and_data(torch)
+    nn = torch.nn
+
+    if kind == "module_list":
+        class Cached(nn.Module):
+            def __init__(self, inner):
+                super().__init__()
+                self.inner = inner
+                self.cache = []
+
+            def forward(self, x):
+                y = self.inner(x)  # LEAK module_list
+                self.cache.append(y)
+                return y
+
+        model = Cached(model)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    if kind == "hook_global":
+        def keep(module, inputs, output):
+            kept_outputs.append(output.detach())
+
+        model[1].register_forward_hook(keep)
+    history = []
+    total_loss = 0
+
+    def step_with_exception(x):
+        big = x.repeat(4, 1)  # LEAK last_traceback
+        raise ValueError(f"bad batch of {big.shape[0]}")
+
+    for step in range(STEPS):
+        x = torch.randn(256, 1024, device="cuda")
+        if kind == "hook_global":
+            out = model(x)  # LEAK hook_global
+        elif kind == "module_list":
+            out = model(x)
+        elif kind == "metrics_dict":
+            out = model(x)  # LEAK metrics_dict
+            metrics[step] = out.detach()
+        elif kind == "closure_default":
+            out = model(x)
+
+            def remember(t, _seen=[]):
+                _seen.append(t)
+
+            remember(out.detach() * 1)  # LEAK closure_default
+        elif kind == "callback_lambdas":
+            out = model(x)
+            feat = out.detach() * 2  # LEAK callback_lambdas
+            callbacks.append(lambda: feat.mean())
+        elif kind == "autograd_total":
+            out = model(x)  # LEAK autograd_total
+        elif kind == "local_history":
+            out = model(x)
+            history.append(out.detach().clone())  # LEAK local_history
+        elif kind == "last_traceback":
+            out = model(x)
+            if step == 0:
+                try:
+                    step_with_exception(x)
+                except ValueError as e:
+                    sys.last_traceback = e.__traceback__
+        else:  # clean
+            out = model(x)  # LEAK clean
+        loss = out.float().pow(2).mean()
+        if kind == "autograd_total":
+            # An evaluation without no_grad: the loss added up as a tensor
+            # keeps every step's graph and the activations it saved.
+            total_loss += loss
+        else:
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        del out, loss
+    torch.cuda.synchronize()
+    gc.collect()
+    why = load_why()
+    site = f"leak_holders.py:{leak_line(kind)}"
+    holders = why.why(site=site)
+    return {
+        "kind": kind,
+        "site": site,
+        "holders": [h.to_dict() for h in holders],
+        "text": [str(h) for h in holders],
+        # Still held here, as a training script would hold them.
+        "held": [type(total_loss).__name__, len(history)],
+    }
+
+
+# What each kind's first holder must name (a substring of its text).
+EXPECT = {
+    "module_list": "cache",
+    "hook_global": "kept_outputs",
+    "metrics_dict": "metrics",
+    "closure_default": "default argument",
+    "callback_lambdas": "callbacks",
+    "autograd_total": "total_loss",
+    "local_history": "history",
+    "last_traceback": "last_traceback",
+    "lightning_outputs": "step_outputs",
+    "hf_trainer_logits": "kept_logits",
+    "clean": None,
+}
+
+
+def main(kinds):
+    rows = []
+    for kind in kinds:
+        p = subprocess.run([sys.executable, __file__, "worker", kind], capture_output=True, text=True)
+        # Frameworks print dicts of their own: the result has a prefix.
+        line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
+        if line is None:
+            r = {"kind": kind, "error": p.stderr[-1500:]}
+        else:
+            r = json.loads(line[len("RESULT "):])
+        want = EXPECT[kind]
+        text = r.get("text") or []
+        if "error" in r:
+            ok = False
+        elif want is None:
+            ok = not text
+        else:
+            ok = bool(text) and want in text[0]
+        r["ok"] = ok
+        print(json.dumps(r), flush=True)
+        rows.append(r)
+    print()
+    print("| kind | site | first holder named | expected | held |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        first = (r.get("text") or ["(none)"])[0] if "error" not in r else "error: " + r["error"][-200:].replace("\n", " ")
+        print(f"| {r['kind']} | {r.get('site', '')} | {first} | {EXPECT[r['kind']] or '(no holder)'} | {'yes' if r['ok'] else 'NO'} |")
+    held = sum(r["ok"] for r in rows)
+    print(f"\n{held} of {len(rows)} named right")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "worker":
+        print("RESULT " + json.dumps(run_kind(sys.argv[2])))
+    else:
+        main(sys.argv[1].split(",") if len(sys.argv) > 1 else list(EXPECT))
