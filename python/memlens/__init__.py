@@ -19,6 +19,7 @@ from ._native import MemlensError, __version__
 from ._analysis import Result, Snapshot, available, load
 from ._fit import fit
 from ._profile import Profile, profile
+from ._why import Holder, why
 from ._capture import (
     LeakWarning,
     MemlensWarning,
@@ -30,6 +31,7 @@ from ._capture import (
 )
 
 __all__ = [
+    "Holder",
     "LeakWarning",
     "MemlensError",
     "MemlensWarning",
@@ -46,4 +48,5 @@ __all__ = [
     "start",
     "step",
     "stop",
+    "why",
 ]
