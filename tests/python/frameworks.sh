@@ -37,4 +37,7 @@ echo "== pytest, real frameworks ($("$VENV/bin/python" -c 'import torch, transfo
 cd "$ROOT/target/python"
 # Skipping is not allowed here: a missing framework must fail the run.
 export MEMLENS_REQUIRE_FRAMEWORKS=1
-exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$ROOT/tests/python/test_integrations_frameworks.py"
+# test_why.py: memlens.why against the real torch (CPU tensors); the suite of
+# run.sh has no torch and skips it.
+exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$ROOT/tests/python/test_integrations_frameworks.py" \
+    "$ROOT/tests/python/test_why.py"
