@@ -129,6 +129,9 @@ def check_leak(out: str) -> None:
     report(bool(leaks) and leaks[0].filename == HERE, "leak.warning_points_at_caller",
            f"{leaks[0].filename}:{leaks[0].lineno}" if leaks else "-")
     report(rec.leak_alarm is not None and "4.00 MiB/step" in rec.leak_alarm, "leak.alarm_line", f"{rec.leak_alarm}")
+    # What keeps it: the list `kept`, a local of this function (memlens.why).
+    report("held by check_leak() local 'kept'" in text, "leak.names_the_holder",
+           f"holders {rec.leak_holders}")
 
 
 def check_oom(out: str) -> None:

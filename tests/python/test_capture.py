@@ -394,6 +394,30 @@ def test_leak_message_says_how_often_it_grew():
     assert _capture.leak_alarm_line(rule, []).endswith("over 41 steps")
 
 
+def test_leak_message_names_what_holds_each_site():
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    for i in range(1, 20):
+        rule.update(100 * MIB + i * 4 * MIB)
+    row = {"site": "/proj/train.py:42", "function": "train", "bytes": 16 * MIB, "count": 4,
+           "bytes_per_step": 4 * MIB}
+    held = "train() local 'kept' [local] at train.py:50: 4 tensors, 16.0 MiB via list of 4 tensors"
+    text = _capture.leak_message(rule, [row], 19, 3, {"/proj/train.py:42": [held]})
+    assert f"\n      held by {held}" in text, text
+    # No holder found: the site's line alone, as before.
+    assert "held by" not in _capture.leak_message(rule, [row], 19, 3, {})
+
+
+def test_a_failing_holder_search_costs_the_alarm_only_its_holder_line(monkeypatch):
+    import memlens._why as why_module
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no allocator history")
+
+    monkeypatch.setattr(why_module, "why", broken)
+    rows = [{"site": "/proj/train.py:42"}, {"site": "<backward pass>"}]
+    assert _capture.holders_of_sites(rows) == {}
+
+
 def test_leak_alarm_names_the_site_that_grows(gpu, tmp_path):
     kept = []
     with memlens.record(tmp_path / "snaps") as rec:
