@@ -56,6 +56,21 @@ def model_and_data(torch):
     return model, opt
 
 
+def search(torch, kind):
+    """`why` on the line marked for `kind`, once the GPU is idle and the
+    garbage collected: the site and the holders it names."""
+    torch.cuda.synchronize()
+    gc.collect()
+    site = f"leak_holders.py:{leak_line(kind)}"
+    holders = load_why().why(site=site)
+    return {
+        "kind": kind,
+        "site": site,
+        "holders": [h.to_dict() for h in holders],
+        "text": [str(h) for h in holders],
+    }
+
+
 def run_framework_kind(kind):
     """The leaks of a training loop run by a framework: a LightningModule that
     keeps its training_step outputs on itself, and a Hugging Face Trainer
@@ -119,17 +134,7 @@ def run_framework_kind(kind):
                                  remove_unused_columns=False, disable_tqdm=True)
         trainer = KeepingTrainer(model=Net().cuda(), args=args, train_dataset=Rows())
         trainer.train()
-    torch.cuda.synchronize()
-    gc.collect()
-    why = load_why()
-    site = f"leak_holders.py:{leak_line(kind)}"
-    holders = why.why(site=site)
-    return {
-        "kind": kind,
-        "site": site,
-        "holders": [h.to_dict() for h in holders],
-        "text": [str(h) for h in holders],
-    }
+    return search(torch, kind)
 
 
 def run_kind(kind):
@@ -211,19 +216,8 @@ def run_kind(kind):
             opt.step()
             opt.zero_grad(set_to_none=True)
         del out, loss
-    torch.cuda.synchronize()
-    gc.collect()
-    why = load_why()
-    site = f"leak_holders.py:{leak_line(kind)}"
-    holders = why.why(site=site)
-    return {
-        "kind": kind,
-        "site": site,
-        "holders": [h.to_dict() for h in holders],
-        "text": [str(h) for h in holders],
-        # Still held here, as a training script would hold them.
-        "held": [type(total_loss).__name__, len(history)],
-    }
+    # Still held here, as a training script would hold them.
+    return {**search(torch, kind), "held": [type(total_loss).__name__, len(history)]}
 
 
 # What each kind's first holder must name (a substring of its text).

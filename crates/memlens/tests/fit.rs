@@ -60,6 +60,17 @@ fn fit_workload(w: &str, opts: &FitOptions) -> memlens::fit::FitReport {
     fit_probes_at(w, [2, 4], opts)
 }
 
+/// The prediction at batch `n` from workload `w`'s probes at `batches`.
+fn predicted_at(w: &str, batches: [u32; 2], n: u32) -> memlens::fit::Prediction {
+    let opts = FitOptions {
+        batch: Some(n),
+        ..FitOptions::default()
+    };
+    fit_probes_at(w, batches, &opts)
+        .predicted
+        .expect("a prediction")
+}
+
 /// The workloads whose reserved peaks the model gets within 3%.
 const WORKLOADS: [&str; 4] = ["gpt", "hf_gpt2", "resnet_amp", "t5"];
 
@@ -71,11 +82,7 @@ fn batch_predictions_from_two_probes_are_within_three_percent_of_the_gpu() {
         assert_eq!(measured.len(), 3, "{w}");
         for (batch, m) in measured {
             let n: u32 = batch.parse().expect("batch");
-            let opts = FitOptions {
-                batch: Some(n),
-                ..FitOptions::default()
-            };
-            let p = fit_workload(w, &opts).predicted.expect("a prediction");
+            let p = predicted_at(w, [2, 4], n);
             let want = m["max_reserved"].as_u64().expect("reserved") as f64;
             let err = p.peak_reserved_bytes as f64 / want - 1.0;
             assert!(err.abs() <= 0.03, "{w} batch {n}: {err:+.3}");
@@ -115,11 +122,7 @@ fn the_vit_allocated_peak_is_within_two_percent() {
         .expect("measured")
     {
         let n: u32 = batch.parse().expect("batch");
-        let opts = FitOptions {
-            batch: Some(n),
-            ..FitOptions::default()
-        };
-        let p = fit_workload("vit", &opts).predicted.expect("a prediction");
+        let p = predicted_at("vit", [2, 4], n);
         let want = m["max_allocated"].as_u64().expect("allocated") as f64;
         let err = p.peak_allocated_bytes as f64 / want - 1.0;
         assert!(err.abs() <= 0.02, "vit batch {n}: {err:+.3}");
@@ -135,11 +138,7 @@ fn at_a_probed_batch_the_prediction_is_what_the_gpu_measured() {
     let t = truth();
     for w in WORKLOADS.into_iter().chain(["vit"]) {
         for n in [2u32, 4] {
-            let opts = FitOptions {
-                batch: Some(n),
-                ..FitOptions::default()
-            };
-            let p = fit_workload(w, &opts).predicted.expect("a prediction");
+            let p = predicted_at(w, [2, 4], n);
             let gpu = &t["workloads"][w]["probes"][n.to_string()];
             assert_eq!(
                 Some(p.peak_reserved_bytes),
@@ -151,13 +150,7 @@ fn at_a_probed_batch_the_prediction_is_what_the_gpu_measured() {
     let text = std::fs::read_to_string(corpus().join("vit_large_probes.json")).expect("truth");
     let large: serde_json::Value = serde_json::from_str(&text).expect("JSON");
     for n in [16u32, 32] {
-        let opts = FitOptions {
-            batch: Some(n),
-            ..FitOptions::default()
-        };
-        let p = fit_probes_at("vit", [16, 32], &opts)
-            .predicted
-            .expect("a prediction");
+        let p = predicted_at("vit", [16, 32], n);
         let gpu = &large[n.to_string()];
         assert_eq!(
             Some(p.peak_reserved_bytes),

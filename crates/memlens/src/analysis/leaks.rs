@@ -454,9 +454,7 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         method = Some(st.method);
         loop_function = st.loop_function.clone();
         steps_found = steps_found.max(st.len());
-        let (sites, mut points) = live_by_site_at_steps(an, ti);
-        // The last point is the first OOM's (see there).
-        let at_end = points.pop().unwrap_or_default();
+        let (sites, points, at_oom) = live_by_site_at_steps(an, ti);
         // Point 0 is the end of step 1: what step 1 initialised is the baseline.
         if points.len() < 2 {
             continue;
@@ -472,7 +470,11 @@ pub fn within_analysed(an: &Analysed) -> LeakReport {
         ids.sort_by(|a, b| sites[*a as usize].cmp(&sites[*b as usize]));
         leaks.extend(
             ids.into_iter()
-                .filter(|id| !released_by_end(*id, &points, &at_end))
+                // By the first OOM, or else by the last step's end.
+                .filter(|id| {
+                    let end = at_oom.as_ref().or(points.last());
+                    !end.is_some_and(|end| released_by_end(*id, &points, end))
+                })
                 .filter_map(|id| leak_of_site(an, ti, &sites[id as usize], id, &points)),
         );
     }
@@ -504,11 +506,13 @@ fn released_by_end(id: u32, points: &[StepPoint], at_end: &StepPoint) -> bool {
 /// the newest block's `alloc` event), by site number.
 type StepPoint = hashbrown::HashMap<u32, (u64, u64, StackId, u32)>;
 
-/// The sites of trace `ti`'s allocations, numbered, and each one's live
-/// bytes at the end of every complete step, then at the first OOM (the
-/// last point; the last step's end again when there is none, or when the
-/// OOM comes before it).
-fn live_by_site_at_steps(an: &Analysed, ti: usize) -> (Vec<Site>, Vec<StepPoint>) {
+/// The sites of trace `ti`'s allocations, numbered, each one's live bytes
+/// at the end of every complete step, and at the first OOM when it comes
+/// after the last step's end.
+fn live_by_site_at_steps(
+    an: &Analysed,
+    ti: usize,
+) -> (Vec<Site>, Vec<StepPoint>, Option<StepPoint>) {
     let trace = &an.snap.traces[ti];
     let facts = &an.traces[ti];
     let st = &facts.steps;
@@ -530,11 +534,13 @@ fn live_by_site_at_steps(an: &Analysed, ti: usize) -> (Vec<Site>, Vec<StepPoint>
         .events
         .iter()
         .position(|e| e.action == crate::snapshot::Action::Oom);
-    match (oom, cuts.last().copied()) {
-        (Some(end), last) if last.is_none_or(|c| c < end) => cuts.push(end),
-        (_, Some(last)) => cuts.push(last),
-        (_, None) => cuts.push(0),
-    }
+    let oom_point = match oom {
+        Some(end) if cuts.last().is_none_or(|&c| c < end) => {
+            cuts.push(end);
+            true
+        }
+        _ => false,
+    };
     // Sites are numbered once each (a block alive across many steps
     // would otherwise clone and hash its site at every one), and built
     // once per distinct key: an allocation costs a small key's lookup,
@@ -580,7 +586,8 @@ fn live_by_site_at_steps(an: &Analysed, ti: usize) -> (Vec<Site>, Vec<StepPoint>
             v.3 = v.3.max(i as u32);
         }
     }
-    (sites, points)
+    let at_oom = if oom_point { points.pop() } else { None };
+    (sites, points, at_oom)
 }
 
 /// The leak candidate of site `key` (number `id`) of trace `ti`, when its
