@@ -56,6 +56,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
+import json
 import os
 import pickle
 import sys
@@ -254,6 +255,9 @@ class Recorder:
         self.leak_sites: List[Dict[str, Any]] = []
         #: What keeps the growing sites' memory alive, by site (memlens.why).
         self.leak_holders: Dict[str, List[str]] = {}
+        # The same holders as JSON-ready dicts, written beside every snapshot
+        # dumped after the alarm (HOLDERS_SUFFIX) for `memlens leaks`/`doctor`.
+        self._holder_records: Dict[str, List[Dict[str, Any]]] = {}
         self.ooms = 0
         self._torch: Any = None
         self._publisher: Optional[Publisher] = None
@@ -431,6 +435,8 @@ class Recorder:
             snapshot = self._stitched(snapshot)
         with _gc_paused():
             _write_snapshot(snapshot, path)
+        if self._holder_records:
+            write_holders(path, self.steps, self._holder_records)
         self.snapshots.append(path)
         if periodic and cleared:
             self._chunks.append((path, self.steps - self._steps_at_clear))
@@ -572,7 +578,9 @@ class Recorder:
                 return
             self.leak_sites = sites
             self.leak_alarm = leak_alarm_line(rule, sites)
-            self.leak_holders = holders_of_sites(sites[:LEAK_HOLDER_SITES])
+            found = holders_of_sites(sites[:LEAK_HOLDER_SITES])
+            self.leak_holders = {site: [str(h) for h in hs] for site, hs in found.items()}
+            self._holder_records = {site: [h.to_dict() for h in hs] for site, hs in found.items()}
             warnings.warn(
                 leak_message(rule, sites, self.steps, self._baseline_step, self.leak_holders),
                 LeakWarning,
@@ -628,26 +636,53 @@ def _where(row: Dict[str, Any]) -> str:
 LEAK_HOLDER_SITES = 2
 
 
-def holders_of_sites(sites: List[Dict[str, Any]]) -> Dict[str, List[str]]:
+def holders_of_sites(sites: List[Dict[str, Any]]) -> Dict[str, List[Any]]:
     """What keeps each site's memory alive, by site, as :func:`memlens.why`
     names it (a module attribute, a global, a local, a closure, an autograd
-    graph...): the holders' one-line texts, largest first, at most three a
-    site. The search reads only live objects, keeps nothing alive and takes
-    well under a second on a million objects; a search that fails (no
+    graph...): its :class:`memlens.Holder` objects, largest first, at most
+    three a site. The search reads only live objects, keeps nothing alive and
+    takes well under a second on a million objects; a search that fails (no
     allocator history, an unusual object) costs the alarm only its holder
     line, never the training run."""
     from ._why import why
 
-    found: Dict[str, List[str]] = {}
+    found: Dict[str, List[Any]] = {}
     for row in sites:
         site = str(row.get("site", ""))
         if not site or site.startswith("<"):
             continue  # a pseudo-site (<backward pass>): no line to search from
         try:
-            found[site] = [str(h) for h in why(site=site)[:3]]
+            holders = why(site=site)[:3]
         except Exception:  # noqa: BLE001 - the alarm must not break a run
             continue
+        if holders:
+            found[site] = holders
     return found
+
+
+#: The holders file beside a snapshot: ``<snapshot><HOLDERS_SUFFIX>``, read by
+#: ``memlens leaks``, ``doctor`` and the report (``memlens::holders`` in Rust).
+HOLDERS_SUFFIX = ".holders.json"
+
+#: Its format tag; the Rust reader refuses any other.
+HOLDERS_FORMAT = "memlens-holders/1"
+
+
+def write_holders(snapshot_path: str, step: int, records: Dict[str, List[Dict[str, Any]]]) -> str:
+    """Writes what holds each site (``Holder.to_dict()`` lists by ``file:line``
+    site) beside the snapshot at ``snapshot_path``, through a temporary file so
+    a reader never sees half of it; returns the file's path. A write that
+    fails (a full disk) warns and costs only the holders file."""
+    path = snapshot_path + HOLDERS_SUFFIX
+    doc = {"format": HOLDERS_FORMAT, "step": int(step), "sites": records}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        _warn_once("holders-write", f"memlens: the leak holders were not written beside {snapshot_path}: {e}")
+    return path
 
 
 def leak_message(

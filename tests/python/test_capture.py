@@ -442,6 +442,46 @@ def test_leak_alarm_names_the_site_that_grows(gpu, tmp_path):
         assert read_live(tmp_path)["leak_alarm"] == rec.leak_alarm
 
 
+def test_the_holders_are_written_beside_the_snapshot_and_read_by_leaks(gpu, tmp_path, monkeypatch, memlens_exe):
+    """Issue 32: what the alarm found holding a site goes beside every
+    snapshot dumped after it (``<snapshot>.holders.json``), and `memlens
+    leaks` (the CLI and ``memlens.load().leaks()``) shows it."""
+    import json
+    import subprocess
+
+    import memlens._why as why_module
+
+    held = memlens.Holder(kind="global", path="train.kept", tensors=5, bytes=20 * MIB, via=("list",))
+    asked = []
+
+    def fake_why(site=None, **_k):
+        asked.append(site)
+        return [held]
+
+    monkeypatch.setattr(why_module, "why", fake_why)
+    kept = []
+    with memlens.record(tmp_path / "snaps", every=3) as rec:
+        with pytest.warns(memlens.LeakWarning) as caught:
+            for _ in range(15):
+                kept.append(gpu.alloc(4 * MIB, file="/home/me/train.py", line=42, name="validate"))
+                memlens.step()
+    assert asked == ["/home/me/train.py:42"]
+    # The fake trace has no step markers: the leak is found across the
+    # periodic snapshots; the newest holders file beside them is read.
+    periodic = [p for p in rec.snapshots if ".step" in p]
+    assert "held by train.kept [global]: 5 tensors, 20.0 MiB via list" in str(caught[0].message)
+    final = rec.snapshots[-1]
+    doc = json.loads(open(final + _capture.HOLDERS_SUFFIX).read())
+    assert doc["format"] == "memlens-holders/1"
+    assert doc["sites"] == {"/home/me/train.py:42": [held.to_dict()]}
+    assert os.path.exists(periodic[-1] + _capture.HOLDERS_SUFFIX)
+    assert not os.path.exists(periodic[0] + _capture.HOLDERS_SUFFIX)  # dumped before the alarm
+    out = subprocess.run([memlens_exe, "leaks", *periodic], capture_output=True, text=True, check=True).stdout
+    assert "held by train.kept [global]: 5 tensors, 20.00 MiB via list" in out, out
+    found = memlens.load(periodic[0]).leaks(*periodic[1:])["leaks"]
+    assert found[0]["holders"][0]["path"] == "train.kept", found[0]
+
+
 def test_allocator_noise_that_grows_the_total_is_not_a_leak(gpu, tmp_path):
     # The total allocated grows for many steps in a row, but only because one
     # buffer is replaced by a larger one each step (irregularly, as varying

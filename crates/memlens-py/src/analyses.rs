@@ -61,7 +61,10 @@ pub static ANALYSES: &[Analysis] = &[
                 s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
             let mut report = analysis::leaks::find(&named);
             // The same quotes as `memlens leaks` (roots from MEMLENS_SOURCE_ROOT).
-            report.annotate(&memlens::source::SourceFinder::with_env(Vec::new()));
+            report.annotate(
+                &memlens::source::SourceFinder::with_env(Vec::new()),
+                &memlens::source::RunEvidence::of(&named),
+            );
             doc(&report)
         },
     },

@@ -59,19 +59,40 @@ pub struct Finding {
     pub quote: crate::source::SourceQuote,
 }
 
+/// Each leak's site and its callers (`path`), from the diagnosis and each
+/// of its parts, for [`annotate_findings`].
+pub fn leak_paths(d: &Diagnosis) -> Vec<(String, Vec<String>)> {
+    std::iter::once(&d.leaks)
+        .chain(d.parts.iter().map(|p| &p.diagnosis.leaks))
+        .flat_map(|r| &r.leaks)
+        .map(|l| (l.site.clone(), l.path.clone()))
+        .collect()
+}
+
 /// Fills the source of every finding with a site from the user's files:
-/// the keeper too for a leak.
-pub fn annotate_findings(findings: &mut [Finding], sources: &crate::source::SourceFinder) {
+/// for a leak, its holders and keeper too (from `run`), searched along the
+/// callers the leak at that site has in `leak_paths` (as `memlens leaks`
+/// does).
+pub fn annotate_findings(
+    findings: &mut [Finding],
+    leak_paths: &[(String, Vec<String>)],
+    sources: &crate::source::SourceFinder,
+    run: &crate::source::RunEvidence,
+) {
     for f in findings {
         let Some(site) = f.site.as_deref() else {
             continue;
         };
         f.quote = if f.kind == "leak" {
-            sources.quote_leak(site)
+            let callers = leak_paths
+                .iter()
+                .find(|(s, _)| s == site)
+                .map_or(&[][..], |(_, path)| path.as_slice());
+            sources.quote_leak(site, callers, run)
         } else {
             crate::source::SourceQuote {
                 source: sources.quote(site),
-                keeper: None,
+                ..Default::default()
             }
         };
     }

@@ -31,6 +31,7 @@ pub mod example;
 pub mod export;
 pub mod fit;
 pub mod frames;
+pub mod holders;
 pub mod input;
 pub mod live;
 pub mod oom;

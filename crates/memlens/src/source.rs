@@ -15,12 +15,22 @@
 //! bounds the allocating line's function by indentation, follows the names the
 //! line assigns (and names assigned from them, `loss = out.loss`), and looks
 //! for a statement that stores one where it outlives the step: `.append(x)`,
-//! `d[k] = x`, `self.x = x`, a `global`, `total += x`.
+//! `d[k] = x`, `self.x = x`, a `global`, `total += x`. Only a line that ran is
+//! named ([`RanLines`]): one of the recorded stacks' lines, or one in a
+//! straight run of statements with such a line. A store in a branch that
+//! never ran is not quoted, however well it matches.
+//!
+//! What the text cannot say, the process can: when `memlens.record`'s leak
+//! alarm found what holds a site (a module attribute, a global, a hook...),
+//! the quote carries those holders too ([`crate::holders`]).
 
 mod python;
 
-use python::{enclosing_class, find_keeper, KeptAt};
+use crate::holders::{Holder, HoldersBySite};
+use crate::snapshot::Snapshot;
+use python::{enclosing_class, find_keeper, surely_ran, KeptAt};
 use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
 use std::path::{Component, Path, PathBuf};
 
 /// The environment variable with more search roots (separated like `PATH`).
@@ -95,12 +105,16 @@ pub struct SourceQuote {
     /// For a leak: the line that keeps the tensor alive.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub keeper: Option<Keeper>,
+    /// For a leak: what the process found holding its tensors, largest
+    /// first (from the holders file beside the snapshot).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
 }
 
 impl SourceQuote {
     /// True when nothing was found.
     pub fn is_empty(&self) -> bool {
-        self.source.is_none() && self.keeper.is_none()
+        self.source.is_none() && self.keeper.is_none() && self.holders.is_empty()
     }
 
     /// Lines for the terminal, each indented by `indent`: the allocating line,
@@ -111,6 +125,9 @@ impl SourceQuote {
             o.push_str(&format!("{indent}{}:{}\n", s.path, s.line));
             o.push_str(&format!("{indent}{}\n", s.quote()));
         }
+        for h in &self.holders {
+            o.push_str(&format!("{indent}held by {}\n", h.describe()));
+        }
         if let Some(k) = &self.keeper {
             o.push_str(&format!(
                 "{indent}kept alive by {}:{} (the line to change):\n",
@@ -120,6 +137,63 @@ impl SourceQuote {
             o.push_str(&format!("{indent}      = help: {}\n", k.fix));
         }
         o
+    }
+}
+
+/// The lines of each file that are known to have run: every frame of the
+/// recorded stacks.
+#[derive(Clone, Debug, Default)]
+pub struct RanLines {
+    /// Line numbers (from 1), sorted, by the file as the frames name it.
+    by_file: HashMap<String, Vec<u32>>,
+}
+
+impl RanLines {
+    /// The lines of every frame of `snaps`.
+    pub fn of<'a>(snaps: impl IntoIterator<Item = &'a Snapshot>) -> Self {
+        let mut by_file: HashMap<String, Vec<u32>> = HashMap::new();
+        for snap in snaps {
+            for f in snap.frames.iter().filter(|f| f.line > 0) {
+                let file = snap.str(f.filename);
+                match by_file.get_mut(file) {
+                    Some(lines) => lines.push(f.line),
+                    None => {
+                        by_file.insert(file.to_string(), vec![f.line]);
+                    }
+                }
+            }
+        }
+        for lines in by_file.values_mut() {
+            lines.sort_unstable();
+            lines.dedup();
+        }
+        RanLines { by_file }
+    }
+
+    /// The recorded lines of `file` (from 1, sorted).
+    pub fn lines_of(&self, file: &str) -> &[u32] {
+        self.by_file.get(file).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// What is known about a run beyond its source text, for quoting leaks: the
+/// lines that ran and the holders the process found.
+#[derive(Clone, Debug, Default)]
+pub struct RunEvidence {
+    /// The lines of the recorded stacks.
+    pub ran: RanLines,
+    /// The holders files beside the snapshots.
+    pub holders: HoldersBySite,
+}
+
+impl RunEvidence {
+    /// The evidence of the snapshots `snaps`, each named by its path (its
+    /// holders file is looked for beside it).
+    pub fn of(snaps: &[(String, &Snapshot)]) -> Self {
+        RunEvidence {
+            ran: RanLines::of(snaps.iter().map(|(_, s)| *s)),
+            holders: HoldersBySite::beside(snaps.iter().map(|(name, _)| name.as_str())),
+        }
     }
 }
 
@@ -221,17 +295,50 @@ impl SourceFinder {
         line_at(&path, &lines, n)
     }
 
-    /// The allocating line of a leak and the line that keeps its tensors alive.
-    pub fn quote_leak(&self, site: &str) -> SourceQuote {
-        let Some((file, n)) = split_site(site) else {
-            return SourceQuote::default();
-        };
-        let Some((path, lines)) = self.read(file) else {
-            return SourceQuote::default();
-        };
-        let source = line_at(&path, &lines, n);
-        let keeper = find_keeper(&lines, n as usize - 1).and_then(|k| keeper_at(&path, &lines, k));
-        SourceQuote { source, keeper }
+    /// The allocating line of a leak, what holds its tensors (as the
+    /// process found it) and the line that keeps them alive (one that ran).
+    ///
+    /// `callers` are the user frames that led to `site` (`file:line`, the
+    /// entry script first; a leak's `path`). The keeper is searched at the
+    /// site, then at each caller outward: a leak allocated inside a model's
+    /// `forward` is usually kept by the loop that called the model
+    /// (`outputs.append(model(x))`), since keeping the output keeps the
+    /// activations its graph saved.
+    pub fn quote_leak(&self, site: &str, callers: &[String], run: &RunEvidence) -> SourceQuote {
+        let holders = run.holders.of(site).to_vec();
+        let source = self.quote(site);
+        let outward = std::iter::once(site).chain(
+            callers
+                .iter()
+                .rev()
+                .map(String::as_str)
+                .filter(|c| *c != site),
+        );
+        let keeper = outward
+            .filter_map(split_site)
+            .find_map(|(file, n)| self.keeper_of(file, n, run));
+        SourceQuote {
+            source,
+            keeper,
+            holders,
+        }
+    }
+
+    /// The line that keeps the value made at line `n` of `file` alive, when
+    /// the file is readable and such a line surely ran.
+    fn keeper_of(&self, file: &str, n: u32, run: &RunEvidence) -> Option<Keeper> {
+        let (path, lines) = self.read(file)?;
+        let at = (n as usize).checked_sub(1)?;
+        // Line `n` ran; so did every recorded line of its file.
+        let recorded: Vec<usize> = run
+            .ran
+            .lines_of(file)
+            .iter()
+            .filter_map(|l| (*l as usize).checked_sub(1))
+            .chain([at])
+            .collect();
+        let kept = find_keeper(&lines, at, |j| surely_ran(&lines, &recorded, j))?;
+        keeper_at(&path, &lines, kept)
     }
 }
 

@@ -108,6 +108,8 @@ fn sample() -> ReportData {
                 bytes_per_step: 100 << 20,
                 confidence: "high".into(),
                 suggestion: None,
+                held_by: vec!["model.cache [module]: 3 tensors, 3.00 GiB via list".into()],
+                kept_by: Some("model.py:43: self.cache.append(x)".into()),
             }],
         }),
         tune: Some(Tune {

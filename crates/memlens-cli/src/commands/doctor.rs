@@ -81,6 +81,12 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         super::load_all_for_peak(&args.snapshots)?
     };
     let snaps = &read.snaps;
+    // The holders files beside the snapshots are read again by the
+    // diagnosis; a bad one is said here, once, and costs only its holders.
+    let holders = memlens::holders::HoldersBySite::beside(snaps.iter().map(|(n, _)| n.as_str()));
+    for w in &holders.warnings {
+        pb.suspend(|| eprintln!("memlens: warning: {w}"));
+    }
     pb.set_message("replaying and diagnosing");
     let opts = DoctorOptions {
         device_memory: args.device_memory,

@@ -3,7 +3,7 @@
 use crate::output;
 use memlens::analysis::leaks::find;
 use memlens::render;
-use memlens::source::SourceFinder;
+use memlens::source::{RunEvidence, SourceFinder};
 use std::path::PathBuf;
 
 /// Arguments of `memlens leaks`.
@@ -30,8 +30,13 @@ pub struct Args {
 /// Runs `memlens leaks`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snaps = super::load_all(&args.snapshots)?;
-    let mut report = find(&super::named(&snaps));
-    report.annotate(&SourceFinder::with_env(args.source_root));
+    let named = super::named(&snaps);
+    let mut report = find(&named);
+    let run = RunEvidence::of(&named);
+    for w in &run.holders.warnings {
+        eprintln!("memlens: warning: {w}");
+    }
+    report.annotate(&SourceFinder::with_env(args.source_root), &run);
     output::print(&report, args.json, render::leaks::text)?;
     Ok(if args.fail_on_leak && report.has_high_confidence() {
         output::CHECK_FAILED

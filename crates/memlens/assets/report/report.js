@@ -187,6 +187,13 @@
       if (f.suggestion) card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Fix: ' }), richText(f.suggestion)]));
       // The user's own lines, when memlens could read the source (--source-root).
       if (f.source) card.appendChild(sourceBlock(f.source, 'allocated at'));
+      // What the process found holding the tensors (memlens.record's holders file).
+      (f.holders || []).forEach(function (h) {
+        var text = h.path + ' [' + h.kind + ']' + (h.where ? ' at ' + h.where : '') + ': ' +
+          (h.bytes ? h.tensors + ' tensors, ' + fmtBytes(h.bytes) : h.tensors + ' objects') +
+          (h.via && h.via.length ? ' via ' + h.via.join(' -> ') : '') + (h.root ? '; reached from ' + h.root : '');
+        card.appendChild(el('div', { class: 'fix held' }, [el('b', { text: 'Held by: ' }), el('code', { text: text })]));
+      });
       if (f.keeper) {
         card.appendChild(sourceBlock(f.keeper.line, 'kept alive by (the line to change)'));
         card.appendChild(el('div', { class: 'fix' }, [el('b', { text: 'Change it: ' }), richText(f.keeper.fix)]));
@@ -875,6 +882,9 @@
           s.confidence ? ' · confidence ' + s.confidence : null]),
         chart]);
       if (s.suggestion) card.appendChild(el('div', { class: 'small', style: 'margin-top:4px' }, [el('b', { text: 'Fix: ' }), richText(s.suggestion)]));
+      // What the process found holding it (memlens.record's holders file), and the line that keeps it.
+      (s.held_by || []).forEach(function (h) { card.appendChild(el('div', { class: 'small held' }, [el('b', { text: 'Held by: ' }), el('code', { text: h })])); });
+      if (s.kept_by) card.appendChild(el('div', { class: 'small' }, [el('b', { text: 'Kept alive by: ' }), el('code', { text: s.kept_by })]));
       if (s.stack && s.stack.length) card.appendChild(el('details', null, [el('summary', { text: 'stack' }), stackBlock(s.stack)]));
       grid.appendChild(card);
       var xs = (s.bytes || []).map(function (_, i) { return i; });

@@ -429,10 +429,15 @@ pub fn within_trace(snap: &Snapshot) -> LeakReport {
 }
 
 impl LeakReport {
-    /// Fills `source` and `keeper` on every leak from the user's files.
-    pub fn annotate(&mut self, sources: &crate::source::SourceFinder) {
+    /// Fills `source`, `keeper` and `holders` on every leak from the
+    /// user's files and what the run left beside its snapshots (`run`).
+    pub fn annotate(
+        &mut self,
+        sources: &crate::source::SourceFinder,
+        run: &crate::source::RunEvidence,
+    ) {
         for l in &mut self.leaks {
-            l.quote = sources.quote_leak(&l.site);
+            l.quote = sources.quote_leak(&l.site, &l.path, run);
         }
     }
 }

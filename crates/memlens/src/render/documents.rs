@@ -160,8 +160,13 @@ pub fn doctor_doc_in<'s>(
 ) -> Result<DoctorDoc> {
     let mut diagnosis = crate::doctor::diagnose_inputs_in(set, snaps, opts);
     let sources = crate::source::SourceFinder::with_env(opts.source_roots.clone());
-    crate::doctor::annotate_findings(&mut diagnosis.findings, &sources);
-    diagnosis.leaks.annotate(&sources);
+    let run = crate::source::RunEvidence::of(snaps);
+    diagnosis.leaks.annotate(&sources, &run);
+    for part in &mut diagnosis.parts {
+        part.diagnosis.leaks.annotate(&sources, &run);
+    }
+    let leak_paths = crate::doctor::leak_paths(&diagnosis);
+    crate::doctor::annotate_findings(&mut diagnosis.findings, &leak_paths, &sources, &run);
     let report = match report {
         Some(path) => {
             crate::report::write_report_in(set, snaps, &diagnosis, path)?;

@@ -314,6 +314,12 @@ fn leaks(d: &Diagnosis) -> Option<Leaks> {
             }
             .into(),
             suggestion: Some(l.suggestion.clone()),
+            held_by: l.quote.holders.iter().map(|h| h.describe()).collect(),
+            kept_by: l
+                .quote
+                .keeper
+                .as_ref()
+                .map(|k| format!("{}:{}: {}", k.line.path, k.line.line, k.line.text.trim())),
         })
         .collect();
     if sites.is_empty() {

@@ -439,6 +439,13 @@ pub struct LeakSite {
     pub confidence: String,
     /// What to do about it.
     pub suggestion: Option<String>,
+    /// What the process found holding the site's tensors, one line each
+    /// (`model.cache [module]: 1,024 tensors, 2.00 GiB`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held_by: Vec<String>,
+    /// The line that keeps them alive, as `file:line: statement`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_by: Option<String>,
 }
 
 /// The `memlens tune` table: allocator settings simulated and ranked.

@@ -42,7 +42,13 @@ const SAFE_CALLS: &[&str] = &[
 /// The line that keeps the result of line `alloc` (from 0) alive, searched in
 /// the same function: the allocating statement itself, then the lines after
 /// it, then those before it (in a loop they see the previous iteration's value).
-pub(super) fn find_keeper(lines: &[String], alloc: usize) -> Option<KeptAt> {
+/// Only a line for which `ran` holds is named: a store in a branch that never
+/// ran keeps nothing, and quoting it would send the user to the wrong line.
+pub(super) fn find_keeper(
+    lines: &[String],
+    alloc: usize,
+    ran: impl Fn(usize) -> bool,
+) -> Option<KeptAt> {
     let first = lines.get(alloc)?;
     let f = Function::around(lines, alloc);
     let globals = f.globals(lines);
@@ -75,24 +81,79 @@ pub(super) fn find_keeper(lines: &[String], alloc: usize) -> Option<KeptAt> {
                 continue;
             }
             if let Some(pattern) = store_kind(&a, &globals) {
-                return Some(f.kept_at(lines, j, pattern, rhs, stmt));
+                if ran(j) {
+                    return Some(f.kept_at(lines, j, pattern, rhs, stmt));
+                }
+                continue;
             }
             let names = assigned_names(a.lhs);
+            if names.iter().any(|n| tracked.contains(n)) && !derives(rhs, &tracked) {
+                // `x = x + self.mlp(x)`, `x = block(x)`: the tracked name now
+                // holds a new tensor made from the old one; the name keeps
+                // nothing past this line (and a layer's residual is not an
+                // accumulation). Stop following it.
+                tracked.retain(|t| !names.contains(t));
+                if tracked.is_empty() {
+                    return None;
+                }
+                continue;
+            }
             if names.len() == 1 && mentions(rhs, &names[0]) && !derives(rhs, &tracked) {
                 // `total = total + loss`: an accumulation spelled out.
-                return Some(f.kept_at(lines, j, KeepPattern::AugmentedAssign, rhs, stmt));
+                if ran(j) {
+                    return Some(f.kept_at(lines, j, KeepPattern::AugmentedAssign, rhs, stmt));
+                }
+                continue;
             }
-            if derives(rhs, &tracked) {
-                // `loss = out.loss`: follow the new name too.
-                tracked.extend(names);
-            }
+            // `loss = out.loss` names a part of it; `loss = loss_fn(logits, y)`
+            // a tensor whose autograd graph keeps it. Follow the new name too.
+            tracked.extend(names);
         } else if let Some((_, arg)) = container_call(stmt) {
-            if holds_tracked(arg, &tracked) {
+            if holds_tracked(arg, &tracked) && ran(j) {
                 return Some(f.kept_at(lines, j, KeepPattern::Append, arg, stmt));
             }
         }
     }
     None
+}
+
+/// Statements after which the rest of a block may not run.
+const EXITS: &[&str] = &["return", "break", "continue", "raise"];
+
+/// Whether line `k` (from 0) surely ran, given lines known to have run
+/// (`recorded`, from 0: the lines of the recorded stacks). It is one of them,
+/// or it lies in one straight run of statements with one: the same
+/// indentation, nothing between them less indented (that would be another
+/// block: an `else:`, the end of a loop), and, when `k` comes after the
+/// recorded line, no `return`, `break`, `continue` or `raise` between them at
+/// any depth (an exit in an `if` may have skipped it every time).
+pub(super) fn surely_ran(lines: &[String], recorded: &[usize], k: usize) -> bool {
+    if recorded.contains(&k) {
+        return true;
+    }
+    let Some(line) = lines.get(k) else {
+        return false;
+    };
+    let level = indent(line);
+    recorded.iter().any(|&r| {
+        let Some(other) = lines.get(r) else {
+            return false;
+        };
+        if indent(other) != level || code(other).trim().is_empty() {
+            return false;
+        }
+        let (from, to) = (r.min(k), r.max(k));
+        lines[from + 1..to].iter().all(|l| {
+            let stmt = code(l).trim();
+            if stmt.is_empty() {
+                return true;
+            }
+            let exits = EXITS
+                .iter()
+                .any(|e| stmt == *e || stmt.starts_with(&format!("{e} ")));
+            indent(l) >= level && !(r < k && exits)
+        })
+    })
 }
 
 /// The function holding a line, bounded by indentation.
@@ -578,7 +639,7 @@ mod tests {
     }
 
     fn keeper(text: &str, alloc_line: usize) -> Option<KeptAt> {
-        find_keeper(&lines(text), alloc_line - 1)
+        find_keeper(&lines(text), alloc_line - 1, |_| true)
     }
 
     #[test]
@@ -777,5 +838,115 @@ def other(y):
     kept.append(y)
 ";
         assert!(keeper(src, 2).is_none());
+    }
+
+    /// Issue 32: the planted forward-hook leak quoted `kept_outputs.append(outputs)`,
+    /// a line in an `if` branch that never ran. Only a line the recorded
+    /// stacks show ran, or one in a straight run with such a line, is named.
+    #[test]
+    fn a_store_in_a_branch_that_never_ran_is_not_the_keeper() {
+        let src = "\
+def step(model, x, keep):
+    outputs = model(x)
+    if keep:
+        kept_outputs.append(outputs)
+    cache.append(outputs)
+";
+        let text = lines(src);
+        let ran = |j| surely_ran(&text, &[1], j);
+        let k = find_keeper(&text, 1, ran).unwrap();
+        assert_eq!(k.index, 4, "the unconditional store, not the branch's");
+        assert!(!surely_ran(&text, &[1], 3));
+        assert!(surely_ran(&text, &[1], 4));
+        // The branch's store is named when the stacks show the branch ran.
+        assert!(surely_ran(&text, &[1, 3], 3));
+        let only_branch = "\
+def step(model, x, keep):
+    outputs = model(x)
+    if keep:
+        kept_outputs.append(outputs)
+";
+        let text = lines(only_branch);
+        assert!(find_keeper(&text, 1, |j| surely_ran(&text, &[1], j)).is_none());
+    }
+
+    #[test]
+    fn straight_runs_end_at_other_blocks_and_exits() {
+        let src = "\
+def f(xs):
+    for x in xs:
+        y = g(x)
+        if x:
+            continue
+        kept.append(y)
+    else:
+        other.append(y)
+    done.append(y)
+";
+        let text = lines(src);
+        // After an exit (even one inside an `if`): not sure.
+        assert!(!surely_ran(&text, &[2], 5));
+        // Another block (the loop's `else:`), or a different depth: not sure.
+        assert!(!surely_ran(&text, &[2], 7));
+        assert!(!surely_ran(&text, &[2], 8));
+        // Before the recorded line in its block: it ran on the way there.
+        let before = "\
+def f(xs):
+    for x in xs:
+        kept.append(y)
+        if x:
+            continue
+        y = g(x)
+";
+        let text = lines(before);
+        assert!(surely_ran(&text, &[5], 2));
+    }
+
+    /// The corpus's GPT: a residual (`x = x + self.mlp(x)`), a layer applied
+    /// in a loop (`x = block(x)`) and a softmax over itself were named as
+    /// accumulations that keep the tensor. A name given a new tensor made
+    /// from its old one keeps nothing.
+    #[test]
+    fn a_name_rebound_to_a_new_tensor_keeps_nothing() {
+        let src = "\
+def forward(self, x):
+    x = x + self.attn(self.ln1(x))
+    x = x + self.mlp(self.ln2(x))
+    return x
+";
+        assert!(keeper(src, 2).is_none());
+        assert!(keeper(src, 3).is_none());
+        let src = "\
+def forward(self, idx):
+    x = self.tok(idx) + self.pos(idx)
+    for block in self.blocks:
+        x = block(x)
+    return self.head(x)
+";
+        assert!(keeper(src, 2).is_none());
+        // An accumulator that is another name still keeps it.
+        let src = "\
+def train(model, xs):
+    for x in xs:
+        loss = model(x)
+        total = total + loss
+";
+        let k = keeper(src, 3).unwrap();
+        assert_eq!((k.index, k.pattern), (3, KeepPattern::AugmentedAssign));
+    }
+
+    /// The corpus's `leak_losses`: the leak is allocated in the model, the
+    /// loss made from its output is what the loop keeps.
+    #[test]
+    fn follows_a_value_made_from_the_tracked_one() {
+        let src = "\
+def losses_loop(model, opt):
+    logits = model(x)
+    loss = loss_fn(logits, y)
+    loss.backward(retain_graph=True)
+    losses.append(loss)
+";
+        let k = keeper(src, 2).unwrap();
+        assert_eq!((k.index, k.kept.as_str()), (4, "loss"));
     }
 }
