@@ -132,6 +132,12 @@ def check_leak(out: str) -> None:
     # What keeps it: the list `kept`, a local of this function (memlens.why).
     report("held by check_leak() local 'kept'" in text, "leak.names_the_holder",
            f"holders {rec.leak_holders}")
+    # The same holder beside the final snapshot, shown by `memlens leaks`.
+    final = rec.snapshots[-1] if rec.snapshots else ""
+    sidecar = final + ".holders.json"
+    p = subprocess.run([sys.executable, "-m", "memlens", "leaks", final], capture_output=True, text=True)
+    report(os.path.exists(sidecar) and "held by check_leak() local 'kept'" in p.stdout,
+           "leak.cli_shows_the_holder", f"sidecar {os.path.exists(sidecar)}; rc {p.returncode}; {p.stdout[-600:]!r}")
 
 
 def check_oom(out: str) -> None:

@@ -71,81 +71,24 @@ def search(torch, kind):
     }
 
 
-def run_framework_kind(kind):
-    """The leaks of a training loop run by a framework: a LightningModule that
-    keeps its training_step outputs on itself, and a Hugging Face Trainer
-    whose compute_loss keeps the logits on the trainer."""
+def remember(t, _seen=[]):  # noqa: B006 - the mistake planted by closure_default
+    _seen.append(t)
+
+
+total_loss = 0
+
+
+def step_with_exception(x):
+    big = x.repeat(4, 1)  # LEAK last_traceback
+    raise ValueError(f"bad batch of {big.shape[0]}")
+
+
+def prepare(kind, model):
+    """The model as `kind` needs it: wrapped in a module that caches its
+    outputs, or with a forward hook that keeps them in a global."""
     import torch
 
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
     nn = torch.nn
-    data = torch.utils.data.TensorDataset(torch.randn(STEPS * 64, 1024))
-    if kind == "lightning_outputs":
-        import lightning.pytorch as pl
-
-        class Module(pl.LightningModule):
-            def __init__(self):
-                super().__init__()
-                self.net = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
-                self.step_outputs = []
-
-            def training_step(self, batch, _):
-                out = self.net(batch[0])  # LEAK lightning_outputs
-                self.step_outputs.append(out.detach())
-                return out.float().pow(2).mean()
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.01)
-
-        module = Module()
-        trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=STEPS, logger=False,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False)
-        trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=64))
-    else:  # hf_trainer_logits
-        from transformers import Trainer, TrainingArguments
-
-        class Net(nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.net = nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
-
-            def forward(self, x):
-                return self.net(x)
-
-        class KeepingTrainer(Trainer):
-            kept_logits = []
-
-            def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
-                out = model(inputs["x"])  # LEAK hf_trainer_logits
-                self.kept_logits.append(out.detach())
-                return out.float().pow(2).mean()
-
-        class Rows(torch.utils.data.Dataset):
-            def __len__(self):
-                return STEPS * 64
-
-            def __getitem__(self, i):
-                return {"x": data[i][0]}
-
-        args = TrainingArguments(output_dir="/tmp/hf-leak", max_steps=STEPS,
-                                 per_device_train_batch_size=64, report_to=[],
-                                 save_strategy="no", logging_strategy="no",
-                                 remove_unused_columns=False, disable_tqdm=True)
-        trainer = KeepingTrainer(model=Net().cuda(), args=args, train_dataset=Rows())
-        trainer.train()
-    return search(torch, kind)
-
-
-def run_kind(kind):
-    if kind in ("lightning_outputs", "hf_trainer_logits"):
-        return run_framework_kind(kind)
-    import torch
-
-    torch.cuda.memory._record_memory_history(max_entries=200_000)
-    model, opt = model_and_data(torch)
-    nn = torch.nn
-
     if kind == "module_list":
         class Cached(nn.Module):
             def __init__(self, inner):
@@ -158,66 +101,155 @@ def run_kind(kind):
                 self.cache.append(y)
                 return y
 
-        model = Cached(model)
-        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        return Cached(model)
     if kind == "hook_global":
         def keep(module, inputs, output):
             kept_outputs.append(output.detach())
 
         model[1].register_forward_hook(keep)
+    return model
+
+
+def plant(kind, model, x, step, owner):
+    """One step's forward, keeping memory the way `kind` does by mistake; the
+    loss to train on. The same code runs in a plain loop, in a Lightning
+    `training_step` and in a Hugging Face Trainer's `compute_loss` (`owner`
+    is the loop's object: the LightningModule, the Trainer, or a plain one)."""
+    global total_loss
+    if kind == "hook_global":
+        out = model(x)  # LEAK hook_global
+    elif kind == "metrics_dict":
+        out = model(x)  # LEAK metrics_dict
+        metrics[step] = out.detach()
+    elif kind == "closure_default":
+        out = model(x)
+        remember(out.detach() * 1)  # LEAK closure_default
+    elif kind == "callback_lambdas":
+        out = model(x)
+        feat = out.detach() * 2  # LEAK callback_lambdas
+        callbacks.append(lambda: feat.mean())
+    elif kind == "autograd_total":
+        out = model(x)
+        # An evaluation pass without no_grad, its loss added up as a tensor:
+        # every step's graph and the activations it saved stay alive.
+        val = model(x * 0.5)  # LEAK autograd_total
+        total_loss = total_loss + val.float().pow(2).mean()
+    elif kind == "step_outputs":
+        out = model(x)  # LEAK step_outputs
+        owner.step_outputs.append(out.detach())
+    elif kind == "last_traceback":
+        out = model(x)
+        if step == 0:
+            try:
+                step_with_exception(x)
+            except ValueError as e:
+                sys.last_traceback = e.__traceback__
+    else:  # clean, and module_list (its line is in Cached.forward)
+        out = model(x)  # LEAK clean
+    return out.float().pow(2).mean()
+
+
+class Owner:
+    """The plain loop's object (what a LightningModule or Trainer is to theirs)."""
+
+    def __init__(self):
+        self.step_outputs = []
+
+
+def net(torch):
+    nn = torch.nn
+    return nn.Sequential(nn.Linear(1024, 4096), nn.GELU(), nn.Linear(4096, 1024))
+
+
+def run_plain(kind, torch):
+    model = prepare(kind, net(torch)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    owner = Owner()
     history = []
-    total_loss = 0
-
-    def step_with_exception(x):
-        big = x.repeat(4, 1)  # LEAK last_traceback
-        raise ValueError(f"bad batch of {big.shape[0]}")
-
     for step in range(STEPS):
         x = torch.randn(256, 1024, device="cuda")
-        if kind == "hook_global":
-            out = model(x)  # LEAK hook_global
-        elif kind == "module_list":
-            out = model(x)
-        elif kind == "metrics_dict":
-            out = model(x)  # LEAK metrics_dict
-            metrics[step] = out.detach()
-        elif kind == "closure_default":
-            out = model(x)
-
-            def remember(t, _seen=[]):
-                _seen.append(t)
-
-            remember(out.detach() * 1)  # LEAK closure_default
-        elif kind == "callback_lambdas":
-            out = model(x)
-            feat = out.detach() * 2  # LEAK callback_lambdas
-            callbacks.append(lambda: feat.mean())
-        elif kind == "autograd_total":
-            out = model(x)  # LEAK autograd_total
-        elif kind == "local_history":
+        if kind == "local_history":
             out = model(x)
             history.append(out.detach().clone())  # LEAK local_history
-        elif kind == "last_traceback":
-            out = model(x)
-            if step == 0:
-                try:
-                    step_with_exception(x)
-                except ValueError as e:
-                    sys.last_traceback = e.__traceback__
-        else:  # clean
-            out = model(x)  # LEAK clean
-        loss = out.float().pow(2).mean()
-        if kind == "autograd_total":
-            # An evaluation without no_grad: the loss added up as a tensor
-            # keeps every step's graph and the activations it saved.
-            total_loss += loss
+            loss = out.float().pow(2).mean()
         else:
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        del out, loss
+            loss = plant(kind, model, x, step, owner)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        del loss
     # Still held here, as a training script would hold them.
-    return {**search(torch, kind), "held": [type(total_loss).__name__, len(history)]}
+    return search(torch, kind), len(history)
+
+
+def run_lightning(kind, torch):
+    import lightning.pytorch as pl
+
+    data = torch.utils.data.TensorDataset(torch.randn(STEPS * 256, 1024))
+
+    class Module(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = prepare(kind, net(torch))
+            self.step_outputs = []
+
+        def training_step(self, batch, i):
+            return plant(kind, self.net, batch[0], i, self)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    module = Module()
+    trainer = pl.Trainer(accelerator="gpu", devices=1, max_steps=STEPS, logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(module, torch.utils.data.DataLoader(data, batch_size=256))
+    return search(torch, kind), module
+
+
+def run_hf(kind, torch):
+    from transformers import Trainer, TrainingArguments
+
+    nn = torch.nn
+    data = torch.randn(STEPS * 256, 1024)
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = prepare(kind, net(torch))
+
+        def forward(self, x):
+            return self.net(x)
+
+    class KeepingTrainer(Trainer):
+        step_outputs = []
+
+        def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+            return plant(kind, model.net, inputs["x"], self.state.global_step, self)
+
+    class Rows(torch.utils.data.Dataset):
+        def __len__(self):
+            return STEPS * 256
+
+        def __getitem__(self, i):
+            return {"x": data[i]}
+
+    args = TrainingArguments(output_dir="/tmp/hf-leak", max_steps=STEPS,
+                             per_device_train_batch_size=256, report_to=[],
+                             save_strategy="no", logging_strategy="no",
+                             remove_unused_columns=False, disable_tqdm=True)
+    trainer = KeepingTrainer(model=Net().cuda(), args=args, train_dataset=Rows())
+    trainer.train()
+    return search(torch, kind), trainer
+
+
+def run_kind(kind, loop):
+    import torch
+
+    torch.cuda.memory._record_memory_history(max_entries=200_000)
+    run = {"plain": run_plain, "lightning": run_lightning, "hf": run_hf}[loop]
+    found, _keep_alive = run(kind, torch)
+    return {**found, "loop": loop}
 
 
 # What each kind's first holder must name (a substring of its text).
@@ -228,22 +260,29 @@ EXPECT = {
     "closure_default": "default argument",
     "callback_lambdas": "callbacks",
     "autograd_total": "total_loss",
+    "step_outputs": "step_outputs",
     "local_history": "history",
     "last_traceback": "last_traceback",
-    "lightning_outputs": "step_outputs",
-    "hf_trainer_logits": "kept_logits",
     "clean": None,
 }
+
+#: The loop styles each kind runs in (a local of the loop's frame exists
+#: only in a loop the user wrote).
+LOOPS = ("plain", "lightning", "hf")
+
+
+def loops_of(kind):
+    return ("plain",) if kind == "local_history" else LOOPS
 
 
 def main(kinds):
     rows = []
-    for kind in kinds:
-        p = subprocess.run([sys.executable, __file__, "worker", kind], capture_output=True, text=True)
+    for kind, loop in [(k, lp) for k in kinds for lp in loops_of(k)]:
+        p = subprocess.run([sys.executable, __file__, "worker", kind, loop], capture_output=True, text=True)
         # Frameworks print dicts of their own: the result has a prefix.
         line = next((l for l in p.stdout.splitlines() if l.startswith("RESULT ")), None)
         if line is None:
-            r = {"kind": kind, "error": p.stderr[-1500:]}
+            r = {"kind": kind, "loop": loop, "error": p.stderr[-1500:]}
         else:
             r = json.loads(line[len("RESULT "):])
         want = EXPECT[kind]
@@ -258,17 +297,17 @@ def main(kinds):
         print(json.dumps(r), flush=True)
         rows.append(r)
     print()
-    print("| kind | site | first holder named | expected | held |")
-    print("|---|---|---|---|---|")
+    print("| kind | loop | site | first holder named | expected | right |")
+    print("|---|---|---|---|---|---|")
     for r in rows:
         first = (r.get("text") or ["(none)"])[0] if "error" not in r else "error: " + r["error"][-200:].replace("\n", " ")
-        print(f"| {r['kind']} | {r.get('site', '')} | {first} | {EXPECT[r['kind']] or '(no holder)'} | {'yes' if r['ok'] else 'NO'} |")
+        print(f"| {r['kind']} | {r['loop']} | {r.get('site', '')} | {first} | {EXPECT[r['kind']] or '(no holder)'} | {'yes' if r['ok'] else 'NO'} |")
     held = sum(r["ok"] for r in rows)
     print(f"\n{held} of {len(rows)} named right")
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 2 and sys.argv[1] == "worker":
-        print("RESULT " + json.dumps(run_kind(sys.argv[2])))
+        print("RESULT " + json.dumps(run_kind(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "plain")))
     else:
         main(sys.argv[1].split(",") if len(sys.argv) > 1 else list(EXPECT))
