@@ -323,3 +323,60 @@ fn the_holders_written_beside_the_snapshot_are_shown() {
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("held by"));
 }
+
+/// Issue 32 item 3: memory allocated inside library code (a torchvision
+/// model's `forward`) is found at the user's line that called it, and the
+/// finding names the library line too, in `leaks` (text and JSON).
+#[test]
+fn a_leak_inside_library_code_names_the_library_line_and_the_users() {
+    let dir = tempfile::tempdir().unwrap();
+    let mib = 1u64 << 20;
+    let library = serde_json::json!({
+        "filename": "/usr/lib/python3/site-packages/torchvision/models/resnet.py",
+        "line": 150, "name": "forward"});
+    let user = serde_json::json!({"filename": "/home/u/train.py", "line": 40, "name": "train"});
+    let other = serde_json::json!({"filename": "/home/u/train.py", "line": 30, "name": "train"});
+    let mut paths = Vec::new();
+    for (k, n) in [2u64, 4, 6, 8, 10].into_iter().enumerate() {
+        let mut blocks: Vec<serde_json::Value> = (0..n)
+            .map(|_| {
+                serde_json::json!({"size": 4 * mib, "requested_size": 4 * mib,
+                "state": "active_allocated", "frames": [library, user]})
+            })
+            .collect();
+        blocks.push(
+            serde_json::json!({"size": 8 * mib, "requested_size": 8 * mib,
+            "state": "active_allocated", "frames": [other]}),
+        );
+        let total = (4 * n + 8) * mib;
+        let snap = serde_json::json!({
+            "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total, "stream": 0,
+                "segment_type": "large", "allocated_size": total, "active_size": total,
+                "requested_size": total, "blocks": blocks}],
+            "device_traces": [[]], "allocator_settings": {}});
+        let path = dir.path().join(format!("step{k}.json"));
+        std::fs::write(&path, snap.to_string()).unwrap();
+        paths.push(path.to_string_lossy().into_owned());
+    }
+    let mut args: Vec<&str> = vec!["leaks"];
+    args.extend(paths.iter().map(String::as_str));
+    let out = memlens(&args, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("/home/u/train.py:40 in train"), "{text}");
+    assert!(
+        text.contains("allocated in library code at /usr/lib/python3/site-packages/torchvision/models/resnet.py:150"),
+        "{text}"
+    );
+    assert!(
+        text.contains("reached from your line /home/u/train.py:40"),
+        "{text}"
+    );
+    args.push("--json");
+    let out = memlens(&args, &[]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["leaks"][0]["site"], "/home/u/train.py:40");
+    assert_eq!(
+        v["leaks"][0]["via"],
+        "/usr/lib/python3/site-packages/torchvision/models/resnet.py:150"
+    );
+}

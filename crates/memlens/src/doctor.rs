@@ -358,23 +358,27 @@ fn leak_findings(leaks: &LeakReport) -> Vec<Finding> {
             site: Some(l.site.clone()),
             bytes: Some(l.bytes_per_step),
             suggestion: Some(l.suggestion.clone()),
-            evidence: vec![format!(
-                "live bytes at {}: {}",
-                l.evidence_labels
-                    .first()
-                    .map(String::as_str)
-                    .unwrap_or("each point"),
-                // The ends only: the whole series is in the JSON (`leaks`).
-                match (l.evidence.first(), l.evidence.last()) {
-                    (Some(a), Some(b)) => format!(
-                        "{} -> {} over {} points",
-                        format_bytes(*a),
-                        format_bytes(*b),
-                        l.evidence.len()
-                    ),
-                    _ => "none".to_string(),
-                }
-            )],
+            evidence: l
+                .library_line()
+                .into_iter()
+                .chain([format!(
+                    "live bytes at {}: {}",
+                    l.evidence_labels
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or("each point"),
+                    // The ends only: the whole series is in the JSON (`leaks`).
+                    match (l.evidence.first(), l.evidence.last()) {
+                        (Some(a), Some(b)) => format!(
+                            "{} -> {} over {} points",
+                            format_bytes(*a),
+                            format_bytes(*b),
+                            l.evidence.len()
+                        ),
+                        _ => "none".to_string(),
+                    }
+                )])
+                .collect(),
             stack: l.stack.clone(),
             quote: Default::default(),
         });

@@ -45,6 +45,11 @@ pub struct Leak {
     pub function: String,
     /// The user frames from the entry script down to `site`.
     pub path: Vec<String>,
+    /// The innermost library line the growing allocations were made in,
+    /// below `site` (a leak inside `torchvision` or `transformers` code:
+    /// `site` is then the user's line that reached it), when there is one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub via: Option<String>,
     /// Growth over the evidence, in bytes.
     pub bytes: u64,
     /// Growth per step (per snapshot interval when steps are unknown).
@@ -90,6 +95,17 @@ pub struct LeakReport {
 }
 
 impl Leak {
+    /// Where in library code the memory was allocated, for people:
+    /// `allocated in library code at X, reached from your line Y`.
+    pub fn library_line(&self) -> Option<String> {
+        self.via.as_ref().map(|via| {
+            format!(
+                "allocated in library code at {via}, reached from your line {}",
+                self.site
+            )
+        })
+    }
+
     /// `caller -> site in function`, as every command shows a site.
     pub fn display(&self) -> String {
         Site {
@@ -385,6 +401,7 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             site: site.site.clone(),
             function: site.function.clone(),
             path: site.path.clone(),
+            via: site.via.clone(),
             bytes: growth,
             bytes_per_step: growth / per,
             count,
@@ -652,6 +669,7 @@ fn leak_of_site(
         site: key.site.clone(),
         function: key.function.clone(),
         path: key.path.clone(),
+        via: key.via.clone(),
         bytes: growth,
         bytes_per_step: growth / intervals,
         count,

@@ -26,6 +26,9 @@ pub fn text(r: &LeakReport) -> String {
         );
         let _ = writeln!(o, "\n  {}", clip(&l.display(), MAX_WIDTH - 2));
         let _ = writeln!(o, "    {tail}");
+        if let Some(lib) = l.library_line() {
+            push_wrapped(&mut o, "    ", "      ", &lib);
+        }
         // The full series is in --json; a person reads its ends, slope and shape.
         let _ = writeln!(o, "    live: {}", byte_series(&l.evidence));
         push_wrapped(&mut o, "    fix: ", "         ", &l.suggestion);
