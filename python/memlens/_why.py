@@ -140,7 +140,10 @@ class Holder:
     closure, a default argument). ``root``: how ``path`` itself is reached,
     when the path does not say it (``train() local 'model' (train.py:12)``).
     ``via``: the steps from ``path`` down to the tensors (containers,
-    frames, closure variables).
+    frames, closure variables). ``filled_by``: for a global, the hooks
+    registered on modules whose code stores into it (``forward hook keep
+    (train.py:30) on GELU``): what to remove when the holder is filled by a
+    hook rather than by the line that allocated.
     """
 
     kind: str
@@ -150,11 +153,17 @@ class Holder:
     where: str = ""
     root: str = ""
     via: Tuple[str, ...] = ()
+    filled_by: Tuple[str, ...] = ()
 
     def to_dict(self) -> Dict[str, Any]:
-        """The fields as a JSON-ready dict (``via`` as a list)."""
+        """The fields as a JSON-ready dict (tuples as lists; ``filled_by``
+        only when there is one)."""
         data = asdict(self)
         data["via"] = list(self.via)
+        if self.filled_by:
+            data["filled_by"] = list(self.filled_by)
+        else:
+            del data["filled_by"]
         return data
 
     def __str__(self) -> str:
@@ -169,6 +178,8 @@ class Holder:
             text += " via " + " -> ".join(self.via)
         if self.root:
             text += f"; reached from {self.root}"
+        if self.filled_by:
+            text += "; filled by " + ", ".join(self.filled_by)
         return text
 
 
@@ -214,7 +225,8 @@ def why(
     with _gc_paused():
         targets, saved = _resolve(torch, tensors, site)
         ignore = (id(tensors),) if tensors is not None else ()
-        return holders_of(targets, saved=saved, max_depth=max_depth, limit=limit, ignore_ids=ignore)
+        found = holders_of(targets, saved=saved, max_depth=max_depth, limit=limit, ignore_ids=ignore)
+        return _with_hook_fillers(torch, found)
 
 
 def holders_of(
@@ -244,6 +256,95 @@ def holders_of(
             return search.holders(limit)
         finally:
             search.close()
+
+
+# ---------------------------------------------------------------- hooks that fill a global
+
+#: The hook dicts of an ``nn.Module`` instance, and how each is named.
+_MODULE_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+
+
+def _with_hook_fillers(torch: Any, holders: List[Holder]) -> List[Holder]:
+    """``holders`` with ``filled_by`` set on each global that a module hook
+    stores into: a forward hook appending outputs to ``train.kept`` is the
+    code to change, though the tensors were allocated by the model's layer
+    (and memlens's site is the user's ``model(x)``). A hook counts when its
+    function's module globals are the holder's module and its code names the
+    global. Reads the live modules once, and only when a global was named."""
+    globals_named = [h for h in holders if h.kind == "global" and "." in h.path]
+    if not globals_named:
+        return holders
+    module_type = getattr(getattr(torch, "nn", None), "Module", None)
+    if module_type is None:
+        return holders
+    hooks = _registered_hooks(module_type)
+    if not hooks:
+        return holders
+    out = []
+    for h in holders:
+        fillers: Tuple[str, ...] = ()
+        if h in globals_named:
+            fillers = tuple(_fillers_of(h.path, hooks))
+        out.append(replace(h, filled_by=fillers) if fillers else h)
+    return out
+
+
+def _registered_hooks(module_type: type) -> List[Tuple[str, str, Any]]:
+    """Every hook registered on a live module: (hook label, module class name,
+    the function). A million objects are filtered in C, as for tensors."""
+    every = gc.get_objects()
+    try:
+        kinds = {cls for cls in set(map(type, every)) if _subclass(cls, module_type)}
+        modules = list(itertools.compress(every, map(kinds.__contains__, map(type, every))))
+    finally:
+        every.clear()
+    found = []
+    try:
+        for module in modules:
+            state = _instance_dict(module) or {}
+            for attr in _MODULE_HOOK_DICTS:
+                registered = state.get(attr)
+                if isinstance(registered, dict):
+                    for fn in list(registered.values()):
+                        found.append((_hook_label(attr), type(module).__name__, fn))
+    finally:
+        modules.clear()
+    return found
+
+
+def _fillers_of(path: str, hooks: List[Tuple[str, str, Any]]) -> Iterator[str]:
+    """The hooks whose code stores into the global ``path`` (``train.kept``,
+    a module as :func:`_module_name` names it, then the global's name)."""
+    seen = set()
+    for label, owner, fn in hooks:
+        inner = getattr(fn, "func", fn)  # functools.partial
+        inner = getattr(inner, "__func__", inner)  # a bound method
+        code = getattr(inner, "__code__", None)
+        space = getattr(inner, "__globals__", None)
+        if code is None or not isinstance(space, dict):
+            continue
+        module = sys.modules.get(str(space.get("__name__")))
+        if module is None or getattr(module, "__dict__", None) is not space:
+            continue
+        prefix = _module_name(module) + "."
+        if not path.startswith(prefix):
+            continue
+        name = path[len(prefix):].split(".")[0].split("[")[0]
+        if name not in space or name not in _names_used(code):
+            continue
+        text = f"{label} {_hook_name(fn)} ({_def_site(inner)}) on {owner}"
+        if text not in seen:
+            seen.add(text)
+            yield text
+
+
+def _names_used(code: types.CodeType) -> Set[str]:
+    """The global names a function's code (and the code nested in it) uses."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names |= _names_used(const)
+    return names
 
 
 # ---------------------------------------------------------------- targets (torch)

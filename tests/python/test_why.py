@@ -149,6 +149,35 @@ def test_forward_hook_into_a_global_list():
     assert holders[0].via == ("list of 4 tensors (256 B)",)
 
 
+def keep_output(module, inputs, output):
+    kept_outputs.append(output.detach())
+
+
+def test_the_hook_that_fills_a_global_is_named():
+    """Issue 32 item 3: the tensors were allocated by the model's layer (the
+    user's line is `model(x)`); what to remove is the hook storing them."""
+    kept_outputs.clear()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU())
+    handle = model[1].register_forward_hook(keep_output)
+    try:
+        for _ in range(3):
+            model(torch.randn(2, 8))
+        holders = why(list(kept_outputs))
+        assert [(h.kind, h.path) for h in holders] == [("global", f"{__name__}.kept_outputs")]
+        line = keep_output.__code__.co_firstlineno
+        assert holders[0].filled_by == (f"forward hook keep_output ({HERE}:{line}) on GELU",)
+        assert str(holders[0]).endswith(f"; filled by forward hook keep_output ({HERE}:{line}) on GELU")
+        assert holders[0].to_dict()["filled_by"] == list(holders[0].filled_by)
+    finally:
+        handle.remove()
+        kept_outputs.clear()
+    # A global no hook names: no filler.
+    metrics.clear()
+    metrics[0] = torch.randn(4)
+    assert why([metrics[0]])[0].filled_by == ()
+    metrics.clear()
+
+
 def test_forward_hook_keeping_outputs_in_its_closure():
     def make_hook():
         store = []

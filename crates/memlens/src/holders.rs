@@ -60,6 +60,11 @@ pub struct Holder {
     /// closure variables).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub via: Vec<String>,
+    /// For a global: the hooks registered on modules whose code stores into
+    /// it (`forward hook keep (train.py:30) on GELU`), the code to change
+    /// when the tensors were allocated by a library layer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filled_by: Vec<String>,
 }
 
 impl Holder {
@@ -91,6 +96,9 @@ impl Holder {
         }
         if !self.root.is_empty() {
             text.push_str(&format!("; reached from {}", self.root));
+        }
+        if !self.filled_by.is_empty() {
+            text.push_str(&format!("; filled by {}", self.filled_by.join(", ")));
         }
         text
     }
@@ -200,6 +208,7 @@ mod tests {
             at: String::new(),
             root: String::new(),
             via: vec!["list".into()],
+            filled_by: Vec::new(),
         }
     }
 
@@ -217,10 +226,25 @@ mod tests {
             at: "train.py:12".into(),
             root: "main() local 'x'".into(),
             via: vec![],
+            filled_by: Vec::new(),
         };
         assert_eq!(
             local.describe(),
             "train() local 'kept' [local] at train.py:12: 1 object; reached from main() local 'x'"
+        );
+        let hooked = Holder {
+            kind: "global".into(),
+            path: "train.kept".into(),
+            tensors: 2,
+            bytes: 1024,
+            at: String::new(),
+            root: String::new(),
+            via: vec![],
+            filled_by: vec!["forward hook keep (train.py:30) on GELU".into()],
+        };
+        assert_eq!(
+            hooked.describe(),
+            "train.kept [global]: 2 tensors, 1.00 KiB; filled by forward hook keep (train.py:30) on GELU"
         );
     }
 

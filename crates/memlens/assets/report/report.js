@@ -191,7 +191,8 @@
       (f.holders || []).forEach(function (h) {
         var text = h.path + ' [' + h.kind + ']' + (h.where ? ' at ' + h.where : '') + ': ' +
           (h.bytes ? h.tensors + ' tensors, ' + fmtBytes(h.bytes) : h.tensors + ' objects') +
-          (h.via && h.via.length ? ' via ' + h.via.join(' -> ') : '') + (h.root ? '; reached from ' + h.root : '');
+          (h.via && h.via.length ? ' via ' + h.via.join(' -> ') : '') + (h.root ? '; reached from ' + h.root : '') +
+          (h.filled_by && h.filled_by.length ? '; filled by ' + h.filled_by.join(', ') : '');
         card.appendChild(el('div', { class: 'fix held' }, [el('b', { text: 'Held by: ' }), el('code', { text: text })]));
       });
       if (f.keeper) {
