@@ -343,3 +343,136 @@ fn a_profiler_trace_is_read_by_summary_and_peak() {
     assert_bad_input(&["peak", bad.to_str().unwrap()], "bad.json");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Issue 31 item 5: the commands that need a snapshot refuse a profiler
+/// trace with what reads it instead (exit 2, one line), not with the pickle
+/// reader's complaint about its first byte.
+#[test]
+fn the_commands_that_need_a_snapshot_say_why_a_profiler_trace_is_refused() {
+    let trace = modules_corpus("trace.json.zst");
+    for args in [
+        vec!["doctor", &trace, "--no-report"],
+        vec!["leaks", &trace],
+        vec!["check", &trace, "--max-peak", "1GiB"],
+        vec!["oom", &trace],
+        vec!["tune", &trace],
+        vec!["simulate", &trace],
+    ] {
+        assert_bad_input(
+            &args,
+            "a torch.profiler trace (Chrome JSON), not a memory snapshot: `memlens summary`, `peak` and `report` read it",
+        );
+    }
+}
+
+/// A JSON snapshot compressed with zstd reads like the plain JSON.
+#[test]
+fn a_compressed_json_snapshot_reads() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = serde_json::json!({
+        "segments": [{"device": 0, "address": 4096, "total_size": 2097152, "stream": 0,
+            "segment_type": "small", "allocated_size": 512, "active_size": 512,
+            "requested_size": 500, "blocks": [
+                {"size": 512, "requested_size": 500, "state": "active_allocated", "frames": []},
+                {"size": 2096640, "requested_size": 0, "state": "inactive", "frames": []}]}],
+        "device_traces": [[]]})
+    .to_string();
+    let plain = dir.path().join("s.json");
+    std::fs::write(&plain, &json).unwrap();
+    let packed = dir.path().join("s.json.zst");
+    std::fs::write(&packed, zstd::encode_all(json.as_bytes(), 3).unwrap()).unwrap();
+    let a = memlens(&["summary", plain.to_str().unwrap(), "--json"]);
+    let b = memlens(&["summary", packed.to_str().unwrap(), "--json"]);
+    assert_eq!(
+        b.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&b.stderr)
+    );
+    let (a, b): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_slice(&a.stdout).unwrap(),
+        serde_json::from_slice(&b.stdout).unwrap(),
+    );
+    assert_eq!(a["allocated_bytes"], b["allocated_bytes"]);
+    assert_eq!(b["allocated_bytes"], 512);
+}
+
+/// Issue 31 item 6: `peak` shows one row a line (its categories under it),
+/// and `peak --by module` shows what a parent module's bytes are made of.
+#[test]
+fn peak_rows_name_each_line_once_and_parents_show_their_mix() {
+    let out = memlens(&["peak", &fixture("gpt2_eval_leak.pickle.zst")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows = text
+        .lines()
+        .filter(|l| l.contains("blocks") && l.ends_with("workloads.py:55 in w_gpt2_eval_leak"))
+        .count();
+    assert_eq!(rows, 1, "{text}");
+    assert!(
+        text.contains("(activation 5.49 GiB, temporary 625.03 MiB)"),
+        "{text}"
+    );
+    let out = memlens(&["peak", "--by", "module", &fixture("gpt2_train.pickle.zst")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("(activation 2.47 GiB, other 32.00 MiB)"),
+        "{text}"
+    );
+}
+
+/// Issue 31 item 5: the step table stops at the last step: gpt2_train ran
+/// six optimizer steps; what follows the sixth only frees (the teardown).
+#[test]
+fn the_step_table_stops_at_the_last_step() {
+    let snap = fixture("gpt2_train.pickle.zst");
+    let out = memlens(&["peak", &snap]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("  step   6:"), "{text}");
+    assert!(!text.contains("  step   7:"), "{text}");
+    let out = memlens(&["peak", &snap, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["step_count"], 6);
+    assert_eq!(v["steps"].as_array().unwrap().len(), 6);
+}
+
+/// Issue 31 item 2: a folder of runs holds other files: one that is not a
+/// snapshot is skipped with a warning naming it and why, and the rest are
+/// analysed; the files memlens writes beside snapshots (a holders file, a
+/// report) are not taken for snapshots. Named on the command line, a bad
+/// file is still the error (exit 2).
+#[test]
+fn a_bad_file_in_a_folder_is_skipped_with_its_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    for n in ["step1", "step5", "step9"] {
+        std::fs::copy(
+            fixture(&format!("cache_leak.{n}.pickle.zst")),
+            dir.path().join(format!("cache_leak.{n}.pickle.zst")),
+        )
+        .unwrap();
+    }
+    std::fs::write(dir.path().join("broken.pickle"), b"garbage").unwrap();
+    std::fs::write(
+        dir.path().join("cache_leak.step9.pickle.zst.holders.json"),
+        br#"{"format":"memlens-holders/1","sites":{}}"#,
+    )
+    .unwrap();
+    let folder = dir.path().to_str().unwrap();
+    for command in ["leaks", "doctor"] {
+        let mut args = vec![command, folder];
+        if command == "doctor" {
+            args.push("--no-report");
+        }
+        let out = memlens(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{command}: {err}");
+        assert_eq!(err.lines().count(), 1, "{command}: {err}");
+        assert!(
+            err.starts_with("memlens: warning: skipped ") && err.contains("broken.pickle: "),
+            "{command}: {err}"
+        );
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("workloads.py:75"), "{command}: {text}");
+    }
+    let broken = dir.path().join("broken.pickle");
+    assert_bad_input(&["leaks", broken.to_str().unwrap()], "broken.pickle");
+}

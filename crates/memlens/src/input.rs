@@ -45,12 +45,17 @@ const SNIFF_BYTES: usize = 64 << 10;
 /// one whose start cannot be decompressed reads as a snapshot, so the
 /// snapshot reader reports what is wrong with it, as it always did.
 pub fn kind(path: &Path) -> Result<InputKind> {
+    Ok(kind_of(&head(path)?))
+}
+
+/// The first decompressed bytes of `path` (up to 64 KiB; none when its
+/// start cannot be decompressed).
+pub fn head(path: &Path) -> Result<Vec<u8>> {
     let (_, mut reader) = open(path)?;
     let mut head = vec![0u8; SNIFF_BYTES];
-    match read_up_to(&mut reader, &mut head) {
-        Ok(n) => Ok(kind_of(&head[..n])),
-        Err(_) => Ok(InputKind::Snapshot),
-    }
+    let n = read_up_to(&mut reader, &mut head).unwrap_or(0);
+    head.truncate(n);
+    Ok(head)
 }
 
 /// [`kind`] of the first decompressed bytes.
@@ -280,22 +285,37 @@ impl Read for Cancellable {
 /// not expand it) for the files it matches. Files are returned as given;
 /// those found in a folder or by a pattern sorted by name.
 pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
+    Ok(expand_found(paths)?.into_iter().map(|(p, _)| p).collect())
+}
+
+/// Whether a file in a folder is taken for a snapshot by its name: it holds
+/// `.pickle` or `.pkl`, or ends `.zst` or `.gz`; never the files memlens and
+/// its recorder write beside snapshots (`snapshot.pickle.holders.json`, a
+/// half-written `snapshot.pickle.123.tmp`).
+fn snapshot_name(name: &str) -> bool {
+    let beside = name.ends_with(".json") || name.ends_with(".tmp") || name.ends_with(".html");
+    !beside
+        && (name.contains(".pickle")
+            || name.contains(".pkl")
+            || name.ends_with(".zst")
+            || name.ends_with(".gz"))
+}
+
+/// [`expand`], each file with whether it was found (in a folder or by a
+/// pattern) rather than named: a found file that is not a snapshot can be
+/// skipped with a warning, a named one is an error.
+pub fn expand_found(paths: &[PathBuf]) -> Result<Vec<(PathBuf, bool)>> {
     let mut out = Vec::new();
     for p in paths {
         if p.is_dir() {
-            let found = list(p, |name| {
-                name.contains(".pickle")
-                    || name.contains(".pkl")
-                    || name.ends_with(".zst")
-                    || name.ends_with(".gz")
-            })?;
+            let found = list(p, snapshot_name)?;
             if found.is_empty() {
                 return Err(Error::NotAFile {
                     path: p.clone(),
                     what: "a folder with no snapshot files (*.pickle, *.pkl, *.zst, *.gz)".into(),
                 });
             }
-            out.extend(found);
+            out.extend(found.into_iter().map(|f| (f, true)));
         } else if !p.exists() && p.file_name().is_some_and(|n| looks_like_glob(Path::new(n))) {
             let pattern = p
                 .file_name()
@@ -316,9 +336,9 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
                     what: "the pattern matches no file".into(),
                 });
             }
-            out.extend(found);
+            out.extend(found.into_iter().map(|f| (f, true)));
         } else {
-            out.push(p.clone());
+            out.push((p.clone(), false));
         }
     }
     Ok(out)

@@ -27,8 +27,9 @@ pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
 
 /// Loads snapshots, each under its file name: folders and quoted patterns
 /// stand for the files in them, files are read in parallel, with a progress
-/// bar on a terminal when there are several. The first bad file (in the
-/// order given) is the error.
+/// bar on a terminal when there are several. The first bad file named on
+/// the command line is the error; a bad file found in a folder is skipped
+/// with a warning that says why.
 pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
     read_all(paths)
 }
@@ -47,7 +48,8 @@ pub struct ReadForPeak {
 /// ([`memlens::replay::during_read::load_many`]); the analyses take those
 /// replays through [`memlens::analysis::peak::AnalysedSet::with_passes`].
 pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<ReadForPeak> {
-    let files = memlens::input::expand(paths)?;
+    let found = memlens::input::expand_found(paths)?;
+    let files: Vec<PathBuf> = found.iter().map(|(p, _)| p.clone()).collect();
     let pb = progress(files.len());
     let loaded = memlens::replay::during_read::load_many(&files, || pb.inc(1));
     pb.finish_and_clear();
@@ -55,12 +57,38 @@ pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<ReadForPeak> {
         snaps: Vec::with_capacity(files.len()),
         passes: Vec::with_capacity(files.len()),
     };
-    for (p, r) in files.iter().zip(loaded) {
-        let r = r?;
+    for r in keep_readable(&found, loaded)? {
+        let (p, r) = r;
         read.snaps.push((p.display().to_string(), r.snap));
         read.passes.push(r.pass);
     }
     Ok(read)
+}
+
+/// The files read, in order: an error for a file named on the command line;
+/// for one found in a folder or by a pattern, a warning naming it and why it
+/// was skipped (a folder of runs holds other files too), so the rest are
+/// analysed. An error when nothing was left.
+fn keep_readable<T>(
+    found: &[(PathBuf, bool)],
+    loaded: Vec<memlens::Result<T>>,
+) -> anyhow::Result<Vec<(PathBuf, T)>> {
+    let mut kept = Vec::with_capacity(loaded.len());
+    let mut first_skipped = None;
+    for ((path, in_folder), r) in found.iter().zip(loaded) {
+        match r {
+            Ok(v) => kept.push((path.clone(), v)),
+            Err(e) if *in_folder => {
+                eprintln!("memlens: warning: skipped {e}");
+                first_skipped.get_or_insert(e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    match first_skipped {
+        Some(e) if kept.is_empty() => Err(e.into()),
+        _ => Ok(kept),
+    }
 }
 
 /// A progress bar over `files` files, on a terminal when there are several.
@@ -81,15 +109,15 @@ fn progress(files: usize) -> indicatif::ProgressBar {
 }
 
 fn read_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
-    let files = memlens::input::expand(paths)?;
+    let found = memlens::input::expand_found(paths)?;
+    let files: Vec<PathBuf> = found.iter().map(|(p, _)| p.clone()).collect();
     let pb = progress(files.len());
     let loaded = memlens::Snapshot::load_many_with(&files, || pb.inc(1));
     pb.finish_and_clear();
-    files
-        .iter()
-        .zip(loaded)
-        .map(|(p, r)| Ok((p.display().to_string(), r?)))
-        .collect()
+    Ok(keep_readable(&found, loaded)?
+        .into_iter()
+        .map(|(p, s)| (p.display().to_string(), s))
+        .collect())
 }
 
 /// The loaded snapshots as the library's analyses of several snapshots take them.

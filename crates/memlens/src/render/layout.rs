@@ -113,11 +113,16 @@ pub fn fit(text: String) -> String {
 }
 
 /// `s` shortened to at most `max` columns by cutting its start (a site's
-/// `file:line` is at its end): `…/models/block.py:41`.
+/// `file:line` is at its end): `…/models/block.py:41`. A pseudo-site
+/// (`<cuBLAS workspace: first matmul at train.py:25>`) says what it is at
+/// its start, so it loses its end instead.
 pub fn clip(s: &str, max: usize) -> String {
     let n = width(s);
     if n <= max || max == 0 {
         return s.to_string();
+    }
+    if s.starts_with('<') {
+        return clip_end(s, max);
     }
     let keep: String = s.chars().skip(n - (max - 1)).collect();
     format!("…{keep}")
@@ -220,6 +225,11 @@ mod tests {
     fn wraps_and_clips() {
         assert_eq!(wrap("a bb ccc dddd", 6), vec!["a bb", "ccc", "dddd"]);
         assert_eq!(clip("abcdefghij", 5), "…ghij");
+        // Issue 31 item 6: a pseudo-site keeps the name at its start.
+        assert_eq!(
+            clip("<cuBLAS workspace: first matmul at /a/b/c.py:25>", 20),
+            "<cuBLAS workspace: …"
+        );
         assert_eq!(clip_end("abcdefghij", 5), "abcd…");
         assert_eq!(site_in("model.py:41", "", 80), "model.py:41");
         assert_eq!(

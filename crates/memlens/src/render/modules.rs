@@ -60,6 +60,27 @@ fn tree(o: &mut String, groups: &[ModuleGroup], peak: u64, depth: usize, level: 
         );
         let room = MAX_WIDTH.saturating_sub(head.chars().count());
         let _ = writeln!(o, "{head}{}", clip_end(&name, room));
+        // (The rows under "outside any module's forward" are its categories
+        // already.)
+        let opened = level + 1 < depth
+            && !g.children.is_empty()
+            && !g.children.iter().all(|c| c.name.starts_with('('));
+        if opened && g.categories.len() > 1 {
+            // A parent holds its children's mix: say it, not only the largest.
+            let mut mix: Vec<(&String, &u64)> = g.categories.iter().collect();
+            mix.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
+            let text: Vec<String> = mix
+                .iter()
+                .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
+                .collect();
+            let indent = " ".repeat(head.chars().count() + 2 * level);
+            super::layout::push_wrapped(
+                o,
+                &format!("{indent}("),
+                &indent,
+                &format!("{})", text.join(", ")),
+            );
+        }
         if level + 1 < depth {
             tree(o, &g.children, peak, depth, level + 1, min);
         }

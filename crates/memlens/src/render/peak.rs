@@ -5,6 +5,50 @@ use crate::analysis::peak::PeakReport;
 use crate::units::format_bytes;
 use std::fmt::Write;
 
+/// One row of the sites table: a line, whatever the categories of what it
+/// made (one `model(x)` makes activations and temporaries).
+struct LineRow<'a> {
+    site: &'a str,
+    function: &'a str,
+    bytes: u64,
+    count: u64,
+    /// Bytes by category, largest first.
+    parts: Vec<(crate::trace::categories::Category, u64)>,
+}
+
+/// The live sites merged by line (issue 31: the same `file:line` showed as
+/// one row for each category), largest first.
+fn line_rows(sites: &[crate::analysis::peak::LiveSite]) -> Vec<LineRow<'_>> {
+    let mut rows: Vec<LineRow<'_>> = Vec::new();
+    for s in sites {
+        let same = rows
+            .iter_mut()
+            .find(|r| r.site == s.site && r.function == s.function);
+        match same {
+            Some(r) => {
+                r.bytes += s.bytes;
+                r.count += s.count;
+                match r.parts.iter_mut().find(|(c, _)| *c == s.category) {
+                    Some(p) => p.1 += s.bytes,
+                    None => r.parts.push((s.category, s.bytes)),
+                }
+            }
+            None => rows.push(LineRow {
+                site: &s.site,
+                function: &s.function,
+                bytes: s.bytes,
+                count: s.count,
+                parts: vec![(s.category, s.bytes)],
+            }),
+        }
+    }
+    for r in &mut rows {
+        r.parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    }
+    rows.sort_by_key(|r| std::cmp::Reverse(r.bytes));
+    rows
+}
+
 /// The terminal text.
 pub fn text(r: &PeakReport) -> String {
     let mut o = String::new();
@@ -37,15 +81,29 @@ pub fn text(r: &PeakReport) -> String {
     }
     if !r.live_at_peak.is_empty() {
         let _ = writeln!(o, "\nLive at the peak, by site:");
-        for s in &r.live_at_peak {
+        for s in line_rows(&r.live_at_peak) {
             let head = format!(
                 "  {:>11} {:>6} blocks  {:<16} ",
                 format_bytes(s.bytes),
                 s.count,
-                s.category.as_str(),
+                s.parts[0].0.as_str(),
             );
             let room = MAX_WIDTH.saturating_sub(head.chars().count());
-            let _ = writeln!(o, "{head}{}", site_in(&s.site, &s.function, room));
+            let _ = writeln!(o, "{head}{}", site_in(s.site, s.function, room));
+            if s.parts.len() > 1 {
+                let mix: Vec<String> = s
+                    .parts
+                    .iter()
+                    .map(|(c, b)| format!("{} {}", c.as_str(), format_bytes(*b)))
+                    .collect();
+                let indent = " ".repeat(head.chars().count());
+                push_wrapped(
+                    &mut o,
+                    &format!("{indent}("),
+                    &indent,
+                    &format!("{})", mix.join(", ")),
+                );
+            }
         }
         if r.other_sites > 0 {
             let _ = writeln!(o, "  … {} more (use --top or --json)", r.other_sites);

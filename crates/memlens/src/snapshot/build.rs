@@ -27,6 +27,7 @@ pub fn load_path_into(path: &Path, sink: Box<dyn EventSink>) -> Result<Snapshot>
 
 fn read_path(path: &Path, sink: Option<Box<dyn EventSink>>) -> Result<Snapshot> {
     let (container, reader) = crate::input::open(path)?;
+    let container = inner_container(container, path)?;
     if container == Container::Json {
         return load_reader(container, reader, path);
     }
@@ -45,11 +46,38 @@ fn read_path(path: &Path, sink: Option<Box<dyn EventSink>>) -> Result<Snapshot> 
 /// is set (checked each time the reader asks for more bytes, about every MiB).
 pub fn load_path_cancellable(path: &Path, cancel: Arc<AtomicBool>) -> Result<Snapshot> {
     let (container, reader) = crate::input::open(path)?;
+    let container = inner_container(container, path)?;
     let reader = crate::input::cancellable(reader, cancel.clone());
     match load_reader(container, reader, path) {
         Err(_) if cancel.load(Ordering::Relaxed) => Err(Error::Cancelled { path: path.into() }),
         done => done,
     }
+}
+
+/// What the (decompressed) bytes of `path`, in `container`, hold: a JSON
+/// snapshot gzipped or zstd-compressed reads as JSON; a torch.profiler trace
+/// (Chrome JSON, in any container) is refused with what reads it instead,
+/// not with the pickle reader's complaint about its first byte. A plain
+/// pickle is not looked into (it cannot be either).
+fn inner_container(container: Container, path: &Path) -> Result<Container> {
+    if container == Container::Pickle {
+        return Ok(container);
+    }
+    let head = crate::input::head(path)?;
+    if crate::input::kind_of(&head) == crate::input::InputKind::ProfilerTrace {
+        return Err(Error::UnknownFormat {
+            path: path.into(),
+            what:
+                "a torch.profiler trace (Chrome JSON), not a memory snapshot: `memlens summary`, \
+                   `peak` and `report` read it; this command needs a snapshot \
+                   (torch.cuda.memory._dump_snapshot(), or memlens.record)"
+                    .into(),
+        });
+    }
+    if container != Container::Json && crate::input::detect(&head) == Some(Container::Json) {
+        return Ok(Container::Json);
+    }
+    Ok(container)
 }
 
 /// Reads a snapshot from bytes in memory; `path` names it in errors.
