@@ -148,3 +148,35 @@ fn unrelated_runs_each_get_their_own_verdict() {
         "one overall, one per run:\n{text}"
     );
 }
+
+/// Issue 31 item 2: the JSON `ranks` list sits at the top level of the
+/// document, as the contract says, and `doctor -v` prints the summary under
+/// the name of the file it describes (the rank closest to OOM, rank 0 here),
+/// not under the last file named.
+#[test]
+fn ranks_are_at_the_top_level_and_the_summary_names_its_own_file() {
+    let (r0, r1) = (
+        corpus("ddp_ema.rank0.pickle.zst"),
+        corpus("ddp_ema.rank1.pickle.zst"),
+    );
+    let v = doctor_json(&[&r0, &r1]);
+    let ranks = v["ranks"].as_array().expect("top-level ranks");
+    assert_eq!(ranks.len(), 2);
+    for (i, row) in ranks.iter().enumerate() {
+        assert_eq!(row["rank"], i as u64);
+        for key in [
+            "file",
+            "device",
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+        ] {
+            assert!(!row[key].is_null(), "{key} in {row}");
+        }
+    }
+    assert_eq!(v["ranks"], v["diagnosis"]["ranks"]["ranks"]);
+    let out = memlens(&["doctor", "-v", "--no-report", &r0, &r1]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let after = text.split("--- summary ---").nth(1).expect("a summary");
+    let named = after.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    assert!(named.ends_with("ddp_ema.rank0.pickle.zst"), "{named}");
+}

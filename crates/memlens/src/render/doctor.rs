@@ -76,9 +76,12 @@ pub fn text(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
     }
     if verbose {
         let _ = writeln!(o, "\n--- summary ---");
+        // The file the summary describes: of several ranks or runs, the
+        // one the fields above were taken from (not the last one named).
+        let described = d.files.last().map(String::as_str);
         o.push_str(&super::summary::text(
             &d.summary,
-            names.last().copied().unwrap_or(""),
+            described.or(names.last().copied()).unwrap_or(""),
         ));
         let _ = writeln!(o, "\n--- peak ---");
         o.push_str(&super::peak::text(&d.peak));

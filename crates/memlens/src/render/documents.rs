@@ -134,6 +134,10 @@ pub struct DoctorDoc {
     pub findings: Vec<Finding>,
     /// The HTML report written, if one was.
     pub report: Option<String>,
+    /// The ranks side by side, when the inputs are the ranks of one job (at
+    /// the top level, as the contract has it; also in `diagnosis.ranks`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ranks: Option<Vec<crate::analysis::ranks::RankRow>>,
     /// Every analysis behind the findings.
     pub diagnosis: Diagnosis,
 }
@@ -177,6 +181,7 @@ pub fn doctor_doc_in<'s>(
     Ok(DoctorDoc {
         findings: diagnosis.findings.clone(),
         report,
+        ranks: diagnosis.ranks.as_ref().map(|r| r.ranks.clone()),
         diagnosis,
     })
 }
