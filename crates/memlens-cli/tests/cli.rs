@@ -476,3 +476,44 @@ fn a_bad_file_in_a_folder_is_skipped_with_its_reason() {
     let broken = dir.path().join("broken.pickle");
     assert_bad_input(&["leaks", broken.to_str().unwrap()], "broken.pickle");
 }
+
+/// Issue 31 item 2: `leaks` never reads unrelated runs (or the ranks of a
+/// job) as one time series: each process is searched on its own and each
+/// leak names its process; periodic snapshots of one process stay a series.
+#[test]
+fn leaks_searches_each_process_on_its_own() {
+    let clean = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/clean.pickle.zst")
+        .to_string_lossy()
+        .into_owned();
+    let leaky = fixture("gpt2_eval_leak.pickle.zst");
+    let out = memlens(&["leaks", &clean, &leaky, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["method"], "per_process");
+    let found: Vec<&serde_json::Value> = v["leaks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|l| l["confidence"] != "low")
+        .collect();
+    assert!(!found.is_empty());
+    for l in &found {
+        assert_eq!(l["process"], "gpt2_eval_leak.pickle.zst", "{l}");
+    }
+    // Alone, the leaky run gives the same findings, unlabelled.
+    let alone = memlens(&["leaks", &leaky, "--json"]);
+    let a: serde_json::Value = serde_json::from_slice(&alone.stdout).unwrap();
+    assert_eq!(a["leaks"][0]["site"], found[0]["site"]);
+    assert!(a["leaks"][0]["process"].is_null());
+    // A series of one process is still read across its snapshots.
+    let series: Vec<String> = ["step1", "step5", "step9"]
+        .iter()
+        .map(|s| fixture(&format!("cache_leak.{s}.pickle.zst")))
+        .collect();
+    let mut args = vec!["leaks"];
+    args.extend(series.iter().map(String::as_str));
+    args.push("--json");
+    let v: serde_json::Value = serde_json::from_slice(&memlens(&args).stdout).unwrap();
+    assert_eq!(v["method"], "across_snapshots");
+}

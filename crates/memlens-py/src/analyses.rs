@@ -59,7 +59,7 @@ pub static ANALYSES: &[Analysis] = &[
         run: |s, _| {
             let named: Vec<(String, &Snapshot)> =
                 s.iter().map(|i| (i.name.to_string(), i.snap)).collect();
-            let mut report = analysis::leaks::find(&named);
+            let mut report = analysis::leaks::find_per_process(&named);
             // The same quotes as `memlens leaks` (roots from MEMLENS_SOURCE_ROOT).
             report.annotate(
                 &memlens::source::SourceFinder::with_env(Vec::new()),

@@ -1,7 +1,7 @@
 //! `memlens leaks`: leak candidates, most likely first.
 
 use crate::output;
-use memlens::analysis::leaks::find;
+use memlens::analysis::leaks::find_per_process;
 use memlens::render;
 use memlens::source::{RunEvidence, SourceFinder};
 use std::path::PathBuf;
@@ -31,7 +31,7 @@ pub struct Args {
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snaps = super::load_all(&args.snapshots)?;
     let named = super::named(&snaps);
-    let mut report = find(&named);
+    let mut report = find_per_process(&named);
     let run = RunEvidence::of(&named);
     for w in &run.holders.warnings {
         eprintln!("memlens: warning: {w}");

@@ -45,6 +45,10 @@ pub struct Leak {
     pub function: String,
     /// The user frames from the entry script down to `site`.
     pub path: Vec<String>,
+    /// The process the leak is in, when the inputs were several processes
+    /// (`rank 1`, or a run's file name); absent for one process.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
     /// The innermost library line the growing allocations were made in,
     /// below `site` (a leak inside `torchvision` or `transformers` code:
     /// `site` is then the user's line that reached it), when there is one.
@@ -401,6 +405,7 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             site: site.site.clone(),
             function: site.function.clone(),
             path: site.path.clone(),
+            process: None,
             via: site.via.clone(),
             bytes: growth,
             bytes_per_step: growth / per,
@@ -669,6 +674,7 @@ fn leak_of_site(
         site: key.site.clone(),
         function: key.function.clone(),
         path: key.path.clone(),
+        process: None,
         via: key.via.clone(),
         bytes: growth,
         bytes_per_step: growth / intervals,
@@ -751,6 +757,66 @@ pub fn find(snaps: &[(String, &Snapshot)]) -> LeakReport {
         [(_, one)] => within_trace(one),
         many => across_snapshots(many),
     }
+}
+
+/// [`find`] over any inputs, as `memlens leaks` takes them: the search runs
+/// on each process's own snapshots and never across processes (issue 31:
+/// two unrelated runs were read as one time series, and rank 1's memory
+/// above rank 0's as growth). A time series is one process; the ranks of a
+/// job and unrelated runs are several, grouped as `doctor` groups them
+/// ([`crate::analysis::inputs`]), each leak labelled with its process. One
+/// process gives exactly [`find`].
+pub fn find_per_process(snaps: &[(String, &Snapshot)]) -> LeakReport {
+    let grouping = super::inputs::group(snaps, false);
+    let processes: Vec<(String, Vec<usize>)> = grouping
+        .groups
+        .iter()
+        .flat_map(|g| g.members.iter())
+        .map(|m| {
+            let label = match m.rank {
+                Some(r) => format!("rank {r}"),
+                None => m
+                    .files
+                    .last()
+                    .map(|&i| base_name(&snaps[i].0).to_string())
+                    .unwrap_or_default(),
+            };
+            (label, m.files.clone())
+        })
+        .collect();
+    if processes.len() <= 1 {
+        return find(snaps);
+    }
+    let mut leaks = Vec::new();
+    let mut steps_found = 0;
+    for (label, files) in &processes {
+        let own: Vec<(String, &Snapshot)> = files.iter().map(|&i| snaps[i].clone()).collect();
+        let r = find(&own);
+        steps_found = steps_found.max(r.steps_found);
+        leaks.extend(r.leaks.into_iter().map(|mut l| {
+            l.process = Some(label.clone());
+            l
+        }));
+    }
+    let mut report = finish("per_process", None, None, Vec::new(), leaks);
+    report.steps_found = steps_found;
+    report.verdict = format!(
+        "{}; each process searched on its own. {}",
+        grouping.reason,
+        match report.leaks.first() {
+            Some(l) if l.confidence >= Confidence::Medium => format!(
+                "{} (in {})",
+                report.verdict,
+                l.process.as_deref().unwrap_or("?")
+            ),
+            _ => report.verdict.clone(),
+        }
+    );
+    report
+}
+
+fn base_name(f: &str) -> &str {
+    f.rsplit(['/', '\\']).next().unwrap_or(f)
 }
 
 /// [`find`] given the analysis of the last snapshot, which callers that

@@ -24,7 +24,11 @@ pub fn text(r: &LeakReport) -> String {
             l.count,
             l.confidence
         );
-        let _ = writeln!(o, "\n  {}", clip(&l.display(), MAX_WIDTH - 2));
+        let shown = match &l.process {
+            Some(p) => format!("[{p}] {}", l.display()),
+            None => l.display(),
+        };
+        let _ = writeln!(o, "\n  {}", clip(&shown, MAX_WIDTH - 2));
         let _ = writeln!(o, "    {tail}");
         if let Some(lib) = l.library_line() {
             push_wrapped(&mut o, "    ", "      ", &lib);
