@@ -517,3 +517,34 @@ fn leaks_searches_each_process_on_its_own() {
     let v: serde_json::Value = serde_json::from_slice(&memlens(&args).stdout).unwrap();
     assert_eq!(v["method"], "across_snapshots");
 }
+
+/// Issue 31 item 5: `check` on a trace that began after the allocator did
+/// says its verdict covers the recorded window only (text and JSON); on a
+/// trace recorded from the start it says nothing more.
+#[test]
+fn check_says_when_its_verdict_covers_the_recorded_window_only() {
+    let late = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/clean.pickle.zst")
+        .to_string_lossy()
+        .into_owned();
+    let out = memlens(&["check", &late, "--max-peak", "100GiB"]);
+    assert_eq!(out.status.code(), Some(0));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.starts_with("ok: "), "{text}");
+    assert!(
+        text.contains("this verdict covers the recorded window only"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(
+        &memlens(&["check", &late, "--max-peak", "100GiB", "--json"]).stdout,
+    )
+    .unwrap();
+    assert!(v["partial"]
+        .as_str()
+        .unwrap()
+        .contains("recorded window only"));
+    let whole = fixture("gpt2_train.pickle.zst");
+    let out = memlens(&["check", &whole, "--max-peak", "100GiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(!text.contains("note:"), "{text}");
+}

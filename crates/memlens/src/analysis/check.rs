@@ -19,6 +19,11 @@ pub struct CheckResult {
     pub max_reserved_bytes: Option<u64>,
     /// One line per broken limit.
     pub failures: Vec<String>,
+    /// When the trace began after the allocator did (the ring buffer wrapped
+    /// or recording began late): what the verdict covers, the recorded
+    /// window only. Absent when the trace holds the whole run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub partial: Option<String>,
 }
 
 /// Checks a peak against limits on allocated and reserved bytes.
@@ -45,7 +50,19 @@ pub fn check(peak: &PeakReport, max_peak: Option<u64>, max_reserved: Option<u64>
             ));
         }
     }
+    let late = peak
+        .warnings
+        .iter()
+        .any(|w| w.starts_with(crate::replay::initial::LATE_START));
+    let partial = late.then(|| {
+        format!(
+            "{}: this verdict covers the recorded window only; a higher peak before it is not seen \
+             (record from the start of the process, or with a larger max_entries)",
+            crate::replay::initial::LATE_START
+        )
+    });
     CheckResult {
+        partial,
         ok: failures.is_empty(),
         peak_allocated_bytes: peak.peak_allocated_bytes,
         peak_reserved_bytes: peak.peak_reserved_bytes,

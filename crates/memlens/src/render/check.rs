@@ -6,15 +6,18 @@ use crate::units::format_bytes;
 
 /// `ok: ...` or `FAILED: ...`.
 pub fn text(r: &CheckResult) -> String {
+    let mut o = String::new();
     if r.ok {
-        format!(
+        o.push_str(&format!(
             "ok: peak allocated {}, peak reserved {}\n",
             format_bytes(r.peak_allocated_bytes),
             format_bytes(r.peak_reserved_bytes)
-        )
+        ));
     } else {
-        let mut o = String::new();
         push_wrapped(&mut o, "FAILED: ", "        ", &r.failures.join("; "));
-        super::layout::fit(o)
     }
+    if let Some(p) = &r.partial {
+        push_wrapped(&mut o, "note: ", "      ", p);
+    }
+    super::layout::fit(o)
 }
