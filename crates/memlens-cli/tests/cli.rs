@@ -548,3 +548,62 @@ fn check_says_when_its_verdict_covers_the_recorded_window_only() {
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(!text.contains("note:"), "{text}");
 }
+
+/// Issue 31 item 2: growth of memory with no stack over a few snapshots is
+/// not a critical leak (a 12-step DDP folder gave two "!! Leak at <no
+/// stack>" findings that a longer run showed to be noise); with a stack, the
+/// same growth is.
+#[test]
+fn growth_with_no_stack_over_few_steps_is_not_of_high_confidence() {
+    let dir = tempfile::tempdir().unwrap();
+    let mib = 1u64 << 20;
+    let frame = serde_json::json!({"filename": "/home/u/train.py", "line": 40, "name": "train"});
+    let mut paths = Vec::new();
+    for with_stack in [false, true] {
+        let mut run = Vec::new();
+        for (k, n) in [2u64, 4, 6, 8, 10, 12].into_iter().enumerate() {
+            let frames = if with_stack {
+                vec![frame.clone()]
+            } else {
+                vec![]
+            };
+            let blocks: Vec<serde_json::Value> = (0..n)
+                .map(|_| {
+                    serde_json::json!({"size": 4 * mib, "requested_size": 4 * mib,
+                    "state": "active_allocated", "frames": frames})
+                })
+                .collect();
+            let total = 4 * n * mib;
+            let snap = serde_json::json!({
+                "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total,
+                    "stream": 0, "segment_type": "large", "allocated_size": total,
+                    "active_size": total, "requested_size": total, "blocks": blocks}],
+                "device_traces": [[]]});
+            let path = dir.path().join(format!("{with_stack}.step{k}.json"));
+            std::fs::write(&path, snap.to_string()).unwrap();
+            run.push(path.to_string_lossy().into_owned());
+        }
+        paths.push(run);
+    }
+    let confidence = |run: &[String]| {
+        let mut args = vec!["leaks"];
+        args.extend(run.iter().map(String::as_str));
+        args.push("--json");
+        let v: serde_json::Value = serde_json::from_slice(&memlens(&args).stdout).unwrap();
+        (
+            v["leaks"][0]["site"].as_str().unwrap_or("").to_string(),
+            v["leaks"][0]["confidence"]
+                .as_str()
+                .unwrap_or("")
+                .to_string(),
+        )
+    };
+    assert_eq!(
+        confidence(&paths[0]),
+        ("<no stack>".to_string(), "medium".to_string())
+    );
+    assert_eq!(
+        confidence(&paths[1]),
+        ("/home/u/train.py:40".to_string(), "high".to_string())
+    );
+}
