@@ -180,3 +180,42 @@ fn ranks_are_at_the_top_level_and_the_summary_names_its_own_file() {
     let named = after.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
     assert!(named.ends_with("ddp_ema.rank0.pickle.zst"), "{named}");
 }
+
+/// Issue 31 item 2: over a folder of periodic snapshots of two ranks, each
+/// rank's peak is the highest of its snapshots' peaks (the run's peak), not
+/// its last snapshot's: here rank 0's higher peak is in its first file.
+#[test]
+fn each_ranks_peak_is_the_highest_of_its_snapshots() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let files = [
+        ("ddp_ema.rank0", "job.rank0.step1"),
+        ("ddp_balanced.rank0", "job.rank0.step2"),
+        ("ddp_ema.rank1", "job.rank1.step1"),
+        ("ddp_balanced.rank1", "job.rank1.step2"),
+    ];
+    let peak_of = |path: &str| {
+        let out = memlens(&["peak", path, "--json"]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+        v["peak_allocated_bytes"].as_u64().expect("bytes")
+    };
+    let mut peaks = std::collections::HashMap::new();
+    for (from, to) in files {
+        let dest = dir.path().join(format!("{to}.pickle.zst"));
+        std::fs::copy(corpus(&format!("{from}.pickle.zst")), &dest).expect("copy");
+        peaks.insert(to, peak_of(dest.to_str().unwrap()));
+    }
+    assert!(peaks["job.rank0.step1"] > peaks["job.rank0.step2"]);
+    let v = doctor_json(&[dir.path().to_str().unwrap()]);
+    let ranks = v["ranks"].as_array().expect("ranks");
+    for (rank, row) in ranks.iter().enumerate() {
+        let want = (1..=2)
+            .map(|s| peaks[format!("job.rank{rank}.step{s}").as_str()])
+            .max()
+            .unwrap();
+        assert_eq!(row["peak_allocated_bytes"], want, "rank {rank}: {row}");
+    }
+    assert!(ranks[0]["file"]
+        .as_str()
+        .unwrap()
+        .ends_with("job.rank0.step1.pickle.zst"));
+}

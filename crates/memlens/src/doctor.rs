@@ -685,15 +685,12 @@ fn diagnose_group<'s>(
             }
         })
         .collect();
-    let latest: Vec<(u32, String, &Snapshot)> = group
+    let runs: Vec<(u32, Vec<(String, &Snapshot)>)> = group
         .members
         .iter()
-        .filter_map(|m| {
-            let f = *m.files.last()?;
-            Some((m.rank.unwrap_or(0), snaps[f].0.clone(), snaps[f].1))
-        })
+        .map(|m| (m.rank.unwrap_or(0), pick(&m.files)))
         .collect();
-    let report = ranks::compare_in(set, &latest, opts.device_memory);
+    let report = ranks::compare_runs_in(set, &runs, opts.device_memory);
     combine(parts, "ranks", String::new(), Some(report))
 }
 

@@ -14,7 +14,8 @@ use std::collections::BTreeMap;
 pub struct RankRow {
     /// The rank.
     pub rank: u32,
-    /// The file whose peak is shown (the rank's latest snapshot).
+    /// The file whose peak is shown (of the rank's snapshots, the one with
+    /// the highest allocated peak).
     pub file: String,
     /// The device the rank's trace is on.
     pub device: u32,
@@ -104,19 +105,51 @@ pub fn compare_in<'s>(
     ranks: &[(u32, String, &'s Snapshot)],
     device_memory: Option<u64>,
 ) -> RanksReport {
+    let runs: Vec<(u32, Vec<(String, &'s Snapshot)>)> = ranks
+        .iter()
+        .map(|(r, f, s)| (*r, vec![(f.clone(), *s)]))
+        .collect();
+    compare_runs_in(set, &runs, device_memory)
+}
+
+/// [`compare_in`] of ranks given with all their snapshots (periodic ones,
+/// oldest first): each rank's row is the snapshot with its highest
+/// allocated peak, the run's peak as far as the files show it (issue 31: a
+/// rank's true peak was 505 MB above the one reported, in an earlier
+/// snapshot of that rank than its last); an OOM in any of them counts.
+pub fn compare_runs_in<'s>(
+    set: &AnalysedSet<'s>,
+    ranks: &[(u32, Vec<(String, &'s Snapshot)>)],
+    device_memory: Option<u64>,
+) -> RanksReport {
+    let peak_of = |s: &'s Snapshot| match set.get(s) {
+        Some(an) => peak_analysed(an, usize::MAX),
+        None => peak(s, usize::MAX),
+    };
+    let oomed = |s: &Snapshot| {
+        s.traces
+            .iter()
+            .flat_map(|t| &t.events)
+            .any(|e| e.action == Action::Oom)
+    };
     let peaks: Vec<(u32, &String, PeakReport, bool)> = ranks
         .iter()
-        .map(|(r, f, s)| {
-            let oom = s
-                .traces
+        .filter_map(|(r, files)| {
+            let oom = files.iter().any(|(_, s)| oomed(s));
+            let (file, peak) = files
                 .iter()
-                .flat_map(|t| &t.events)
-                .any(|e| e.action == Action::Oom);
-            let peak = match set.get(s) {
-                Some(an) => peak_analysed(an, usize::MAX),
-                None => peak(s, usize::MAX),
-            };
-            (*r, f, peak, oom)
+                .map(|(f, s)| (f, peak_of(s)))
+                // The highest peak; of equal ones, the latest file.
+                .fold(
+                    None,
+                    |best: Option<(&String, PeakReport)>, (f, p)| match best {
+                        Some((bf, bp)) if bp.peak_allocated_bytes > p.peak_allocated_bytes => {
+                            Some((bf, bp))
+                        }
+                        _ => Some((f, p)),
+                    },
+                )?;
+            Some((*r, file, peak, oom))
         })
         .collect();
     compare_peaks(&peaks, device_memory)
