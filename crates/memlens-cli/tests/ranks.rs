@@ -219,3 +219,58 @@ fn each_ranks_peak_is_the_highest_of_its_snapshots() {
         .unwrap()
         .ends_with("job.rank0.step1.pickle.zst"));
 }
+
+/// Issue 31 item 2: one program run twice on one GPU at the same time under
+/// different allocator settings (an A/B pair) is two runs, not two ranks.
+/// The same pair under one setting, or named as ranks, is still a job.
+#[test]
+fn an_ab_pair_on_one_gpu_is_two_runs_not_two_ranks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let frame = serde_json::json!({"filename": "/home/u/train.py", "line": 40, "name": "train"});
+    let write = |name: &str, conf: &str, expandable: bool, shift: u64| {
+        // The same allocations, at about the same times, on device 0 (each
+        // process its own addresses and clock ticks).
+        let mut events = Vec::new();
+        let mut addr = (1u64 << 32) + (shift << 24);
+        for k in 0..20u64 {
+            let size = (k % 5 + 1) << 20;
+            events.push(
+                serde_json::json!({"action": "alloc", "addr": addr, "size": size,
+                "stream": 0, "time_us": 1_000_000 + 10 * k, "frames": [frame]}),
+            );
+            events.push(
+                serde_json::json!({"action": "free_requested", "addr": addr, "size": size,
+                "stream": 0, "time_us": 1_000_005 + 10 * k, "frames": [frame]}),
+            );
+            events.push(
+                serde_json::json!({"action": "free_completed", "addr": addr, "size": size,
+                "stream": 0, "time_us": 1_000_006 + 10 * k, "frames": [frame]}),
+            );
+            addr += size;
+        }
+        let snap = serde_json::json!({
+            "segments": [], "device_traces": [events],
+            "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": conf,
+                "expandable_segments": expandable}});
+        let path = dir.path().join(name);
+        std::fs::write(&path, snap.to_string()).expect("write");
+        path.to_string_lossy().into_owned()
+    };
+    let a = write("run_a.json", "", false, 1);
+    let b = write("run_b.json", "expandable_segments:True", true, 2);
+    let v = doctor_json(&["--no-report", &a, &b]);
+    let inputs = &v["diagnosis"]["inputs"];
+    assert_eq!(inputs["kind"], "runs", "{inputs}");
+    assert!(
+        inputs["reason"]
+            .as_str()
+            .unwrap()
+            .contains("A/B comparison"),
+        "{inputs}"
+    );
+    assert!(v["ranks"].is_null());
+    // Under one setting, the same pair is one job's two ranks.
+    let c = write("run_c.json", "", false, 3);
+    let v = doctor_json(&["--no-report", &a, &c]);
+    assert_eq!(v["diagnosis"]["inputs"]["kind"], "ranks");
+}

@@ -89,6 +89,8 @@ struct Facts {
     sizes: HashSet<u64>,
     /// Distinct frames (`file:line`).
     frames: HashSet<(String, u32)>,
+    /// The allocator settings the process ran with.
+    config: crate::sim::config::AllocatorConfig,
 }
 
 fn facts(name: &str, snap: &Snapshot) -> Facts {
@@ -114,6 +116,7 @@ fn facts(name: &str, snap: &Snapshot) -> Facts {
             .map(|t| t.device)
             .collect(),
         span,
+        config: crate::replay::config::recorded_config(&snap.settings),
         first: trace.and_then(|t| t.events.first().copied()),
         last: trace.and_then(|t| t.events.last().copied()),
         sizes: events()
@@ -231,6 +234,16 @@ fn jaccard<T: std::hash::Hash + Eq>(a: &HashSet<T>, b: &HashSet<T>) -> f64 {
 /// the fixtures), or nearly the same frames when the data differs by rank.
 fn same_program(a: &Facts, b: &Facts) -> bool {
     jaccard(&a.sizes, &b.sizes) >= 0.8 || jaccard(&a.frames, &b.frames) >= 0.95
+}
+
+/// Two processes on the same devices at the same time under different
+/// allocator settings: one program run twice to compare the settings (an
+/// A/B pair), not two ranks of one job (ranks share their settings).
+fn ab_pair(a: &Process, b: &Process, facts: &[Facts]) -> bool {
+    !a.devices.is_empty()
+        && a.devices == b.devices
+        && overlap(a.span, b.span)
+        && facts[a.head].config != facts[b.head].config
 }
 
 /// A process: files of one process, with their facts merged.
@@ -355,8 +368,11 @@ fn jobs(procs: &[Process], facts: &[Facts], force_ranks: bool, named: bool) -> V
                     && !a.devices.is_empty()
                     && !b.devices.is_empty()
                     && a.devices != b.devices);
-            let together =
-                force_ranks || named || (at_once && same_program(&facts[a.head], &facts[b.head]));
+            let together = force_ranks
+                || named
+                || (at_once
+                    && !ab_pair(a, b, facts)
+                    && same_program(&facts[a.head], &facts[b.head]));
             if together {
                 let (x, y) = (root(&mut jp, i), root(&mut jp, j));
                 jp[x.max(y)] = x.min(y);
@@ -409,6 +425,24 @@ fn job_groups(jobs: Vec<Vec<usize>>, procs: &[Process], facts: &[Facts]) -> Vec<
         .collect()
 }
 
+/// Whether some two of the runs `groups` ran at the same time on the same
+/// devices under different allocator settings.
+fn ab_runs(groups: &[Group], facts: &[Facts]) -> bool {
+    let heads: Vec<&Facts> = groups
+        .iter()
+        .filter_map(|g| g.files().last().map(|&f| &facts[f]))
+        .collect();
+    heads.iter().enumerate().any(|(i, a)| {
+        heads[i + 1..].iter().any(|b| {
+            !a.devices.is_empty()
+                && a.devices == b.devices
+                && overlap(a.span, b.span)
+                && a.config != b.config
+                && same_program(a, b)
+        })
+    })
+}
+
 fn reason(groups: &[Group], facts: &[Facts], force: bool, named: bool) -> String {
     match groups {
         [g] => match g.kind {
@@ -439,6 +473,10 @@ fn reason(groups: &[Group], facts: &[Facts], force: bool, named: bool) -> String
                 )
             }
         },
+        many if ab_runs(many, facts) => format!(
+            "{} runs of one program on the same GPU at the same time under different allocator settings (an A/B comparison, not ranks): each is analysed on its own",
+            many.len()
+        ),
         many => format!(
             "{} unrelated runs (no shared trace events, not one program running at the same time, no rank or step in the names): each is analysed on its own",
             many.len()
