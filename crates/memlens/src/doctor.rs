@@ -1,7 +1,7 @@
 //! `memlens doctor`: every analysis that applies, reduced to the few findings
 //! that matter, most serious first, each with its `file:line` and its fix.
 
-use crate::analysis::inputs::{self as grouping, Group, GroupKind};
+use crate::analysis::inputs::{self as grouping, base_name, Group, GroupKind};
 use crate::analysis::leaks::{self, Confidence, LeakReport};
 use crate::analysis::peak::{
     peak_and_live_later, AnalysedLater, AnalysedSet, AnalysedSource, PeakReport,
@@ -650,10 +650,6 @@ pub fn diagnose_inputs_in<'s>(
         });
     }
     d
-}
-
-fn base_name(f: &str) -> &str {
-    f.rsplit(['/', '\\']).next().unwrap_or(f)
 }
 
 /// One group: a run (one snapshot or a series) or the ranks of a job.

@@ -131,7 +131,8 @@ fn facts(name: &str, snap: &Snapshot) -> Facts {
     }
 }
 
-fn base_name(name: &str) -> &str {
+/// A file's name without its folders (`job/ddp.rank0.pickle` -> `ddp.rank0.pickle`).
+pub(crate) fn base_name(name: &str) -> &str {
     name.rsplit(['/', '\\']).next().unwrap_or(name)
 }
 

@@ -797,7 +797,7 @@ pub fn find_per_process(snaps: &[(String, &Snapshot)]) -> LeakReport {
                 None => m
                     .files
                     .last()
-                    .map(|&i| base_name(&snaps[i].0).to_string())
+                    .map(|&i| super::inputs::base_name(&snaps[i].0).to_string())
                     .unwrap_or_default(),
             };
             (label, m.files.clone())
@@ -832,10 +832,6 @@ pub fn find_per_process(snaps: &[(String, &Snapshot)]) -> LeakReport {
         }
     );
     report
-}
-
-fn base_name(f: &str) -> &str {
-    f.rsplit(['/', '\\']).next().unwrap_or(f)
 }
 
 /// [`find`] given the analysis of the last snapshot, which callers that
