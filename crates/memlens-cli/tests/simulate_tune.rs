@@ -120,3 +120,63 @@ fn bad_settings_are_usage_errors() {
         assert!(err.starts_with("memlens: error: "), "{err}");
     }
 }
+
+/// Issue 31 item 5 (open): a run recorded with expandable segments that hit
+/// a 4 GiB per-process cap (`tests/corpus/oom/frag_cap_expandable`, H200).
+/// From the trace alone the cap is only bounded (at least the most reserved
+/// before the OOM, below that plus the failed request: 2.60 to 4.60 GiB);
+/// tune uses the lower end, too low for the defaults. Given the run's cap
+/// (`--memory-fraction` with `--device-memory`), tune gives the defaults the
+/// one OOM and the 3.71 GiB peak the real default run had
+/// (`tests/corpus/oom/truth.json`, frag_cap: one OOM, reserved peak 3,984,588,800 B).
+#[test]
+fn tune_on_an_expandable_run_with_its_cap_matches_the_default_run() {
+    let snap = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/oom/frag_cap_expandable.pickle.zst")
+        .to_string_lossy()
+        .into_owned();
+    let cap = 4u64 << 30;
+    let total = 150_109_880_320u64;
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .args([
+            "tune",
+            &snap,
+            "--json",
+            "--device-memory",
+            &format!("{total}B"),
+            "--memory-fraction",
+            &format!("{}", cap as f64 / total as f64),
+        ])
+        .output()
+        .expect("memlens runs");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let defaults = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["config"] == "")
+        .expect("the defaults row");
+    assert_eq!(defaults["num_ooms"], 1, "{defaults}");
+    assert_eq!(
+        defaults["peak_reserved_bytes"], 3_984_588_800u64,
+        "{defaults}"
+    );
+    // Without it, the inferred bounds hold the true cap.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .args(["tune", &snap, "--json"])
+        .output()
+        .expect("memlens runs");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let lower = v["limits"]["memory_cap"]["bytes"].as_u64().unwrap();
+    assert!(lower <= cap, "{lower}");
+    assert!(v["limits"]["memory_cap"]["source"]
+        .as_str()
+        .unwrap()
+        .contains("below 4.60 GiB"));
+}
