@@ -607,3 +607,56 @@ fn growth_with_no_stack_over_few_steps_is_not_of_high_confidence() {
         ("/home/u/train.py:40".to_string(), "high".to_string())
     );
 }
+
+/// Issue 31 item 3: a holder whose bytes are all of one category, made
+/// through two library lines under one user line (a model's layers under
+/// `model(x)`), is not "of which <category> <part>" (it read "288.00 MiB,
+/// of which parameter 192.00 MiB" when all 288 MiB were parameters).
+#[test]
+fn a_holder_of_one_category_is_not_said_to_be_part_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mib = 1u64 << 20;
+    let user = serde_json::json!({"filename": "/home/u/train.py", "line": 40, "name": "train"});
+    let lib = |file: &str, line: u32| {
+        serde_json::json!({"filename": format!("/usr/lib/python3/site-packages/timm/{file}"),
+            "line": line, "name": "forward"})
+    };
+    let block = |size: u64, frames: serde_json::Value| {
+        serde_json::json!({"size": size, "requested_size": size, "state": "active_allocated",
+            "frames": frames})
+    };
+    let mut blocks = Vec::new();
+    for _ in 0..3 {
+        blocks.push(block(
+            64 * mib,
+            serde_json::json!([lib("models/resnet.py", 90), user]),
+        ));
+        blocks.push(block(
+            32 * mib,
+            serde_json::json!([lib("layers/mlp.py", 40), user]),
+        ));
+    }
+    let total = 288 * mib;
+    let snap = serde_json::json!({
+        "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total, "stream": 0,
+            "segment_type": "large", "allocated_size": total, "active_size": total,
+            "requested_size": total, "blocks": blocks}],
+        "device_traces": [[]]});
+    let path = dir.path().join("s.json");
+    std::fs::write(&path, snap.to_string()).unwrap();
+    let out = memlens(&["doctor", "--no-report", "--json", path.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let title = v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "peak")
+        .and_then(|f| f["title"].as_str())
+        .unwrap()
+        .to_string();
+    assert!(
+        title.ends_with("largest holder /home/u/train.py:40 (parameter, 288.00 MiB)"),
+        "{title}"
+    );
+    assert!(!title.contains("of which"), "{title}");
+}

@@ -502,24 +502,34 @@ fn peak_finding(peak: &PeakReport) -> Option<Finding> {
             .map(|s| s.bytes)
             .sum()
     };
+    // The bytes of one category at the site: a site's rows may split one
+    // category (by call path), and "of which activation 956.66 MiB" of a
+    // holder whose whole 4.24 GiB is activation misled (issue 31).
+    let category_total = |t: &crate::analysis::peak::LiveSite| -> u64 {
+        peak.live_at_peak
+            .iter()
+            .filter(|s| s.site == t.site && s.path == t.path && s.category == t.category)
+            .map(|s| s.bytes)
+            .sum()
+    };
     let top = peak
         .live_at_peak
         .iter()
-        .max_by_key(|t| (site_total(t), t.bytes));
+        .max_by_key(|t| (site_total(t), category_total(t), t.bytes));
     let mut cats: Vec<(&String, &u64)> = peak.categories.iter().collect();
     cats.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
     Some(Finding {
         kind: "peak".into(),
         severity: Severity::Info,
         title: match top {
-            Some(t) if site_total(t) > t.bytes => format!(
+            Some(t) if site_total(t) > category_total(t) => format!(
                 "Peak: {} allocated ({} reserved); largest holder {} ({}, of which {} {})",
                 format_bytes(peak.peak_allocated_bytes),
                 format_bytes(peak.peak_reserved_bytes),
                 t.site,
                 format_bytes(site_total(t)),
                 t.category.as_str(),
-                format_bytes(t.bytes)
+                format_bytes(category_total(t))
             ),
             Some(t) => format!(
                 "Peak: {} allocated ({} reserved); largest holder {} ({}, {})",
@@ -527,7 +537,7 @@ fn peak_finding(peak: &PeakReport) -> Option<Finding> {
                 format_bytes(peak.peak_reserved_bytes),
                 t.site,
                 t.category.as_str(),
-                format_bytes(t.bytes)
+                format_bytes(site_total(t))
             ),
             None => format!(
                 "Peak: {} allocated ({} reserved)",
