@@ -253,11 +253,10 @@ class Recorder:
         self.snapshots: List[str] = []
         self.leak_alarm: Optional[str] = None
         self.leak_sites: List[Dict[str, Any]] = []
-        #: What keeps the growing sites' memory alive, by site (memlens.why).
-        self.leak_holders: Dict[str, List[str]] = {}
-        # The same holders as JSON-ready dicts, written beside every snapshot
-        # dumped after the alarm (HOLDERS_SUFFIX) for `memlens leaks`/`doctor`.
-        self._holder_records: Dict[str, List[Dict[str, Any]]] = {}
+        # What keeps the growing sites' memory alive, by site (memlens.why's
+        # Holders), from the leak alarm; written beside every snapshot dumped
+        # after it (HOLDERS_SUFFIX) for `memlens leaks`/`doctor`.
+        self._holders: Dict[str, List[Any]] = {}
         self.ooms = 0
         self._torch: Any = None
         self._publisher: Optional[Publisher] = None
@@ -286,6 +285,12 @@ class Recorder:
         self._module_scopes: Any = None
 
     # -- the public face --------------------------------------------------
+
+    @property
+    def leak_holders(self) -> Dict[str, List[str]]:
+        """What keeps the growing sites' memory alive, by site: each holder's
+        one-line text, as the leak alarm prints it."""
+        return {site: [str(h) for h in hs] for site, hs in self._holders.items()}
 
     def __enter__(self) -> "Recorder":
         return self.start()
@@ -435,8 +440,8 @@ class Recorder:
             snapshot = self._stitched(snapshot)
         with _gc_paused():
             _write_snapshot(snapshot, path)
-        if self._holder_records:
-            write_holders(path, self.steps, self._holder_records)
+        if self._holders:
+            write_holders(path, self.steps, self._holders)
         self.snapshots.append(path)
         if periodic and cleared:
             self._chunks.append((path, self.steps - self._steps_at_clear))
@@ -578,9 +583,7 @@ class Recorder:
                 return
             self.leak_sites = sites
             self.leak_alarm = leak_alarm_line(rule, sites)
-            found = holders_of_sites(sites[:LEAK_HOLDER_SITES])
-            self.leak_holders = {site: [str(h) for h in hs] for site, hs in found.items()}
-            self._holder_records = {site: [h.to_dict() for h in hs] for site, hs in found.items()}
+            self._holders = holders_of_sites(sites[:LEAK_HOLDER_SITES])
             warnings.warn(
                 leak_message(rule, sites, self.steps, self._baseline_step, self.leak_holders),
                 LeakWarning,
@@ -668,13 +671,15 @@ HOLDERS_SUFFIX = ".holders.json"
 HOLDERS_FORMAT = "memlens-holders/1"
 
 
-def write_holders(snapshot_path: str, step: int, records: Dict[str, List[Dict[str, Any]]]) -> str:
-    """Writes what holds each site (``Holder.to_dict()`` lists by ``file:line``
-    site) beside the snapshot at ``snapshot_path``, through a temporary file so
-    a reader never sees half of it; returns the file's path. A write that
-    fails (a full disk) warns and costs only the holders file."""
+def write_holders(snapshot_path: str, step: int, holders: Dict[str, List[Any]]) -> str:
+    """Writes what holds each site (:class:`memlens.Holder` lists by
+    ``file:line`` site) beside the snapshot at ``snapshot_path``, through a
+    temporary file so a reader never sees half of it; returns the file's
+    path. A write that fails (a full disk) warns and costs only the holders
+    file."""
     path = snapshot_path + HOLDERS_SUFFIX
-    doc = {"format": HOLDERS_FORMAT, "step": int(step), "sites": records}
+    sites = {site: [h.to_dict() for h in hs] for site, hs in holders.items()}
+    doc = {"format": HOLDERS_FORMAT, "step": int(step), "sites": sites}
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:

@@ -291,13 +291,8 @@ def _with_hook_fillers(torch: Any, holders: List[Holder]) -> List[Holder]:
 
 def _registered_hooks(module_type: type) -> List[Tuple[str, str, Any]]:
     """Every hook registered on a live module: (hook label, module class name,
-    the function). A million objects are filtered in C, as for tensors."""
-    every = gc.get_objects()
-    try:
-        kinds = {cls for cls in set(map(type, every)) if _subclass(cls, module_type)}
-        modules = list(itertools.compress(every, map(kinds.__contains__, map(type, every))))
-    finally:
-        every.clear()
+    the function)."""
+    modules = _live_instances(module_type)
     found = []
     try:
         for module in modules:
@@ -358,7 +353,7 @@ def _resolve(torch: Any, tensors: Any, site: Optional[str]) -> Tuple[List[Any], 
     else:
         spans = sorted({key for key in map(_storage_key, given) if key is not None})
     table = _SpanTable(spans)
-    live = _live_tensors(torch.Tensor)
+    live = _live_instances(torch.Tensor)
     try:
         hits = [t for t in live if table.holds(_storage_key(t))]
         hits += [t for t in given if _storage_key(t) is None]  # no storage: the object itself
@@ -469,13 +464,14 @@ def _storage_key(tensor: Any) -> Optional[StorageKey]:
     return key if key[0] and key[1] else None
 
 
-def _live_tensors(tensor_type: type) -> List[Any]:
-    """Every tensor the collector tracks (all of them: tensors are tracked).
-    The filter runs in C (``compress`` over ``map``): a loop in Python over
-    a million objects would cost a quarter of a second."""
+def _live_instances(base: type) -> List[Any]:
+    """Every object the collector tracks that is an instance of ``base``
+    (tensors and modules are all tracked). The filter runs in C
+    (``compress`` over ``map``): a loop in Python over a million objects
+    would cost a quarter of a second."""
     every = gc.get_objects()
     try:
-        kinds = {cls for cls in set(map(type, every)) if _subclass(cls, tensor_type)}
+        kinds = {cls for cls in set(map(type, every)) if _subclass(cls, base)}
         return list(itertools.compress(every, map(kinds.__contains__, map(type, every))))
     finally:
         every.clear()

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 mod run;
-use run::{fixture, memlens, memlens_in};
+use run::{fixture, json_block, json_snapshot, memlens, memlens_in};
 
 /// Bad input: exit code 2 and exactly one line on stderr naming the file.
 fn assert_bad_input(args: &[&str], needle: &str) {
@@ -568,17 +568,9 @@ fn growth_with_no_stack_over_few_steps_is_not_of_high_confidence() {
                 vec![]
             };
             let blocks: Vec<serde_json::Value> = (0..n)
-                .map(|_| {
-                    serde_json::json!({"size": 4 * mib, "requested_size": 4 * mib,
-                    "state": "active_allocated", "frames": frames})
-                })
+                .map(|_| json_block(4 * mib, serde_json::json!(frames)))
                 .collect();
-            let total = 4 * n * mib;
-            let snap = serde_json::json!({
-                "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total,
-                    "stream": 0, "segment_type": "large", "allocated_size": total,
-                    "active_size": total, "requested_size": total, "blocks": blocks}],
-                "device_traces": [[]]});
+            let snap = json_snapshot(blocks);
             let path = dir.path().join(format!("{with_stack}.step{k}.json"));
             std::fs::write(&path, snap.to_string()).unwrap();
             run.push(path.to_string_lossy().into_owned());
@@ -621,27 +613,18 @@ fn a_holder_of_one_category_is_not_said_to_be_part_of_it() {
         serde_json::json!({"filename": format!("/usr/lib/python3/site-packages/timm/{file}"),
             "line": line, "name": "forward"})
     };
-    let block = |size: u64, frames: serde_json::Value| {
-        serde_json::json!({"size": size, "requested_size": size, "state": "active_allocated",
-            "frames": frames})
-    };
     let mut blocks = Vec::new();
     for _ in 0..3 {
-        blocks.push(block(
+        blocks.push(json_block(
             64 * mib,
             serde_json::json!([lib("models/resnet.py", 90), user]),
         ));
-        blocks.push(block(
+        blocks.push(json_block(
             32 * mib,
             serde_json::json!([lib("layers/mlp.py", 40), user]),
         ));
     }
-    let total = 288 * mib;
-    let snap = serde_json::json!({
-        "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total, "stream": 0,
-            "segment_type": "large", "allocated_size": total, "active_size": total,
-            "requested_size": total, "blocks": blocks}],
-        "device_traces": [[]]});
+    let snap = json_snapshot(blocks);
     let path = dir.path().join("s.json");
     std::fs::write(&path, snap.to_string()).unwrap();
     let out = memlens(&["doctor", "--no-report", "--json", path.to_str().unwrap()]);

@@ -137,25 +137,15 @@ fn tune_on_an_expandable_run_with_its_cap_matches_the_default_run() {
         .into_owned();
     let cap = 4u64 << 30;
     let total = 150_109_880_320u64;
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args([
-            "tune",
-            &snap,
-            "--json",
-            "--device-memory",
-            &format!("{total}B"),
-            "--memory-fraction",
-            &format!("{}", cap as f64 / total as f64),
-        ])
-        .output()
-        .expect("memlens runs");
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = json(&[
+        "tune",
+        &snap,
+        "--json",
+        "--device-memory",
+        &format!("{total}B"),
+        "--memory-fraction",
+        &format!("{}", cap as f64 / total as f64),
+    ]);
     let defaults = v["candidates"]
         .as_array()
         .unwrap()
@@ -168,11 +158,7 @@ fn tune_on_an_expandable_run_with_its_cap_matches_the_default_run() {
         "{defaults}"
     );
     // Without it, the inferred bounds hold the true cap.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
-        .args(["tune", &snap, "--json"])
-        .output()
-        .expect("memlens runs");
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let v = json(&["tune", &snap, "--json"]);
     let lower = v["limits"]["memory_cap"]["bytes"].as_u64().unwrap();
     assert!(lower <= cap, "{lower}");
     assert!(v["limits"]["memory_cap"]["source"]

@@ -7,7 +7,7 @@
 use std::process::{Command, Output};
 
 mod run;
-use run::{fixture, fixtures};
+use run::{fixture, fixtures, json_block, json_snapshot};
 
 fn source_root() -> String {
     fixture("gen")
@@ -322,6 +322,13 @@ fn the_holders_written_beside_the_snapshot_are_shown() {
         "{err}"
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("held by"));
+    let out = memlens(&["doctor", &snap_arg, "--no-report"], &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(
+        err.contains("gpt2_eval_leak.pickle.zst.holders.json: not a holders file"),
+        "{err}"
+    );
 }
 
 /// Issue 32 item 3: memory allocated inside library code (a torchvision
@@ -339,21 +346,10 @@ fn a_leak_inside_library_code_names_the_library_line_and_the_users() {
     let mut paths = Vec::new();
     for (k, n) in [2u64, 4, 6, 8, 10].into_iter().enumerate() {
         let mut blocks: Vec<serde_json::Value> = (0..n)
-            .map(|_| {
-                serde_json::json!({"size": 4 * mib, "requested_size": 4 * mib,
-                "state": "active_allocated", "frames": [library, user]})
-            })
+            .map(|_| json_block(4 * mib, serde_json::json!([library, user])))
             .collect();
-        blocks.push(
-            serde_json::json!({"size": 8 * mib, "requested_size": 8 * mib,
-            "state": "active_allocated", "frames": [other]}),
-        );
-        let total = (4 * n + 8) * mib;
-        let snap = serde_json::json!({
-            "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total, "stream": 0,
-                "segment_type": "large", "allocated_size": total, "active_size": total,
-                "requested_size": total, "blocks": blocks}],
-            "device_traces": [[]], "allocator_settings": {}});
+        blocks.push(json_block(8 * mib, serde_json::json!([other])));
+        let snap = json_snapshot(blocks);
         let path = dir.path().join(format!("step{k}.json"));
         std::fs::write(&path, snap.to_string()).unwrap();
         paths.push(path.to_string_lossy().into_owned());

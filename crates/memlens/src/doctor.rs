@@ -59,36 +59,26 @@ pub struct Finding {
     pub quote: crate::source::SourceQuote,
 }
 
-/// Each leak's site and its callers (`path`), from the diagnosis and each
-/// of its parts, for [`annotate_findings`].
-pub fn leak_paths(d: &Diagnosis) -> Vec<(String, Vec<String>)> {
-    std::iter::once(&d.leaks)
-        .chain(d.parts.iter().map(|p| &p.diagnosis.leaks))
-        .flat_map(|r| &r.leaks)
-        .map(|l| (l.site.clone(), l.path.clone()))
-        .collect()
-}
-
-/// Fills the source of every finding with a site from the user's files:
-/// for a leak, its holders and keeper too (from `run`), searched along the
-/// callers the leak at that site has in `leak_paths` (as `memlens leaks`
-/// does).
+/// Fills the source of every finding with a site from the user's files.
+/// A leak finding takes the quote of its leak in `leaks` (annotated
+/// already, [`LeakReport::annotate`]: its line, keeper and holders), so
+/// `doctor` and `leaks` say the same and nothing is searched twice.
 pub fn annotate_findings(
     findings: &mut [Finding],
-    leak_paths: &[(String, Vec<String>)],
+    leaks: &[&LeakReport],
     sources: &crate::source::SourceFinder,
-    run: &crate::source::RunEvidence,
 ) {
     for f in findings {
         let Some(site) = f.site.as_deref() else {
             continue;
         };
         f.quote = if f.kind == "leak" {
-            let callers = leak_paths
+            leaks
                 .iter()
-                .find(|(s, _)| s == site)
-                .map_or(&[][..], |(_, path)| path.as_slice());
-            sources.quote_leak(site, callers, run)
+                .flat_map(|r| &r.leaks)
+                .find(|l| l.site == site)
+                .map(|l| l.quote.clone())
+                .unwrap_or_default()
         } else {
             crate::source::SourceQuote {
                 source: sources.quote(site),
@@ -516,8 +506,6 @@ fn peak_finding(peak: &PeakReport) -> Option<Finding> {
         .live_at_peak
         .iter()
         .max_by_key(|t| (site_total(t), category_total(t), t.bytes));
-    let mut cats: Vec<(&String, &u64)> = peak.categories.iter().collect();
-    cats.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
     Some(Finding {
         kind: "peak".into(),
         severity: Severity::Info,
@@ -548,11 +536,9 @@ fn peak_finding(peak: &PeakReport) -> Option<Finding> {
         site: top.map(|t| t.site.clone()),
         bytes: Some(peak.peak_allocated_bytes),
         suggestion: None,
-        evidence: vec![cats
-            .iter()
-            .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
-            .collect::<Vec<_>>()
-            .join(", ")],
+        evidence: vec![crate::trace::categories::category_mix(
+            peak.categories.iter().map(|(c, b)| (c.as_str(), *b)),
+        )],
         stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
         quote: Default::default(),
     })

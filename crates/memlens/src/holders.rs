@@ -146,14 +146,6 @@ impl HoldersBySite {
         found
     }
 
-    /// Holders given directly, by site (for tests and embedders).
-    pub fn from_sites(sites: impl IntoIterator<Item = (String, Vec<Holder>)>) -> Self {
-        HoldersBySite {
-            by_site: sites.into_iter().collect(),
-            warnings: Vec::new(),
-        }
-    }
-
     /// What keeps the memory of `site` alive, largest first (empty when the
     /// process did not say).
     pub fn of(&self, site: &str) -> &[Holder] {

@@ -81,12 +81,6 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         super::load_all_for_peak(&args.snapshots)?
     };
     let snaps = &read.snaps;
-    // The holders files beside the snapshots are read again by the
-    // diagnosis; a bad one is said here, once, and costs only its holders.
-    let holders = memlens::holders::HoldersBySite::beside(snaps.iter().map(|(n, _)| n.as_str()));
-    for w in &holders.warnings {
-        pb.suspend(|| eprintln!("memlens: warning: {w}"));
-    }
     pb.set_message("replaying and diagnosing");
     let opts = DoctorOptions {
         device_memory: args.device_memory,
@@ -116,6 +110,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     // for the diagnosis and then the report.
     let set = AnalysedSet::with_passes(&named, read.passes.clone());
     let mut doc = doctor_doc_in(&set, &named, &opts, None)?;
+    // A bad file beside the snapshots costs only what it would have added.
+    for w in &doc.warnings {
+        pb.suspend(|| eprintln!("memlens: warning: {w}"));
+    }
     // The report is written after the diagnosis, so that a folder the user
     // cannot write still gets the verdict (then exit 2: the report promised
     // was not written).

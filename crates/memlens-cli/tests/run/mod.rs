@@ -36,3 +36,21 @@ pub fn memlens_in(dir: &Path, args: &[&str]) -> Output {
         .output()
         .expect("memlens runs")
 }
+
+/// A block of `size` bytes allocated at `frames` (innermost first), as a
+/// JSON snapshot holds it.
+pub fn json_block(size: u64, frames: serde_json::Value) -> serde_json::Value {
+    serde_json::json!({"size": size, "requested_size": size, "state": "active_allocated",
+        "frames": frames})
+}
+
+/// A JSON snapshot with no trace: one segment on device 0 exactly filled by
+/// `blocks` (from [`json_block`]).
+pub fn json_snapshot(blocks: Vec<serde_json::Value>) -> serde_json::Value {
+    let total: u64 = blocks.iter().filter_map(|b| b["size"].as_u64()).sum();
+    serde_json::json!({
+        "segments": [{"device": 0, "address": 1u64 << 32, "total_size": total, "stream": 0,
+            "segment_type": "large", "allocated_size": total, "active_size": total,
+            "requested_size": total, "blocks": blocks}],
+        "device_traces": [[]]})
+}

@@ -237,14 +237,33 @@ fn same_program(a: &Facts, b: &Facts) -> bool {
     jaccard(&a.sizes, &b.sizes) >= 0.8 || jaccard(&a.frames, &b.frames) >= 0.95
 }
 
+/// Where and when a process ran and under which allocator settings: what
+/// tells an A/B pair from two ranks.
+type Placement<'a> = (
+    &'a [u32],
+    Option<(i64, i64)>,
+    &'a crate::sim::config::AllocatorConfig,
+);
+
 /// Two processes on the same devices at the same time under different
 /// allocator settings: one program run twice to compare the settings (an
 /// A/B pair), not two ranks of one job (ranks share their settings).
-fn ab_pair(a: &Process, b: &Process, facts: &[Facts]) -> bool {
-    !a.devices.is_empty()
-        && a.devices == b.devices
-        && overlap(a.span, b.span)
-        && facts[a.head].config != facts[b.head].config
+fn ab_pair(a: Placement<'_>, b: Placement<'_>) -> bool {
+    !a.0.is_empty() && a.0 == b.0 && overlap(a.1, b.1) && a.2 != b.2
+}
+
+impl Process {
+    /// The process's devices and time span, with its program's settings.
+    fn placement<'a>(&'a self, facts: &'a [Facts]) -> Placement<'a> {
+        (&self.devices, self.span, &facts[self.head].config)
+    }
+}
+
+impl Facts {
+    /// The file's devices and time span, with its settings.
+    fn placement(&self) -> Placement<'_> {
+        (&self.devices, self.span, &self.config)
+    }
 }
 
 /// A process: files of one process, with their facts merged.
@@ -372,7 +391,7 @@ fn jobs(procs: &[Process], facts: &[Facts], force_ranks: bool, named: bool) -> V
             let together = force_ranks
                 || named
                 || (at_once
-                    && !ab_pair(a, b, facts)
+                    && !ab_pair(a.placement(facts), b.placement(facts))
                     && same_program(&facts[a.head], &facts[b.head]));
             if together {
                 let (x, y) = (root(&mut jp, i), root(&mut jp, j));
@@ -434,13 +453,9 @@ fn ab_runs(groups: &[Group], facts: &[Facts]) -> bool {
         .filter_map(|g| g.files().last().map(|&f| &facts[f]))
         .collect();
     heads.iter().enumerate().any(|(i, a)| {
-        heads[i + 1..].iter().any(|b| {
-            !a.devices.is_empty()
-                && a.devices == b.devices
-                && overlap(a.span, b.span)
-                && a.config != b.config
-                && same_program(a, b)
-        })
+        heads[i + 1..]
+            .iter()
+            .any(|b| ab_pair(a.placement(), b.placement()) && same_program(a, b))
     })
 }
 

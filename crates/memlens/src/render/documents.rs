@@ -140,6 +140,11 @@ pub struct DoctorDoc {
     pub ranks: Option<Vec<crate::analysis::ranks::RankRow>>,
     /// Every analysis behind the findings.
     pub diagnosis: Diagnosis,
+    /// One line for each file beside the snapshots that could not be used
+    /// (a bad holders file): for the command line to print, not part of the
+    /// document.
+    #[serde(skip)]
+    pub warnings: Vec<String>,
 }
 
 /// Diagnoses the snapshots of one run and, when `report` names a path, writes
@@ -169,8 +174,10 @@ pub fn doctor_doc_in<'s>(
     for part in &mut diagnosis.parts {
         part.diagnosis.leaks.annotate(&sources, &run);
     }
-    let leak_paths = crate::doctor::leak_paths(&diagnosis);
-    crate::doctor::annotate_findings(&mut diagnosis.findings, &leak_paths, &sources, &run);
+    let leaks: Vec<&crate::analysis::leaks::LeakReport> = std::iter::once(&diagnosis.leaks)
+        .chain(diagnosis.parts.iter().map(|p| &p.diagnosis.leaks))
+        .collect();
+    crate::doctor::annotate_findings(&mut diagnosis.findings, &leaks, &sources);
     let report = match report {
         Some(path) => {
             crate::report::write_report_in(set, snaps, &diagnosis, path)?;
@@ -183,6 +190,7 @@ pub fn doctor_doc_in<'s>(
         report,
         ranks: diagnosis.ranks.as_ref().map(|r| r.ranks.clone()),
         diagnosis,
+        warnings: run.holders.warnings,
     })
 }
 

@@ -36,6 +36,22 @@ pub fn wrap(text: &str, width: usize) -> Vec<String> {
     lines
 }
 
+/// Appends the [`crate::trace::categories::category_mix`] of a table row on
+/// the lines under it, in parentheses, indented by `indent` columns.
+pub fn push_category_mix<'a>(
+    out: &mut String,
+    indent: usize,
+    parts: impl IntoIterator<Item = (&'a str, u64)>,
+) {
+    let pad = " ".repeat(indent);
+    push_wrapped(
+        out,
+        &format!("{pad}("),
+        &pad,
+        &format!("{})", crate::trace::categories::category_mix(parts)),
+    );
+}
+
 /// Appends `text` wrapped to [`PROSE_WIDTH`]: the first line after `first`,
 /// the next ones after `rest` (usually spaces as wide as `first`). Each line ends
 /// with a newline.

@@ -67,18 +67,10 @@ fn tree(o: &mut String, groups: &[ModuleGroup], peak: u64, depth: usize, level: 
             && !g.children.iter().all(|c| c.name.starts_with('('));
         if opened && g.categories.len() > 1 {
             // A parent holds its children's mix: say it, not only the largest.
-            let mut mix: Vec<(&String, &u64)> = g.categories.iter().collect();
-            mix.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
-            let text: Vec<String> = mix
-                .iter()
-                .map(|(c, b)| format!("{c} {}", format_bytes(**b)))
-                .collect();
-            let indent = " ".repeat(head.chars().count() + 2 * level);
-            super::layout::push_wrapped(
+            super::layout::push_category_mix(
                 o,
-                &format!("{indent}("),
-                &indent,
-                &format!("{})", text.join(", ")),
+                head.chars().count() + 2 * level,
+                g.categories.iter().map(|(c, b)| (c.as_str(), *b)),
             );
         }
         if level + 1 < depth {

@@ -1,6 +1,6 @@
 //! The text of `memlens peak`: the peak and what was live at it.
 
-use super::layout::{clip_end, push_wrapped, site_in, MAX_WIDTH};
+use super::layout::{clip_end, push_category_mix, push_wrapped, site_in, MAX_WIDTH};
 use crate::analysis::peak::PeakReport;
 use crate::units::format_bytes;
 use std::fmt::Write;
@@ -43,6 +43,7 @@ fn line_rows(sites: &[crate::analysis::peak::LiveSite]) -> Vec<LineRow<'_>> {
         }
     }
     for r in &mut rows {
+        // The row's category is its largest one.
         r.parts.sort_by_key(|p| std::cmp::Reverse(p.1));
     }
     rows.sort_by_key(|r| std::cmp::Reverse(r.bytes));
@@ -91,17 +92,10 @@ pub fn text(r: &PeakReport) -> String {
             let room = MAX_WIDTH.saturating_sub(head.chars().count());
             let _ = writeln!(o, "{head}{}", site_in(s.site, s.function, room));
             if s.parts.len() > 1 {
-                let mix: Vec<String> = s
-                    .parts
-                    .iter()
-                    .map(|(c, b)| format!("{} {}", c.as_str(), format_bytes(*b)))
-                    .collect();
-                let indent = " ".repeat(head.chars().count());
-                push_wrapped(
+                push_category_mix(
                     &mut o,
-                    &format!("{indent}("),
-                    &indent,
-                    &format!("{})", mix.join(", ")),
+                    head.chars().count(),
+                    s.parts.iter().map(|(c, b)| (c.as_str(), *b)),
                 );
             }
         }

@@ -89,6 +89,18 @@ impl Category {
     }
 }
 
+/// Bytes by category for people, largest first (ties keep their order):
+/// `activation 5.49 GiB, temporary 625.03 MiB`.
+pub fn category_mix<'a>(parts: impl IntoIterator<Item = (&'a str, u64)>) -> String {
+    let mut parts: Vec<(&str, u64)> = parts.into_iter().collect();
+    parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+    parts
+        .iter()
+        .map(|(c, b)| format!("{c} {}", crate::units::format_bytes(*b)))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The phase a stack shows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
