@@ -40,7 +40,7 @@ part "rust-version build (tests/rust_version.sh)" bash tests/rust_version.sh
 part "cargo doc -D warnings" env RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 part "cargo test" cargo test --workspace --no-fail-fast
 part "fuzz smoke run (60 s)" bash tests/fuzz_smoke.sh 60
-for name in python browser export; do
+for name in python browser export mcp; do
     if [ -f "tests/$name/ci.sh" ]; then
         part "tests/$name/ci.sh" bash "tests/$name/ci.sh"
     fi

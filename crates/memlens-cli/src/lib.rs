@@ -44,6 +44,8 @@ enum Command {
     Oom(commands::oom::Args),
     /// Replays the trace through the allocator model under other settings.
     Simulate(commands::simulate::Args),
+    /// The allocator's state right after one event: what was live, by site.
+    State(commands::state::Args),
     /// Simulates the usual PYTORCH_CUDA_ALLOC_CONF settings and ranks them.
     Tune(commands::tune::Args),
     /// Writes the self-contained interactive HTML report.
@@ -59,6 +61,9 @@ enum Command {
     /// Writes snapshots as Parquet tables (events, blocks, segments, frames) for DuckDB or Spark.
     #[cfg(feature = "export")]
     Export(commands::export::Args),
+    /// A Model Context Protocol server over stdio, for coding agents.
+    #[cfg(feature = "mcp")]
+    Mcp(commands::mcp::Args),
 }
 
 /// Runs the CLI on `argv` (program name first) and returns the exit code:
@@ -88,6 +93,7 @@ where
         Command::Leaks(a) => commands::leaks::run(a),
         Command::Oom(a) => commands::oom::run(a),
         Command::Simulate(a) => commands::simulate::run(a),
+        Command::State(a) => commands::state::run(a),
         Command::Tune(a) => commands::tune::run(a),
         Command::Report(a) => commands::report::run(a),
         Command::Estimate(a) => commands::estimate::run(a),
@@ -96,6 +102,8 @@ where
         Command::Check(a) => commands::check::run(a),
         #[cfg(feature = "export")]
         Command::Export(a) => commands::export::run(a),
+        #[cfg(feature = "mcp")]
+        Command::Mcp(a) => commands::mcp::run(a),
     };
     match result {
         Ok(code) => code,

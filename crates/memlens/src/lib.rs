@@ -40,6 +40,7 @@ pub mod profiler;
 pub mod render;
 pub mod replay;
 pub mod report;
+pub mod session;
 pub mod sim;
 pub mod snapshot;
 pub mod source;

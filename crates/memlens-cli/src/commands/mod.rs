@@ -10,10 +10,13 @@ pub mod export;
 pub mod fit;
 pub mod leaks;
 pub mod lines;
+#[cfg(feature = "mcp")]
+pub mod mcp;
 pub mod oom;
 pub mod peak;
 pub mod report;
 pub mod simulate;
+pub mod state;
 pub mod summary;
 pub mod top;
 pub mod tune;

@@ -8,6 +8,7 @@ pub mod lines;
 pub mod modules;
 pub mod peak;
 pub mod ranks;
+pub mod state;
 pub mod summary;
 pub mod trace_tally;
 

@@ -14,27 +14,7 @@ use crate::{Error, Result, Snapshot};
 use serde::Serialize;
 use std::path::Path;
 
-/// The device a what-if run works on: the one asked for, else the first with a trace.
-pub fn pick_device(snap: &Snapshot, asked: Option<u32>) -> Result<u32> {
-    let with_trace: Vec<u32> = snap
-        .traces
-        .iter()
-        .filter(|t| !t.events.is_empty())
-        .map(|t| t.device)
-        .collect();
-    match asked {
-        Some(d) if with_trace.contains(&d) => Ok(d),
-        Some(d) => Err(Error::usage(format!(
-            "device {d} has no trace (devices with one: {with_trace:?})"
-        ))),
-        None => with_trace.first().copied().ok_or_else(|| {
-            Error::usage(
-                "the snapshot has no trace: record it with \
-                 torch.cuda.memory._record_memory_history(enabled=\"all\")",
-            )
-        }),
-    }
-}
+pub use crate::analysis::state::pick_device;
 
 /// `memlens simulate --json`: the what-if result, where it first failed, and
 /// what the recorded run did.
@@ -223,7 +203,20 @@ pub fn report_doc_in<'s>(
 /// is an error naming the file (exit 2 on the CLI, `MemlensError` in Python):
 /// there is nothing to explain, and an empty document would read as an answer.
 pub fn oom_doc(snap: &Snapshot, name: &str, opts: &OomOptions) -> Result<OomReport> {
-    crate::oom::analyze_snapshot(snap, opts)?.ok_or_else(|| {
+    no_oom_is_an_error(crate::oom::analyze_snapshot(snap, opts)?, name)
+}
+
+/// [`oom_doc`] of a snapshot analysed already.
+pub fn oom_doc_analysed(
+    an: &crate::trace::Analysed<'_>,
+    name: &str,
+    opts: &OomOptions,
+) -> Result<OomReport> {
+    no_oom_is_an_error(crate::oom::snapshot::analyze_analysed(an, opts)?, name)
+}
+
+fn no_oom_is_an_error(report: Option<OomReport>, name: &str) -> Result<OomReport> {
+    report.ok_or_else(|| {
         Error::usage(format!(
             "{name}: the trace holds no OOM (no `oom` event): dump the snapshot in the `except \
              torch.OutOfMemoryError` handler with the trace recording on, or pass the error text \

@@ -21,6 +21,7 @@ pub mod oom;
 pub mod peak;
 pub mod profiler;
 pub mod simulate;
+pub mod state;
 pub mod summary;
 pub mod tune;
 
@@ -49,6 +50,17 @@ pub fn json<T: Serialize>(body: &T, pretty: bool) -> Result<String> {
         serde_json::to_string(&doc)
     };
     text.map_err(|e| Error::usage(format!("cannot serialise the result: {e}")))
+}
+
+/// [`json`]'s document as a value (for a server that pages it before
+/// writing it out): the same keys and values.
+pub fn json_value<T: Serialize>(body: &T) -> Result<serde_json::Value> {
+    let doc = Envelope {
+        schema: crate::JSON_SCHEMA,
+        body,
+    };
+    serde_json::to_value(&doc)
+        .map_err(|e| Error::usage(format!("cannot serialise the result: {e}")))
 }
 
 /// The limits a what-if run used (`simulate`, `tune`), one line each, for people.

@@ -82,26 +82,7 @@ pub fn text(r: &PeakReport) -> String {
     }
     if !r.live_at_peak.is_empty() {
         let _ = writeln!(o, "\nLive at the peak, by site:");
-        for s in line_rows(&r.live_at_peak) {
-            let head = format!(
-                "  {:>11} {:>6} blocks  {:<16} ",
-                format_bytes(s.bytes),
-                s.count,
-                s.parts[0].0.as_str(),
-            );
-            let room = MAX_WIDTH.saturating_sub(head.chars().count());
-            let _ = writeln!(o, "{head}{}", site_in(s.site, s.function, room));
-            if s.parts.len() > 1 {
-                push_category_mix(
-                    &mut o,
-                    head.chars().count(),
-                    s.parts.iter().map(|(c, b)| (c.as_str(), *b)),
-                );
-            }
-        }
-        if r.other_sites > 0 {
-            let _ = writeln!(o, "  … {} more (use --top or --json)", r.other_sites);
-        }
+        push_live_sites(&mut o, &r.live_at_peak, r.other_sites);
     }
     if r.steps.len() > 1 {
         let _ = writeln!(o, "\nSteps ({:?}): peak / left behind", r.step_method);
@@ -122,4 +103,34 @@ pub fn text(r: &PeakReport) -> String {
         push_wrapped(&mut o, "warning: ", "  ", w);
     }
     super::layout::fit(o)
+}
+
+/// The table of live memory by line (sites merged per `file:line`, each with
+/// its category mix), and how many groups were left out: the peak's and the
+/// state at an event's.
+pub(crate) fn push_live_sites(
+    o: &mut String,
+    sites: &[crate::analysis::peak::LiveSite],
+    other_sites: usize,
+) {
+    for s in line_rows(sites) {
+        let head = format!(
+            "  {:>11} {:>6} blocks  {:<16} ",
+            format_bytes(s.bytes),
+            s.count,
+            s.parts[0].0.as_str(),
+        );
+        let room = MAX_WIDTH.saturating_sub(head.chars().count());
+        let _ = writeln!(o, "{head}{}", site_in(s.site, s.function, room));
+        if s.parts.len() > 1 {
+            push_category_mix(
+                o,
+                head.chars().count(),
+                s.parts.iter().map(|(c, b)| (c.as_str(), *b)),
+            );
+        }
+    }
+    if other_sites > 0 {
+        let _ = writeln!(o, "  … {other_sites} more (use --top or --json)");
+    }
 }
