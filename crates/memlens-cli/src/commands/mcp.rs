@@ -312,15 +312,16 @@ impl ServerHandler for Server {
             .iter()
             .map(|r| r.display().to_string())
             .collect();
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_instructions(format!(
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+            format!(
             "memlens explains PyTorch CUDA memory snapshots (torch.cuda.memory._dump_snapshot). \
                  Start with doctor, then ask peak, leaks, oom, diff, ranks or fit for the \
                  evidence, and state to check an event index. Answers are the memlens/1 JSON \
                  documents of the CLI, a page at a time (answer.next_cursor). Snapshots are read \
                  from: {}",
             roots.join(", ")
-        ))
+        ),
+        )
     }
 }
 

@@ -33,6 +33,12 @@ pub struct LiveSite {
     pub compiled: bool,
     /// The stack of the largest block, innermost first.
     pub stack: Vec<String>,
+    /// That stack's id: the `stack_id` of `memlens export`'s tables (join
+    /// `frames` on it).
+    pub stack_id: u32,
+    /// The `alloc` event of that block (`null`: allocated before the trace
+    /// began): `memlens state SNAP --event N` shows the allocator there.
+    pub alloc_event: Option<u32>,
     /// Bytes (rounded block sizes).
     pub bytes: u64,
     /// Number of blocks.
@@ -349,7 +355,7 @@ fn empty(an: &Analysed, top: usize) -> PeakReport {
         .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated)
         .map(|b| {
             let cat = classify(an.phases.of(b.stack), None, true);
-            (an.sites.describe(b.stack), cat, b.stack, b.size)
+            (an.sites.describe(b.stack), cat, b.stack, None, b.size)
         });
     let groups = group(snap, blocks, top);
     PeakReport {
@@ -421,40 +427,54 @@ pub fn group_live(
     let blocks = live.iter().filter(|b| !b.pending_free).map(|b| {
         let (cat, _) = classifier.classify(b.alloc_index, b.stack);
         let site = an.block_site(trace, b.alloc_index, b.stack);
-        (site, cat, b.stack, b.size)
+        (site, cat, b.stack, b.alloc_index, b.size)
     });
     group(an.snap, blocks, top)
 }
 
-/// Groups blocks given as (site, category, stack, bytes) by site and
-/// category, keeping the `top` largest groups.
-fn group(
-    snap: &Snapshot,
-    blocks: impl Iterator<Item = (Site, Category, crate::snapshot::StackId, u64)>,
-    top: usize,
-) -> LiveGroups {
-    let mut groups: HashMap<(Site, Category), LiveSite> = HashMap::new();
+/// A block to group: its site, category, stack, `alloc` event and bytes.
+type Grouped = (Site, Category, crate::snapshot::StackId, Option<u32>, u64);
+
+/// Groups blocks by site and category, keeping the `top` largest groups;
+/// each group shows the stack and `alloc` event of its largest block.
+fn group(snap: &Snapshot, blocks: impl Iterator<Item = Grouped>, top: usize) -> LiveGroups {
+    // Each group with the size of its largest block so far.
+    let mut groups: HashMap<(Site, Category), (LiveSite, u64)> = HashMap::new();
     let mut cats: BTreeMap<Category, (u64, u64)> = BTreeMap::new();
-    for (site, cat, stack, size) in blocks {
-        let e = groups
-            .entry((site.clone(), cat))
-            .or_insert_with(|| LiveSite {
+    for (site, cat, stack, alloc_event, size) in blocks {
+        let (e, largest) = groups.entry((site.clone(), cat)).or_insert_with(|| {
+            let live = LiveSite {
                 site: site.site,
                 function: site.function,
                 path: site.path,
                 compiled: site.compiled,
-                stack: stack_lines(snap, stack),
+                stack: Vec::new(),
+                stack_id: stack,
+                alloc_event,
                 bytes: 0,
                 count: 0,
                 category: cat,
-            });
+            };
+            (live, 0)
+        });
+        if size > *largest {
+            *largest = size;
+            e.stack_id = stack;
+            e.alloc_event = alloc_event;
+        }
         e.bytes += size;
         e.count += 1;
         let c = cats.entry(cat).or_default();
         c.0 += size;
         c.1 += 1;
     }
-    let mut sites: Vec<LiveSite> = groups.into_values().collect();
+    let mut sites: Vec<LiveSite> = groups
+        .into_values()
+        .map(|(mut live, _)| {
+            live.stack = stack_lines(snap, live.stack_id);
+            live
+        })
+        .collect();
     sites.sort_by(|a, b| (b.bytes, &a.site, &a.path).cmp(&(a.bytes, &b.site, &b.path)));
     let other_sites = sites.len().saturating_sub(top);
     sites.truncate(top);
