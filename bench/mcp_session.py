@@ -36,7 +36,7 @@ def questions(peak_event, events):
     qs += [("leaks", {"snapshots": [str(SNAP)]})] * 5
     qs += [("peak", {"snapshot": str(SNAP), "by": "module"})] * 5
     step = max(1, events // 80)
-    qs += [("state", {"snapshot": str(SNAP), "event": min(events - 1, peak_event + (i - 40) * step)})
+    qs += [("state", {"snapshot": str(SNAP), "event": max(0, min(events - 1, peak_event + (i - 40) * step))})
            for i in range(80)]
     return qs[:99]
 

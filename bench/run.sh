@@ -6,6 +6,7 @@
 #
 # Inputs (bench/data/, ignored by git): large-350mb.pickle and large-1gb.pickle,
 # made from ../shared/fixtures/long.pickle.zst by bench/make_large.py.
+# bench/mcp_session.py: an MCP session of 100 questions of the 357 MB file (issue 36).
 # For each file: `memlens summary` (whole program: read + summary), `memlens
 # doctor --no-report` (every analysis, no HTML) and Python's `pickle.load`
 # (what every Python tool does first), with wall time and peak RSS from
