@@ -105,6 +105,9 @@ struct OomAsk {
     device_memory: Option<String>,
     /// The failing step's batch size.
     batch: Option<u64>,
+    /// The `OutOfMemoryError` text of the same failure (a traceback or log
+    /// is fine): it tells the device's total and the memory cap.
+    message: Option<String>,
     #[serde(flatten)]
     page: Page,
 }
@@ -237,6 +240,7 @@ impl Server {
             snapshot: p.snapshot,
             device_memory,
             batch: p.batch,
+            message: p.message,
         });
         self.ask(q, &p.page).await
     }

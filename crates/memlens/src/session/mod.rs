@@ -61,6 +61,9 @@ pub enum Question {
         device_memory: Option<u64>,
         /// The failing step's batch size.
         batch: Option<u64>,
+        /// The `OutOfMemoryError` text of the same failure (the device's
+        /// total and the cap), as `--message`.
+        message: Option<String>,
     },
     /// `memlens fit PROBE PROBE --recorded-batch A,B`.
     Fit {
@@ -369,13 +372,19 @@ fn document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Value> {
             Question::Oom {
                 device_memory,
                 batch,
+                message,
                 ..
             },
             [(name, one)],
         ) => one.with_dependent(|snap, set| {
             let an = set.get(snap).ok_or_else(not_in_set)?;
+            let message = message
+                .as_deref()
+                .map(crate::oom::message::find)
+                .transpose()
+                .map_err(|e| Error::usage(format!("message: {e}")))?;
             let opts = OomOptions {
-                message: None,
+                message,
                 device_memory: *device_memory,
                 batch: *batch,
                 top: usize::MAX,
