@@ -442,6 +442,7 @@ class Recorder:
             _write_snapshot(snapshot, path)
         if self._holders:
             write_holders(path, self.steps, self._holders)
+        write_device(path, self._torch)
         self.snapshots.append(path)
         if periodic and cleared:
             self._chunks.append((path, self.steps - self._steps_at_clear))
@@ -673,20 +674,70 @@ HOLDERS_FORMAT = "memlens-holders/1"
 
 def write_holders(snapshot_path: str, step: int, holders: Dict[str, List[Any]]) -> str:
     """Writes what holds each site (:class:`memlens.Holder` lists by
-    ``file:line`` site) beside the snapshot at ``snapshot_path``, through a
-    temporary file so a reader never sees half of it; returns the file's
-    path. A write that fails (a full disk) warns and costs only the holders
-    file."""
-    path = snapshot_path + HOLDERS_SUFFIX
+    ``file:line`` site) beside the snapshot at ``snapshot_path``; returns the
+    file's path. A write that fails (a full disk) warns and costs only the
+    holders file."""
     sites = {site: [h.to_dict() for h in hs] for site, hs in holders.items()}
     doc = {"format": HOLDERS_FORMAT, "step": int(step), "sites": sites}
+    return _write_beside(snapshot_path, HOLDERS_SUFFIX, doc, "the leak holders")
+
+
+#: The file beside each snapshot with the device's figures at the dump.
+DEVICE_SUFFIX = ".device.json"
+DEVICE_FORMAT = "memlens-device/1"
+
+
+def device_figures(torch: Any) -> List[Dict[str, Any]]:
+    """The current GPU at this moment: its total memory, the per-process
+    fraction in force (``set_per_process_memory_fraction``) and its free
+    memory, none of which a snapshot stores. Only the current device: asking
+    another for its free memory would make a CUDA context on it. Empty when
+    torch cannot tell."""
+    cuda = torch.cuda
+    try:
+        d = int(cuda.current_device())
+        row: Dict[str, Any] = {"device": d, "total_memory": int(cuda.get_device_properties(d).total_memory)}
+    except Exception:
+        return []
+    fraction = getattr(cuda, "get_per_process_memory_fraction", None) or getattr(
+        getattr(cuda, "memory", None), "get_per_process_memory_fraction", None
+    )
+    if fraction is not None:
+        try:
+            row["memory_fraction"] = float(fraction(d))
+        except Exception:
+            pass
+    try:
+        row["free_memory"] = int(cuda.mem_get_info(d)[0])
+    except Exception:
+        pass
+    return [row]
+
+
+def write_device(snapshot_path: str, torch: Any) -> Optional[str]:
+    """Writes the device's figures (:func:`device_figures`) beside the
+    snapshot at ``snapshot_path``, for the what-ifs to run under the cap and
+    the total the run had; the file's path, or None when torch could not
+    tell them."""
+    devices = device_figures(torch)
+    if not devices:
+        return None
+    doc = {"format": DEVICE_FORMAT, "devices": devices}
+    return _write_beside(snapshot_path, DEVICE_SUFFIX, doc, "the device's figures")
+
+
+def _write_beside(snapshot_path: str, suffix: str, doc: Dict[str, Any], what: str) -> str:
+    """Writes ``doc`` as JSON to ``snapshot_path + suffix`` through a
+    temporary file, so a reader never sees half of it. A failed write (a full
+    disk) warns once and costs only that file."""
+    path = snapshot_path + suffix
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
             json.dump(doc, f, indent=1)
         os.replace(tmp, path)
     except OSError as e:
-        _warn_once("holders-write", f"memlens: the leak holders were not written beside {snapshot_path}: {e}")
+        _warn_once(f"write{suffix}", f"memlens: {what} were not written beside {snapshot_path}: {e}")
     return path
 
 

@@ -47,6 +47,9 @@ class FakeGPU:
         self.clock = 0
         # record_function scopes (torch keeps them in `external_annotations`).
         self.annotations: List[Dict[str, Any]] = []
+        # The card and the per-process fraction in force.
+        self.total_memory = 80 << 30
+        self.memory_fraction = 1.0
 
     # -- what tests drive ---------------------------------------------------
 
@@ -169,6 +172,10 @@ def build(gpu: FakeGPU) -> types.ModuleType:
         gpu.peak_reserved[d] = gpu.reserved[d]
 
     cuda.reset_peak_memory_stats = reset_peak
+    # An 80 GiB card; the fraction as set_per_process_memory_fraction left it.
+    cuda.get_device_properties = lambda d=None: types.SimpleNamespace(total_memory=gpu.total_memory)
+    cuda.get_per_process_memory_fraction = lambda d=None: gpu.memory_fraction
+    cuda.mem_get_info = lambda d=None: (gpu.total_memory - gpu.reserved[dev(d)], gpu.total_memory)
     cuda.OutOfMemoryError = FakeOutOfMemoryError
 
     def record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all", max_entries: int = sys.maxsize, **kw: Any) -> None:

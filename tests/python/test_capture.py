@@ -23,6 +23,11 @@ LIVE_KEYS = [
 ]
 
 
+def pickles(folder, pattern="*"):
+    """The snapshots in ``folder`` (without the files written beside them)."""
+    return sorted(p.name for p in folder.glob(pattern) if p.name.endswith(".pickle"))
+
+
 def live_files(tmp_path):
     d = tmp_path / "run"
     return sorted(p.name for p in d.glob("*.json")) if d.is_dir() else []
@@ -89,7 +94,7 @@ def test_snapshots_every_n_steps_and_at_the_end(gpu, tmp_path):
         for _ in range(5):
             gpu.alloc(MIB)
             memlens.step()
-    names = sorted(os.listdir(out))
+    names = pickles(out)
     assert names == ["snapshot.pickle", "snapshot.step2.pickle", "snapshot.step4.pickle"]
     assert rec.snapshots == [str(out / n) for n in ["snapshot.step2.pickle", "snapshot.step4.pickle", "snapshot.pickle"]]
     # The files are the snapshots PyTorch returned, pickled as _dump_snapshot does.
@@ -115,7 +120,7 @@ def test_periodic_snapshots_hold_the_trace_since_the_previous_one(gpu, tmp_path)
             kept = blk
             memlens.step()
     lines = lambda snap: [e["frames"][-1]["line"] for t in snap["device_traces"] for e in t if e["action"] == "alloc"]
-    snaps = {n: pickle.loads((out / n).read_bytes()) for n in os.listdir(out)}
+    snaps = {n: pickle.loads((out / n).read_bytes()) for n in pickles(out)}
     # A periodic dump clears the ring after it: each periodic file holds its
     # own two steps, nothing of the steps before.
     assert lines(snaps["snapshot.step2.pickle"]) == [1, 2]
@@ -166,7 +171,7 @@ def test_file_name_mode_and_start_stop_functions(gpu, tmp_path):
     memlens.step()
     final = memlens.stop()
     assert final == str(tmp_path / "run1.pickle")
-    assert sorted(p.name for p in tmp_path.glob("run1*")) == ["run1.pickle", "run1.step1.pickle"]
+    assert pickles(tmp_path, "run1*") == ["run1.pickle", "run1.step1.pickle"]
     assert _capture.current() is None
     assert memlens.stop() is None
 
@@ -178,7 +183,7 @@ def test_rank_goes_in_the_names_once_distributed_is_initialised(gpu, tmp_path):
         memlens.step()
         memlens.step()
         assert read_live(tmp_path)["rank"] in (None, 3)
-    assert sorted(os.listdir(out)) == ["snapshot.rank3.pickle", "snapshot.rank3.step2.pickle"]
+    assert pickles(out) == ["snapshot.rank3.pickle", "snapshot.rank3.step2.pickle"]
 
 
 def test_only_one_recording_at_a_time(gpu, tmp_path):
@@ -607,3 +612,35 @@ def test_grown_sites_groups_by_innermost_user_frame():
         ("/home/me/c.py:3", "leaky", 7 * MIB, 2)
     ]
     assert keep in gpu.blocks[0]
+
+
+def test_the_device_figures_are_written_beside_every_snapshot(gpu, tmp_path):
+    """Issue 31 item 5: a snapshot stores neither the device's total nor the
+    per-process cap; the recorder writes them beside each snapshot
+    (``<snapshot>.device.json``) for ``tune``/``simulate`` to use."""
+    import json
+
+    gpu.memory_fraction = 0.05
+    with memlens.record(tmp_path / "snaps", every=2) as rec:
+        for _ in range(4):
+            gpu.alloc(4 * MIB)
+            memlens.step()
+    assert rec.snapshots
+    for snap in rec.snapshots:
+        doc = json.loads(open(snap + _capture.DEVICE_SUFFIX).read())
+        assert doc["format"] == "memlens-device/1"
+        (row,) = doc["devices"]
+        assert row["device"] == 0 and row["total_memory"] == 80 << 30
+        assert row["memory_fraction"] == 0.05
+        assert 0 < row["free_memory"] <= 80 << 30
+
+
+def test_no_device_file_when_torch_cannot_tell(gpu, tmp_path):
+    """A torch without the device's properties costs only the file."""
+    import torch
+
+    del torch.cuda.get_device_properties
+    with memlens.record(tmp_path / "snaps") as rec:
+        gpu.alloc(MIB)
+    assert rec.snapshots
+    assert not any(os.path.exists(p + _capture.DEVICE_SUFFIX) for p in rec.snapshots)

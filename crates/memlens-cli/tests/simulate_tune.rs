@@ -166,3 +166,67 @@ fn tune_on_an_expandable_run_with_its_cap_matches_the_default_run() {
         .unwrap()
         .contains("below 4.60 GiB"));
 }
+
+/// The same run with the device file `memlens.record` writes beside each
+/// snapshot (its total and the per-process fraction): `tune` takes the cap
+/// from it, with no flags, and gives the defaults the one OOM and the peak
+/// the real default run had; `simulate` and `doctor` read it too.
+#[test]
+fn tune_takes_the_cap_memlens_record_wrote_beside_the_snapshot() {
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/oom/frag_cap_expandable.pickle.zst");
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("run.oom.pickle.zst");
+    std::fs::copy(&src, &snap).unwrap();
+    let total = 150_109_880_320u64;
+    let fraction = (4u64 << 30) as f64 / total as f64;
+    std::fs::write(
+        dir.path().join("run.oom.pickle.zst.device.json"),
+        format!(
+            r#"{{"format": "memlens-device/1", "devices": [{{"device": 0, "total_memory": {total}, "memory_fraction": {fraction}, "free_memory": 146769231872}}]}}"#
+        ),
+    )
+    .unwrap();
+    let snap = snap.to_string_lossy().into_owned();
+    let v = json(&["tune", &snap, "--json"]);
+    let cap = &v["limits"]["memory_cap"];
+    assert!(
+        cap["source"]
+            .as_str()
+            .unwrap()
+            .contains("recorded by memlens.record"),
+        "{cap}"
+    );
+    assert!(
+        cap["bytes"].as_u64().unwrap().abs_diff(4 << 30) <= 1,
+        "{cap}"
+    );
+    assert_eq!(v["limits"]["device_total"]["bytes"], total);
+    let defaults = v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["config"] == "")
+        .expect("the defaults row");
+    assert_eq!(defaults["num_ooms"], 1, "{defaults}");
+    assert_eq!(
+        defaults["peak_reserved_bytes"], 3_984_588_800u64,
+        "{defaults}"
+    );
+    let sim = json(&["simulate", &snap, "--json"]);
+    assert!(sim["limits"]["memory_cap"]["source"]
+        .as_str()
+        .unwrap()
+        .contains("recorded by memlens.record"));
+    // A bad device file is ignored: the bounds inferred from the OOM again.
+    std::fs::write(
+        dir.path().join("run.oom.pickle.zst.device.json"),
+        "{not json",
+    )
+    .unwrap();
+    let v = json(&["tune", &snap, "--json"]);
+    assert!(v["limits"]["memory_cap"]["source"]
+        .as_str()
+        .unwrap()
+        .contains("below 4.60 GiB"));
+}

@@ -208,7 +208,10 @@ pub fn diagnose_in<'s>(
     let run = (oom.is_some() || fragmented)
         .then(|| recorded_run_for(later.recorded(), last, oom.map(|o| o.0)));
     let oom_report = oom.and_then(|_| explain_oom(analysed, run.as_ref(), opts));
-    let tune = run.as_ref().and_then(|run| tune_run(last, run, opts));
+    let last_name = snaps.last().map_or("", |(n, _)| n.as_str());
+    let tune = run
+        .as_ref()
+        .and_then(|run| tune_run(last, last_name, run, opts));
 
     let mut findings = leak_findings(&leaks);
     findings.extend(oom.map(|(_, e)| oom_finding(&e, oom_report.as_ref())));
@@ -303,20 +306,26 @@ fn explain_oom(
 }
 
 /// The allocator settings ranked on `run`'s device, under the limits the run
-/// had (inferred from its OOM), as `memlens tune` does: a setting that fails
-/// there is no fix.
-fn tune_run(last: &Snapshot, run: &RecordedRun, opts: &DoctorOptions) -> Option<TuneResult> {
+/// had (recorded beside the snapshot `name`, else inferred from its OOM), as
+/// `memlens tune` does: a setting that fails there is no fix.
+fn tune_run(
+    last: &Snapshot,
+    name: &str,
+    run: &RecordedRun,
+    opts: &DoctorOptions,
+) -> Option<TuneResult> {
     let sim = SimulateOptions {
         config: recorded_config(&last.settings),
         device_memory: opts.device_memory,
         overhead: None,
         allowed_memory_maximum: None,
     };
+    let recorded = crate::device_file::limits_beside(std::path::Path::new(name), run.device);
     let (sim, _) = crate::replay::limits::with_inferred_from(
         last,
         run.device,
         &sim,
-        None,
+        recorded.as_ref(),
         run.initial.as_deref(),
     );
     let prep = crate::replay::simulate::Prepared::from_run(last, run);

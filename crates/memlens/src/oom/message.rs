@@ -237,6 +237,7 @@ impl OomMessage {
             memory_cap: self.memory_cap(),
             device_total: self.total_capacity.as_ref().map(|t| t.bytes),
             other_processes: self.other_processes_bytes(),
+            origin: crate::replay::limits::LimitsOrigin::Message,
         }
     }
 

@@ -56,7 +56,9 @@ pub fn simulate_doc(
     device: u32,
     opts: &SimulateOptions,
 ) -> Result<SimulateDoc> {
-    let (opts, limits) = with_inferred(snap, device, opts, None);
+    // The limits memlens.record wrote beside the snapshot, if it did.
+    let recorded = crate::device_file::limits_beside(Path::new(name), device);
+    let (opts, limits) = with_inferred(snap, device, opts, recorded.as_ref());
     let result = simulate(snap, device, &opts)?;
     let recorded = replay_device(snap, device, &ReplayOptions::default());
     let site = result.first_oom.map(|o| {
@@ -98,7 +100,9 @@ pub fn tune_doc(
     device: u32,
     opts: &SimulateOptions,
 ) -> Result<TuneDoc> {
-    let (opts, limits) = with_inferred(snap, device, opts, None);
+    // The limits memlens.record wrote beside the snapshot, if it did.
+    let recorded = crate::device_file::limits_beside(Path::new(name), device);
+    let (opts, limits) = with_inferred(snap, device, opts, recorded.as_ref());
     Ok(TuneDoc {
         snapshot: name.to_string(),
         result: tune(snap, device, &opts)?,

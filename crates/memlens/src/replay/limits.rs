@@ -25,8 +25,9 @@ use crate::snapshot::{Action, Snapshot};
 use crate::units::format_bytes;
 use serde::Serialize;
 
-/// The limits an OOM message printed (`crate::oom::OomMessage::limits`):
-/// plain figures, so that the replay needs nothing of the message parser.
+/// The limits an OOM message printed (`crate::oom::OomMessage::limits`), or
+/// `memlens.record` wrote beside the snapshot (`crate::device_file`): plain
+/// figures, so that the replay needs nothing of the message parser.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PrintedLimits {
     /// The per-process cap ("allowed").
@@ -35,6 +36,39 @@ pub struct PrintedLimits {
     pub device_total: Option<u64>,
     /// Memory other processes held.
     pub other_processes: u64,
+    /// Where the figures come from.
+    pub origin: LimitsOrigin,
+}
+
+/// Where known limits come from.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum LimitsOrigin {
+    /// The OOM error message.
+    #[default]
+    Message,
+    /// `<snapshot>.device.json`, written by `memlens.record` at the dump.
+    Recorder,
+}
+
+impl LimitsOrigin {
+    /// The source of the cap, in words.
+    fn cap_source(self) -> &'static str {
+        match self {
+            LimitsOrigin::Message => "the OOM message (\"allowed\")",
+            LimitsOrigin::Recorder => {
+                "recorded by memlens.record beside the snapshot (the per-process memory \
+                 fraction times the device's total)"
+            }
+        }
+    }
+
+    /// The source of the other figures, in words.
+    fn source(self) -> &'static str {
+        match self {
+            LimitsOrigin::Message => "the OOM message",
+            LimitsOrigin::Recorder => "recorded by memlens.record beside the snapshot",
+        }
+    }
 }
 
 /// One inferred figure and where it came from.
@@ -136,11 +170,11 @@ pub fn infer_from(
             _ => {}
         }
     }
-    let printed_cap = message.and_then(|m| m.memory_cap);
+    let printed_cap = message.and_then(|m| m.memory_cap.map(|c| (c, m.origin)));
     out.memory_cap = match (printed_cap, cap) {
-        (Some(c), _) => Some(Limit {
+        (Some((c, origin)), _) => Some(Limit {
             bytes: c,
-            source: "the OOM message (\"allowed\")".to_string(),
+            source: origin.cap_source().to_string(),
         }),
         (None, Some((lo, hi, at))) => Some(Limit {
             bytes: lo,
@@ -165,13 +199,13 @@ pub fn infer_from(
     if let Some(m) = message {
         out.device_total = m.device_total.map(|bytes| Limit {
             bytes,
-            source: "the OOM message".to_string(),
+            source: m.origin.source().to_string(),
         });
         let others = m.other_processes;
         if others > 0 {
             out.other_processes = Some(Limit {
                 bytes: others,
-                source: "the OOM message".to_string(),
+                source: m.origin.source().to_string(),
             });
         }
     }
