@@ -86,7 +86,8 @@ def main():
     checks = {
         "total equals torch": dev["total_memory"] == r["recorded"]["total"],
         "fraction equals torch": dev["memory_fraction"] == r["recorded"]["fraction"],
-        "cap is 4 GiB": abs(cap - 4 * GIB) <= 1,
+        # fraction * total in floating point, as PyTorch computes it: within bytes of 4 GiB.
+        "cap is 4 GiB": abs(cap - 4 * GIB) <= 16,
         "message says 4.00 GiB allowed": "4.00 GiB allowed" in (r["recorded"]["message"] or ""),
         "the defaults OOM too": r["defaults"]["oom"],
     }
