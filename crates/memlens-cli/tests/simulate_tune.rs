@@ -218,6 +218,28 @@ fn tune_takes_the_cap_memlens_record_wrote_beside_the_snapshot() {
         .as_str()
         .unwrap()
         .contains("recorded by memlens.record"));
+    // `oom` and `doctor` take the total and the cap from it too (no --message).
+    let oom = json(&["oom", &snap, "--json"]);
+    assert_eq!(
+        oom["memory_cap"]["source"], "recorded",
+        "{}",
+        oom["memory_cap"]
+    );
+    assert!(
+        oom["memory_cap"]["bytes"]
+            .as_u64()
+            .unwrap()
+            .abs_diff(4 << 30)
+            <= 1
+    );
+    assert_eq!(oom["device_memory"]["total_bytes"], total);
+    assert_eq!(oom["device_memory"]["total_source"], "memlens.record");
+    let doctor = json(&["doctor", &snap, "--json", "--no-report"]);
+    assert_eq!(
+        doctor["diagnosis"]["oom"]["memory_cap"]["source"], "recorded",
+        "{}",
+        doctor["diagnosis"]["oom"]["memory_cap"]
+    );
     // A bad device file is ignored: the bounds inferred from the OOM again.
     std::fs::write(
         dir.path().join("run.oom.pickle.zst.device.json"),

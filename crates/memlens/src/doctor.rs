@@ -207,8 +207,8 @@ pub fn diagnose_in<'s>(
     // (the state it met) and the what-ifs (where empty_cache() was called).
     let run = (oom.is_some() || fragmented)
         .then(|| recorded_run_for(later.recorded(), last, oom.map(|o| o.0)));
-    let oom_report = oom.and_then(|_| explain_oom(analysed, run.as_ref(), opts));
     let last_name = snaps.last().map_or("", |(n, _)| n.as_str());
+    let oom_report = oom.and_then(|_| explain_oom(analysed, last_name, run.as_ref(), opts));
     let tune = run
         .as_ref()
         .and_then(|run| tune_run(last, last_name, run, opts));
@@ -293,11 +293,14 @@ fn recorded_run_for(
 /// already made when it watched the OOM.
 fn explain_oom(
     analysed: &crate::trace::Analysed<'_>,
+    name: &str,
     run: Option<&RecordedRun>,
     opts: &DoctorOptions,
 ) -> Option<crate::oom::OomReport> {
     let o = crate::oom::OomOptions {
         device_memory: opts.device_memory,
+        // The total and the cap memlens.record wrote beside the snapshot.
+        recorded: crate::device_file::beside(std::path::Path::new(name)).unwrap_or_default(),
         ..Default::default()
     };
     crate::oom::snapshot::analyze_observed(analysed, run, &o)

@@ -88,6 +88,8 @@ fn run_snapshot(path: &Path, args: &Args) -> anyhow::Result<u8> {
         device_memory: args.device_memory,
         batch: args.batch,
         top: args.top,
+        // oom_doc reads what memlens.record wrote beside the snapshot.
+        recorded: Vec::new(),
     };
     let report = oom_doc(&snap, &path.display().to_string(), &opts)?;
     output::print(&report, args.json, render::oom::text)?;

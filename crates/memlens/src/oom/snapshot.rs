@@ -41,6 +41,10 @@ pub struct OomOptions {
     pub batch: Option<u64>,
     /// Allocation sites listed in `live_at_oom`.
     pub top: usize,
+    /// The devices as `memlens.record` wrote them beside the snapshot
+    /// ([`crate::device_file`]): the total and the cap the run had, where
+    /// neither the message nor an option gives them.
+    pub recorded: Vec<crate::device_file::RecordedDevice>,
 }
 
 impl Default for OomOptions {
@@ -50,7 +54,15 @@ impl Default for OomOptions {
             device_memory: None,
             batch: None,
             top: 10,
+            recorded: Vec::new(),
         }
+    }
+}
+
+impl OomOptions {
+    /// What `memlens.record` wrote about `device`, if anything.
+    fn recorded_device(&self, device: u32) -> Option<&crate::device_file::RecordedDevice> {
+        self.recorded.iter().find(|d| d.device == device)
     }
 }
 
@@ -104,6 +116,9 @@ pub enum CapSource {
     Message,
     /// Inferred from the trace: the device had room, yet the allocation failed.
     Inferred,
+    /// Written beside the snapshot by `memlens.record` (the fraction in
+    /// force times the device's total).
+    Recorded,
 }
 
 /// The per-process memory cap (`set_per_process_memory_fraction`).
@@ -385,7 +400,8 @@ pub fn analyze_observed(
 
     // The device, the cap, the figures the cause is read from.
     let msg = opts.message.as_ref();
-    let (facts, device_memory, memory_cap) = facts_of(opts, &oom, &st, &mem, tried);
+    let recorded = opts.recorded_device(t.device);
+    let (facts, device_memory, memory_cap) = facts_of(opts, recorded, &oom, &st, &mem, tried);
     // What was live.
     let Some(classifier) = an.classifier(trace) else {
         return Ok(None);
@@ -474,21 +490,24 @@ pub fn analyze_observed(
 /// and the cap (given, printed or inferred).
 fn facts_of(
     opts: &OomOptions,
+    recorded: Option<&crate::device_file::RecordedDevice>,
     oom: &crate::snapshot::TraceEvent,
     st: &State,
     mem: &CacheMemory,
     tried: u64,
 ) -> (Facts, DeviceMemory, Option<MemoryCap>) {
-    let device_memory = device_memory(opts, oom.addr, st.reserved);
+    let device_memory = device_memory(opts, recorded, oom.addr, st.reserved);
     let (total, device_free) = (device_memory.total_bytes, device_memory.free_bytes);
-    let cap = memory_cap(
-        opts.message.as_ref(),
-        total,
-        device_free,
-        tried,
-        st.reserved,
-        st.peak_reserved,
-    );
+    let cap = recorded_cap(opts.message.as_ref(), recorded).or_else(|| {
+        memory_cap(
+            opts.message.as_ref(),
+            total,
+            device_free,
+            tried,
+            st.reserved,
+            st.peak_reserved,
+        )
+    });
     let facts = Facts {
         request: oom.size,
         tried,
@@ -628,18 +647,50 @@ impl CacheMemory {
     }
 }
 
+/// The cap `memlens.record` wrote beside the snapshot, unless the message
+/// prints one (the message's "allowed" is what PyTorch itself enforced).
+fn recorded_cap(
+    msg: Option<&OomMessage>,
+    recorded: Option<&crate::device_file::RecordedDevice>,
+) -> Option<MemoryCap> {
+    if msg.and_then(|m| m.memory_cap()).is_some() {
+        return None;
+    }
+    let r = recorded?;
+    let bytes = r.memory_cap()?;
+    let fraction = r.memory_fraction?;
+    Some(MemoryCap {
+        bytes,
+        fraction: Some(round_to(fraction, 0.001)),
+        source: CapSource::Recorded,
+        range_bytes: None,
+        how: format!(
+            "memlens.record wrote the per-process memory fraction in force ({fraction:.4}) and \
+             the device's total ({}) beside the snapshot",
+            format_bytes(r.total_memory)
+        ),
+    })
+}
+
 /// The device's memory at the OOM: `device_free` as the event recorded it,
-/// its total from `--device-memory` or the message, and what lay outside
-/// PyTorch's `reserved`.
-fn device_memory(opts: &OomOptions, device_free: u64, reserved: u64) -> DeviceMemory {
+/// its total from `--device-memory`, the message or what `memlens.record`
+/// wrote beside the snapshot, and what lay outside PyTorch's `reserved`.
+fn device_memory(
+    opts: &OomOptions,
+    recorded: Option<&crate::device_file::RecordedDevice>,
+    device_free: u64,
+    reserved: u64,
+) -> DeviceMemory {
     let msg = opts.message.as_ref();
     let (total, total_source) = match (
         opts.device_memory,
         msg.and_then(|m| m.total_capacity.as_ref()),
+        recorded,
     ) {
-        (Some(d), _) => (Some(d), Some("option")),
-        (None, Some(f)) => (Some(f.bytes), Some("message")),
-        (None, None) => (None, None),
+        (Some(d), _, _) => (Some(d), Some("option")),
+        (None, Some(f), _) => (Some(f.bytes), Some("message")),
+        (None, None, Some(r)) => (Some(r.total_memory), Some("memlens.record")),
+        (None, None, None) => (None, None),
     };
     DeviceMemory {
         total_bytes: total,
@@ -935,6 +986,11 @@ fn explain(
                     Some(fr) => format!("{} (a memory fraction of {fr})", format_bytes(c.bytes)),
                     None => format_bytes(c.bytes),
                 },
+                Some(c) if c.source == CapSource::Recorded => format!(
+                    "{} (set_per_process_memory_fraction({}), as memlens.record saw it)",
+                    format_bytes(c.bytes),
+                    c.fraction.unwrap_or(0.0)
+                ),
                 Some(c) => match c.fraction {
                     Some(fr) => format!(
                         "about {} (inferred: most likely set_per_process_memory_fraction({fr}))",

@@ -207,7 +207,18 @@ pub fn report_doc_in<'s>(
 /// is an error naming the file (exit 2 on the CLI, `MemlensError` in Python):
 /// there is nothing to explain, and an empty document would read as an answer.
 pub fn oom_doc(snap: &Snapshot, name: &str, opts: &OomOptions) -> Result<OomReport> {
-    no_oom_is_an_error(crate::oom::analyze_snapshot(snap, opts)?, name)
+    let opts = with_recorded_device(opts, name);
+    no_oom_is_an_error(crate::oom::analyze_snapshot(snap, &opts)?, name)
+}
+
+/// `opts` with what `memlens.record` wrote beside the snapshot `name`
+/// ([`crate::device_file`]), unless the caller gave it already.
+fn with_recorded_device(opts: &OomOptions, name: &str) -> OomOptions {
+    let mut opts = opts.clone();
+    if opts.recorded.is_empty() {
+        opts.recorded = crate::device_file::beside(Path::new(name)).unwrap_or_default();
+    }
+    opts
 }
 
 /// [`oom_doc`] of a snapshot analysed already.
@@ -216,7 +227,8 @@ pub fn oom_doc_analysed(
     name: &str,
     opts: &OomOptions,
 ) -> Result<OomReport> {
-    no_oom_is_an_error(crate::oom::snapshot::analyze_analysed(an, opts)?, name)
+    let opts = with_recorded_device(opts, name);
+    no_oom_is_an_error(crate::oom::snapshot::analyze_analysed(an, &opts)?, name)
 }
 
 fn no_oom_is_an_error(report: Option<OomReport>, name: &str) -> Result<OomReport> {

@@ -222,6 +222,7 @@ fn before_failure(s: &mut String, r: &OomReport) {
         let how = match c.source {
             CapSource::Message => "from the message".to_string(),
             CapSource::Inferred => "inferred".to_string(),
+            CapSource::Recorded => "recorded by memlens.record".to_string(),
         };
         row(
             "memory cap",

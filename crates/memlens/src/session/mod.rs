@@ -388,6 +388,7 @@ fn document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Value> {
                 device_memory: *device_memory,
                 batch: *batch,
                 top: usize::MAX,
+                recorded: Vec::new(),
             };
             to_doc(&documents::oom_doc_analysed(an, name, &opts)?)
         }),
