@@ -264,3 +264,29 @@ class Evil:
 
     def __reduce__(self):
         return (os.system, (self.command,))
+
+
+def test_the_evidence_in_answers_checks_out_with_state():
+    """The event indices answers give are real: the state at a live site's
+    `alloc_event` (and at a leak's) is an allocation at that site, and the
+    state at `peak_event_index` holds the peak."""
+    snap = fixture("gpt2_eval_leak.pickle.zst")
+
+    async def body(s):
+        peak = await ask(s, "peak", snapshot=snap, limit=5)
+        leaks = await ask(s, "leaks", snapshots=[snap])
+        checks = []
+        for row in peak["live_at_peak"] + leaks["leaks"]:
+            if row.get("alloc_event") is None or row["site"].startswith("<"):
+                continue
+            st = await ask(s, "state", snapshot=snap, event=row["alloc_event"])
+            checks.append((row["site"], st["event"]["action"], st["event"]["site"]))
+        at_peak = await ask(s, "state", snapshot=snap, event=peak["peak_event_index"])
+        return peak, leaks, checks, at_peak
+
+    peak, leaks, checks, at_peak = with_session(body)
+    assert leaks["leaks"] and leaks["leaks"][0]["alloc_event"] is not None
+    assert len(checks) >= 3, checks
+    for site, action, at in checks:
+        assert action == "alloc" and at == site, (site, action, at)
+    assert at_peak["allocated_bytes"] == peak["peak_allocated_bytes"]

@@ -72,6 +72,13 @@ pub struct Leak {
     pub evidence_labels: Vec<String>,
     /// An example stack of the growing allocations, innermost first.
     pub stack: Vec<String>,
+    /// That stack's id in the snapshot it came from (the newest that holds
+    /// the site): the `stack_id` of `memlens export`'s tables.
+    pub stack_id: u32,
+    /// Within a trace: the `alloc` event of the newest growing allocation
+    /// still live at the last step (`memlens state SNAP --event N` shows the
+    /// allocator there); absent across snapshots.
+    pub alloc_event: Option<u32>,
     /// The allocating line and the line keeping the tensors alive, when the
     /// source is readable (`source` and `keeper` in JSON); filled by
     /// [`LeakReport::annotate`].
@@ -435,6 +442,8 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
             evidence: series,
             evidence_labels: labels.clone(),
             stack: stack_lines(snap_of_stack, stack),
+            stack_id: stack,
+            alloc_event: None,
             quote: Default::default(),
         });
     }
@@ -665,11 +674,8 @@ fn leak_of_site(
     // Did a backward pass use the forward that made the kept memory?
     // (Training that keeps outputs: yes; evaluation without no_grad
     // between training steps: no.)
-    let newest = points
-        .iter()
-        .rev()
-        .find_map(|p| p.get(id))
-        .map_or(0, |v| v.3);
+    let newest_event = points.iter().rev().find_map(|p| p.get(id)).map(|v| v.3);
+    let newest = newest_event.unwrap_or(0);
     // A block made outside a forward pass has no graph to keep: then
     // the question is only whether the steps train at all.
     let made_in_forward =
@@ -705,6 +711,8 @@ fn leak_of_site(
             .map(|s| format!("after step {s}"))
             .collect(),
         stack: stack_lines(snap, stack),
+        stack_id: stack,
+        alloc_event: newest_event.and_then(|e| u32::try_from(e).ok()),
         quote: Default::default(),
     })
 }
