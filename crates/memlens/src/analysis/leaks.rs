@@ -712,7 +712,7 @@ fn leak_of_site(
             .collect(),
         stack: stack_lines(snap, stack),
         stack_id: stack,
-        alloc_event: newest_event.and_then(|e| u32::try_from(e).ok()),
+        alloc_event: newest_event,
         quote: Default::default(),
     })
 }
