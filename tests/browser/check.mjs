@@ -207,6 +207,9 @@ async function issue18(page, theme) {
       charts: (ML.charts.ranks || []).length,
       visible: !document.getElementById('ranks').hidden,
     } : null;
+    // The verdict in one sentence, the terminal's (a healthy run is told so).
+    const v = document.querySelector('#findings-list .verdict');
+    r.verdict = { shown: v ? v.textContent : null, data: D.meta && D.meta.verdict };
     r.oomRects = document.querySelectorAll('#oom-bars svg rect').length;
     r.oomFixRows = document.querySelectorAll('#oom-fixes tbody tr').length;
     r.expectedFixes = D.oom ? D.oom.fixes.length : 0;
@@ -218,6 +221,8 @@ async function issue18(page, theme) {
     return r;
   });
   if (out.zeroLegend.length) fail(`${theme}: timeline legend entries that are always 0 B: ${out.zeroLegend.join(', ')}`);
+  if (!out.verdict.shown || out.verdict.shown !== out.verdict.data) fail(`${theme}: the verdict sentence is not shown (${JSON.stringify(out.verdict)})`);
+  if (expect.has('healthy') && !out.verdict.shown.startsWith('Verdict: no leak, no OOM')) fail(`${theme}: a healthy run is not told so: ${out.verdict.shown}`);
   if (expect.has('leak') && !(out.present.leaks && out.leakCharts > 0)) fail(`${theme}: no leak shown`);
   if (expect.has('overview') && (out.overviewRows < 2 || out.overviewRows !== out.expectedOverviewRows)) fail(`${theme}: overview has ${out.overviewRows} rows, ${out.expectedOverviewRows} snapshots`);
   if (expect.has('oom') && !out.present.oom) fail(`${theme}: no OOM section data`);

@@ -35,6 +35,10 @@ corpus="$root/tests/corpus"
 "$ml" report "$corpus"/leak_losses.step{2,4,6}.pickle.zst -o "$out/leak_losses-3.html" >/dev/null
 MEMLENS_EXPECT=leak,overview,moments "$here/run.sh" "$out/leak_losses-3.html" "model.py:121" "$out/leak_losses-3.png"
 
+# A healthy run (tests/corpus/clean: no leak, no OOM): the page says so in one sentence.
+"$ml" report "$corpus"/clean.pickle.zst -o "$out/clean.html" >/dev/null
+MEMLENS_EXPECT=healthy,moments "$here/run.sh" "$out/clean.html" "model.py:77" "$out/clean.png"
+
 # The two ranks of one DDP job (tests/corpus/ranks, rank 0 keeps an EMA copy at
 # train_ddp.py:61): both ranks' exact peaks and charts, in either file order.
 "$ml" report "$corpus"/ranks/ddp_ema.rank{1,0}.pickle.zst -o "$out/ddp_ema.html" >/dev/null

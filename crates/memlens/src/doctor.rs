@@ -139,6 +139,30 @@ pub struct Diagnosis {
     pub parts: Vec<Part>,
 }
 
+impl Diagnosis {
+    /// The verdict in one sentence, as the terminal and the report both
+    /// print it: a healthy run is told so plainly.
+    pub fn verdict(&self) -> String {
+        let serious = self
+            .findings
+            .iter()
+            .filter(|f| f.severity > Severity::Info)
+            .count();
+        if self.inputs.as_ref().is_some_and(|i| i.kind == "runs") {
+            return format!(
+                "Verdict: {serious} problem{} over {} runs; each run's own below.",
+                if serious == 1 { "" } else { "s" },
+                self.parts.len()
+            );
+        }
+        match serious {
+            0 => "Verdict: no leak, no OOM, no fragmentation worth fixing.".to_string(),
+            1 => "Verdict: 1 problem.".to_string(),
+            n => format!("Verdict: {n} problems."),
+        }
+    }
+}
+
 /// What several inputs were taken to be.
 #[derive(Clone, Debug, Serialize)]
 pub struct Inputs {

@@ -167,6 +167,8 @@
     });
     if (!stats.childNodes.length) stats.hidden = true;
     var list = $('findings-list');
+    // The verdict in one sentence, as the terminal prints it (a healthy run is told so).
+    if (m.verdict) list.appendChild(el('p', { class: 'verdict', text: m.verdict }));
     var fs = (D.findings || []).slice();
     var rank = { critical: 0, warning: 1, info: 2 };
     function sevRank(f) { return Object.prototype.hasOwnProperty.call(rank, f.severity) ? rank[f.severity] : 3; }

@@ -15,17 +15,7 @@ pub fn text(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
     }
     if d.inputs.as_ref().is_some_and(|i| i.kind == "runs") {
         // Unrelated runs: each its own verdict.
-        let serious = d
-            .findings
-            .iter()
-            .filter(|f| f.severity > Severity::Info)
-            .count();
-        let _ = writeln!(
-            o,
-            "\nVerdict: {serious} problem{} over {} runs; each run's own below.",
-            if serious == 1 { "" } else { "s" },
-            d.parts.len()
-        );
+        let _ = writeln!(o, "\n{}", d.verdict());
         for p in &d.parts {
             let _ = writeln!(o, "\n=== {} ===", p.label);
             let files: Vec<&str> = p.files.iter().map(String::as_str).collect();
@@ -36,20 +26,7 @@ pub fn text(d: &Diagnosis, names: &[&str], verbose: bool) -> String {
     if let Some(r) = &d.ranks {
         o.push_str(&ranks_table(r));
     }
-    let serious: Vec<_> = d
-        .findings
-        .iter()
-        .filter(|f| f.severity > Severity::Info)
-        .collect();
-    let _ = writeln!(
-        o,
-        "\n{}",
-        match serious.len() {
-            0 => "Verdict: no leak, no OOM, no fragmentation worth fixing.".to_string(),
-            1 => "Verdict: 1 problem.".to_string(),
-            n => format!("Verdict: {n} problems."),
-        }
-    );
+    let _ = writeln!(o, "\n{}", d.verdict());
     for (i, f) in d.findings.iter().enumerate() {
         if i >= 4 && !verbose {
             break;

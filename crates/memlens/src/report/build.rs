@@ -255,6 +255,7 @@ fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
         format!("memlens report: {last}")
     };
     m.device = Some(format!("cuda:{}", d.peak.device));
+    m.verdict = d.verdict();
     if let Some((_, s)) = snaps.last() {
         m.settings = settings_pairs(&s.settings);
     }

@@ -133,6 +133,8 @@ pub struct Meta {
     pub settings: Vec<(String, String)>,
     /// Headline figures shown under the title (peak allocated, reserved, ...).
     pub stats: Vec<Stat>,
+    /// The verdict in one sentence, as `doctor` prints it.
+    pub verdict: String,
     /// Remarks on how the data was reduced or what could not be computed,
     /// e.g. "timeline downsampled from 11,000,000 events to 3,998 points".
     pub notes: Vec<String>,
