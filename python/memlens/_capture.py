@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import gc
 import json
 import os
@@ -709,9 +710,72 @@ def device_figures(torch: Any) -> List[Dict[str, Any]]:
             pass
     try:
         row["free_memory"] = int(cuda.mem_get_info(d)[0])
+        row["reserved_memory"] = int(cuda.memory_reserved(d))
     except Exception:
         pass
+    row.update(_nvml_figures(cuda, d))
     return [row]
+
+
+class _NvmlProcess(ctypes.Structure):
+    """nvmlProcessInfo_t (the v2 layout that the _v3 query fills)."""
+
+    _fields_ = [
+        ("pid", ctypes.c_uint),
+        ("usedGpuMemory", ctypes.c_ulonglong),
+        ("gpuInstanceId", ctypes.c_uint),
+        ("computeInstanceId", ctypes.c_uint),
+    ]
+
+
+class _NvmlMemory(ctypes.Structure):
+    """nvmlMemory_t."""
+
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+_NVML: List[Any] = []  # [library] once loaded and initialised, [None] when it cannot be
+
+
+def _nvml() -> Any:
+    if not _NVML:
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            _NVML.append(lib if lib.nvmlInit_v2() == 0 else None)
+        except (OSError, AttributeError):
+            _NVML.append(None)
+    return _NVML[0]
+
+
+def _nvml_figures(cuda: Any, d: int) -> Dict[str, int]:
+    """What nvidia-smi sees of device ``d`` (found by its UUID, whatever
+    CUDA_VISIBLE_DEVICES renumbered): its total and used memory, this
+    process's memory on it and the other processes' (when NVML lists this
+    process by its pid; not inside some containers). Empty without NVML."""
+    lib = _nvml()
+    if lib is None:
+        return {}
+    try:
+        uuid = str(cuda.get_device_properties(d).uuid)
+        uuid = uuid if uuid.startswith("GPU-") else "GPU-" + uuid
+        handle = ctypes.c_void_p()
+        if lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)) != 0:
+            return {}
+        out: Dict[str, int] = {}
+        mem = _NvmlMemory()
+        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == 0:
+            out.update(nvml_total_memory=int(mem.total), nvml_used_memory=int(mem.used))
+        count = ctypes.c_uint(256)
+        procs = (_NvmlProcess * 256)()
+        if lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), procs) == 0:
+            rows = [(procs[i].pid, int(procs[i].usedGpuMemory)) for i in range(min(count.value, 256))]
+            mine = [used for pid, used in rows if pid == os.getpid()]
+            if mine:
+                out["process_used_memory"] = mine[0]
+                out["other_processes_memory"] = sum(used for pid, used in rows if pid != os.getpid())
+        return out
+    except Exception:
+        return {}
 
 
 def write_device(snapshot_path: str, torch: Any) -> Optional[str]:

@@ -45,6 +45,68 @@ pub struct RecordedDevice {
     /// Free memory on the device at the dump (`torch.cuda.mem_get_info`).
     #[serde(default)]
     pub free_memory: Option<u64>,
+    /// PyTorch's reserved memory at the dump (`torch.cuda.memory_reserved`).
+    #[serde(default)]
+    pub reserved_memory: Option<u64>,
+    /// The device's total as NVML (and nvidia-smi) count it: more than
+    /// CUDA's, by what the driver keeps.
+    #[serde(default)]
+    pub nvml_total_memory: Option<u64>,
+    /// Used memory as nvidia-smi shows it.
+    #[serde(default)]
+    pub nvml_used_memory: Option<u64>,
+    /// This process's memory on the device, as NVML lists it.
+    #[serde(default)]
+    pub process_used_memory: Option<u64>,
+    /// Every other process's memory on the device, as NVML lists them.
+    #[serde(default)]
+    pub other_processes_memory: Option<u64>,
+}
+
+/// The device's used memory as nvidia-smi shows it, reconciled part by
+/// part with what PyTorch holds (issue 35: "nvidia-smi says 9 GiB, PyTorch
+/// 7"). The residual is shown, never hidden.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceAccount {
+    /// The device.
+    pub device: u32,
+    /// Used memory, as nvidia-smi shows it.
+    pub nvidia_smi_used_bytes: u64,
+    /// PyTorch's caching allocator (`memory_reserved`).
+    pub pytorch_reserved_bytes: u64,
+    /// This process's memory outside PyTorch's allocator: the CUDA context,
+    /// cuBLAS/cuDNN handles, NCCL's buffers, other allocators (CuPy, Triton).
+    pub outside_pytorch_bytes: u64,
+    /// Other processes on the device.
+    pub other_processes_bytes: u64,
+    /// What the driver keeps (NVML's total less CUDA's).
+    pub driver_bytes: u64,
+    /// Used memory that none of the above explains (negative: counted twice).
+    pub unexplained_bytes: i64,
+}
+
+impl RecordedDevice {
+    /// The reconciliation of the device's used memory, when NVML listed
+    /// this process (memlens.record wrote its figures).
+    pub fn account(&self) -> Option<DeviceAccount> {
+        let used = self.nvml_used_memory?;
+        let reserved = self.reserved_memory?;
+        let process = self.process_used_memory?;
+        let others = self.other_processes_memory.unwrap_or(0);
+        let driver = self
+            .nvml_total_memory
+            .map_or(0, |t| t.saturating_sub(self.total_memory));
+        let explained = i128::from(process) + i128::from(others) + i128::from(driver);
+        Some(DeviceAccount {
+            device: self.device,
+            nvidia_smi_used_bytes: used,
+            pytorch_reserved_bytes: reserved,
+            outside_pytorch_bytes: process.saturating_sub(reserved),
+            other_processes_bytes: others,
+            driver_bytes: driver,
+            unexplained_bytes: (i128::from(used) - explained) as i64,
+        })
+    }
 }
 
 impl RecordedDevice {

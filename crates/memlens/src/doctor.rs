@@ -132,6 +132,10 @@ pub struct Diagnosis {
     /// The ranks side by side, when the inputs are the ranks of one job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks: Option<RanksReport>,
+    /// The device's used memory reconciled with PyTorch's, from the figures
+    /// `memlens.record` wrote beside the last snapshot ([`crate::device_file`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device: Option<crate::device_file::DeviceAccount>,
     /// Each rank's (or each unrelated run's) own diagnosis; the fields above
     /// (summary, peak, leaks, tune, oom) are those of the rank closest to an
     /// OOM, or of the first run.
@@ -247,6 +251,8 @@ pub fn diagnose_in<'s>(
     ));
     findings.extend(peak_finding(&peak));
     findings.extend(caveat_findings(&summary, &peak));
+    let device = device_account(last_name, peak.device);
+    findings.extend(device.as_ref().map(device_finding));
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let modules = live_at_peak.map(|live| {
         let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
@@ -271,7 +277,52 @@ pub fn diagnose_in<'s>(
         files: snaps.iter().map(|(n, _)| n.clone()).collect(),
         inputs: None,
         ranks: None,
+        device,
         parts: Vec::new(),
+    }
+}
+
+/// The reconciliation of `device`'s memory written beside the snapshot `name`.
+fn device_account(name: &str, device: u32) -> Option<crate::device_file::DeviceAccount> {
+    crate::device_file::beside(std::path::Path::new(name))?
+        .iter()
+        .find(|d| d.device == device)?
+        .account()
+}
+
+/// "nvidia-smi shows X = PyTorch reserved + outside PyTorch + other
+/// processes + the driver + unexplained": the answer to "why does
+/// nvidia-smi show more than memory_reserved()?".
+fn device_finding(a: &crate::device_file::DeviceAccount) -> Finding {
+    let f = crate::units::format_bytes;
+    let unexplained = if a.unexplained_bytes < 0 {
+        format!("-{}", f(a.unexplained_bytes.unsigned_abs()))
+    } else {
+        f(a.unexplained_bytes.unsigned_abs())
+    };
+    Finding {
+        kind: "info".into(),
+        severity: Severity::Info,
+        title: format!(
+            "nvidia-smi shows {} used on cuda:{} = PyTorch reserved {} + {} outside PyTorch in \
+             this process (CUDA context, cuBLAS/cuDNN, NCCL, other allocators) + {} other \
+             processes + {} kept by the driver + {unexplained} unexplained",
+            f(a.nvidia_smi_used_bytes),
+            a.device,
+            f(a.pytorch_reserved_bytes),
+            f(a.outside_pytorch_bytes),
+            f(a.other_processes_bytes),
+            f(a.driver_bytes),
+        ),
+        site: None,
+        bytes: Some(a.nvidia_smi_used_bytes),
+        suggestion: None,
+        evidence: vec![
+            "figures written beside the snapshot by memlens.record at the dump (NVML and torch.cuda)"
+                .into(),
+        ],
+        stack: Vec::new(),
+        quote: Default::default(),
     }
 }
 

@@ -1,0 +1,59 @@
+//! The device file `memlens.record` writes beside a snapshot: `doctor`
+//! reconciles nvidia-smi's figure with PyTorch's, part by part.
+
+mod run;
+
+fn json(args: &[&str]) -> serde_json::Value {
+    let out = run::memlens(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
+/// The figures of a real H100 run (tests/gpu/RESULTS.md, 2026-11-27: a
+/// 1 GiB tensor, NVML and torch read at once): nvidia-smi's 2.07 GiB is
+/// PyTorch's 1 GiB, 614 MiB of CUDA context, 480 MiB the driver keeps and
+/// 8.8 MiB unexplained.
+#[test]
+fn doctor_reconciles_nvidia_smi_with_pytorch() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("run.pickle.zst");
+    std::fs::copy(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../../shared/fixtures/resnet.pickle.zst"),
+        &snap,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("run.pickle.zst.device.json"),
+        r#"{"format": "memlens-device/1", "devices": [{"device": 0, "total_memory": 85017493504,
+            "memory_fraction": 1.0, "free_memory": 83294879744, "reserved_memory": 1073741824,
+            "nvml_total_memory": 85520809984, "nvml_used_memory": 2225930240,
+            "process_used_memory": 1713373184, "other_processes_memory": 0}]}"#,
+    )
+    .unwrap();
+    let snap = snap.to_string_lossy().into_owned();
+    let v = json(&["doctor", &snap, "--json", "--no-report"]);
+    let d = &v["diagnosis"]["device"];
+    assert_eq!(d["nvidia_smi_used_bytes"], 2_225_930_240u64);
+    assert_eq!(d["pytorch_reserved_bytes"], 1_073_741_824u64);
+    assert_eq!(d["outside_pytorch_bytes"], 1_713_373_184u64 - 1_073_741_824);
+    assert_eq!(d["driver_bytes"], 85_520_809_984u64 - 85_017_493_504);
+    assert_eq!(d["unexplained_bytes"], 9_240_576);
+    let text = String::from_utf8_lossy(&run::memlens(&["doctor", &snap, "--no-report"]).stdout)
+        .replace('\n', " ")
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("nvidia-smi shows 2.07 GiB used on cuda:0 = PyTorch reserved 1.00 GiB + 610.00 MiB outside PyTorch"),
+        "{text}"
+    );
+    // No cap below the total: the fraction of 1.0 sets none.
+    let tune = json(&["tune", &snap, "--json"]);
+    assert!(tune["limits"]["memory_cap"].is_null(), "{}", tune["limits"]);
+}
