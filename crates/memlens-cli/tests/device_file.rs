@@ -3,16 +3,7 @@
 
 mod run;
 
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = run::memlens(args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
-}
+use run::json;
 
 /// The figures of a real H100 run (tests/gpu/RESULTS.md, 2026-11-27: a
 /// 1 GiB tensor, NVML and torch read at once): nvidia-smi's 2.07 GiB is
@@ -22,12 +13,7 @@ fn json(args: &[&str]) -> serde_json::Value {
 fn doctor_reconciles_nvidia_smi_with_pytorch() {
     let dir = tempfile::tempdir().unwrap();
     let snap = dir.path().join("run.pickle.zst");
-    std::fs::copy(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../../../shared/fixtures/resnet.pickle.zst"),
-        &snap,
-    )
-    .unwrap();
+    std::fs::copy(run::fixture("resnet.pickle.zst"), &snap).unwrap();
     std::fs::write(
         dir.path().join("run.pickle.zst.device.json"),
         r#"{"format": "memlens-device/1", "devices": [{"device": 0, "total_memory": 85017493504,

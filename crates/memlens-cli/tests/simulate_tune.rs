@@ -1,17 +1,16 @@
 //! `memlens simulate` and `memlens tune`: JSON contract and exit codes.
 
 mod run;
-use run::{fixture, memlens};
+use run::{fixture, json, memlens};
 
-fn json(args: &[&str]) -> serde_json::Value {
-    let out = memlens(args);
-    assert_eq!(
-        out.status.code(),
-        Some(0),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
+/// The row of the default settings in `tune`'s ranking.
+fn defaults_row(v: &serde_json::Value) -> &serde_json::Value {
+    v["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["config"] == "")
+        .expect("the defaults row")
 }
 
 #[test]
@@ -146,12 +145,7 @@ fn tune_on_an_expandable_run_with_its_cap_matches_the_default_run() {
         "--memory-fraction",
         &format!("{}", cap as f64 / total as f64),
     ]);
-    let defaults = v["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["config"] == "")
-        .expect("the defaults row");
+    let defaults = defaults_row(&v);
     assert_eq!(defaults["num_ooms"], 1, "{defaults}");
     assert_eq!(
         defaults["peak_reserved_bytes"], 3_984_588_800u64,
@@ -202,12 +196,7 @@ fn tune_takes_the_cap_memlens_record_wrote_beside_the_snapshot() {
         "{cap}"
     );
     assert_eq!(v["limits"]["device_total"]["bytes"], total);
-    let defaults = v["candidates"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["config"] == "")
-        .expect("the defaults row");
+    let defaults = defaults_row(&v);
     assert_eq!(defaults["num_ooms"], 1, "{defaults}");
     assert_eq!(
         defaults["peak_reserved_bytes"], 3_984_588_800u64,

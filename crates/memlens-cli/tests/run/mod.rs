@@ -20,6 +20,18 @@ pub fn fixture(name: &str) -> String {
     fixtures().join(name).to_string_lossy().into_owned()
 }
 
+/// The JSON document `memlens ARGS` prints; the command must succeed.
+pub fn json(args: &[&str]) -> serde_json::Value {
+    let out = memlens(args);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 /// Runs `memlens ARGS`.
 pub fn memlens(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memlens"))
