@@ -77,9 +77,14 @@ def check_train(out: str) -> None:
             allocated_at_stop = torch.cuda.memory_allocated()
             t = time.perf_counter()
         final_dump_s = time.perf_counter() - t
-    names = sorted(os.listdir(d))
+    names = sorted(n for n in os.listdir(d) if n.endswith(".pickle"))
     want = ["snapshot.pickle", "snapshot.step2.pickle", "snapshot.step4.pickle", "snapshot.step6.pickle", "snapshot.step8.pickle"]
     report(names == want, "train.snapshots", f"{names}")
+    # The device's figures beside every snapshot (issue 31 item 5, issue 35).
+    beside = [n for n in want if os.path.exists(os.path.join(d, n + ".device.json"))]
+    figures = json.load(open(os.path.join(d, "snapshot.pickle.device.json")))["devices"][0] if beside else {}
+    report(beside == want and figures.get("total_memory") == torch.cuda.get_device_properties(0).total_memory,
+           "train.device_files", f"{len(beside)} of {len(want)}; {figures}")
     leak_warnings = [w for w in caught if issubclass(w.category, memlens.LeakWarning)]
     report(not leak_warnings, "train.no_false_leak_alarm", f"{len(leak_warnings)} leak warnings")
     keys = ["schema", "pid", "device", "rank", "step", "allocated_bytes", "reserved_bytes", "active_bytes",

@@ -351,13 +351,15 @@ pub fn across_snapshots(snaps: &[(String, &Snapshot)]) -> LeakReport {
 
 /// [`across_snapshots`], reusing `analysed` when it is the analysis of the
 /// snapshot that comes last in step order (doctor has it already).
-fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analysed>) -> LeakReport {
-    let mut order: Vec<usize> = (0..snaps.len()).collect();
-    let steps: Vec<Option<u64>> = snaps.iter().map(|(n, _)| step_in_name(n)).collect();
+/// The order of snapshots whose names give `steps`, and the ones the growth
+/// series uses: named steps first, in step order, the others (a final
+/// snapshot) after; a snapshot without a step in its name extends the
+/// series only when the steps are otherwise unknown (its step is not).
+fn series_order(steps: &[Option<u64>]) -> (Vec<usize>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..steps.len()).collect();
     if steps.iter().all(Option::is_some) {
         order.sort_by_key(|&i| steps[i]);
     } else if steps.iter().any(Option::is_some) {
-        // Named steps first, in step order; the others (a final snapshot) after.
         order.sort_by_key(|&i| (steps[i].is_none(), steps[i]));
     }
     let named: Vec<usize> = order
@@ -365,13 +367,17 @@ fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analys
         .copied()
         .filter(|&i| steps[i].is_some())
         .collect();
-    // A final snapshot without a step in its name extends the series only
-    // when the steps are otherwise unknown (its step is not).
-    let used: Vec<usize> = if named.len() >= 2 {
+    let used = if named.len() >= 2 {
         named
     } else {
         order.clone()
     };
+    (order, used)
+}
+
+fn across_snapshots_with(snaps: &[(String, &Snapshot)], analysed: Option<&Analysed>) -> LeakReport {
+    let steps: Vec<Option<u64>> = snaps.iter().map(|(n, _)| step_in_name(n)).collect();
+    let (order, used) = series_order(&steps);
     let lives: Vec<_> = used.iter().map(|&i| live_by_site(snaps[i].1)).collect();
     let labels: Vec<String> = used.iter().map(|&i| snaps[i].0.clone()).collect();
     let retained: Vec<u64> = lives

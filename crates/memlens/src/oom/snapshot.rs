@@ -647,6 +647,30 @@ impl CacheMemory {
     }
 }
 
+/// The cap as the explanation names it, with where it comes from.
+fn cap_in_words(cap: Option<&MemoryCap>) -> String {
+    match cap {
+        Some(c) if c.source == CapSource::Message => match c.fraction {
+            Some(fr) => format!("{} (a memory fraction of {fr})", format_bytes(c.bytes)),
+            None => format_bytes(c.bytes),
+        },
+        Some(c) if c.source == CapSource::Recorded => format!(
+            "{} (set_per_process_memory_fraction({}), as memlens.record saw it)",
+            format_bytes(c.bytes),
+            c.fraction.unwrap_or(0.0)
+        ),
+        Some(c) => match c.fraction {
+            Some(fr) => format!(
+                "about {} (inferred: most likely set_per_process_memory_fraction({fr}))",
+                format_bytes(c.bytes)
+            ),
+            // The lowest cap the trace allows: what it held when it failed.
+            None => format!("{} or a little more (inferred)", format_bytes(c.bytes)),
+        },
+        None => "a cap".into(),
+    }
+}
+
 /// The cap `memlens.record` wrote beside the snapshot, unless the message
 /// prints one (the message's "allowed" is what PyTorch itself enforced).
 fn recorded_cap(
@@ -981,26 +1005,7 @@ fn explain(
     match cause {
         Cause::MemoryCap => {
             let c = cap.map_or(0, |c| c.bytes);
-            let what = match cap {
-                Some(c) if c.source == CapSource::Message => match c.fraction {
-                    Some(fr) => format!("{} (a memory fraction of {fr})", format_bytes(c.bytes)),
-                    None => format_bytes(c.bytes),
-                },
-                Some(c) if c.source == CapSource::Recorded => format!(
-                    "{} (set_per_process_memory_fraction({}), as memlens.record saw it)",
-                    format_bytes(c.bytes),
-                    c.fraction.unwrap_or(0.0)
-                ),
-                Some(c) => match c.fraction {
-                    Some(fr) => format!(
-                        "about {} (inferred: most likely set_per_process_memory_fraction({fr}))",
-                        format_bytes(c.bytes)
-                    ),
-                    // The lowest cap the trace allows: what it held when it failed.
-                    None => format!("{} or a little more (inferred)", format_bytes(c.bytes)),
-                },
-                None => "a cap".into(),
-            };
+            let what = cap_in_words(cap);
             s.push_str(&format!(
                 "The limit was not the device but the process's own cap: it may hold at most \
                  {what}. PyTorch already held {held}, and that plus the {} segment is {}, over \
