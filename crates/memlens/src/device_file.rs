@@ -18,7 +18,6 @@
 
 use crate::replay::limits::{LimitsOrigin, PrintedLimits};
 use serde::Deserialize;
-use std::io::Read;
 use std::path::Path;
 
 /// What the device file beside a snapshot is called: the snapshot's own
@@ -140,12 +139,10 @@ struct DeviceFile {
 /// The devices recorded beside the snapshot at `snapshot` (`None`: no file,
 /// or one this version cannot read).
 pub fn beside(snapshot: &Path) -> Option<Vec<RecordedDevice>> {
-    let mut name = snapshot.as_os_str().to_os_string();
-    name.push(DEVICE_SUFFIX);
-    let file = std::fs::File::open(Path::new(&name)).ok()?;
-    let mut text = String::new();
-    file.take(MAX_BYTES).read_to_string(&mut text).ok()?;
-    let parsed: DeviceFile = serde_json::from_str(&text).ok()?;
+    let path = crate::beside::path_of(snapshot, DEVICE_SUFFIX);
+    let parsed: DeviceFile = crate::beside::read_json(&path, MAX_BYTES, "device file")
+        .ok()
+        .flatten()?;
     (parsed.format == FORMAT).then_some(parsed.devices)
 }
 

@@ -22,7 +22,6 @@
 
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 /// What the holders file beside a snapshot is called: the snapshot's own
@@ -123,9 +122,7 @@ pub struct HoldersBySite {
 impl HoldersBySite {
     /// The holders file that belongs to the snapshot at `snapshot`.
     pub fn sidecar_of(snapshot: &Path) -> PathBuf {
-        let mut name = snapshot.as_os_str().to_owned();
-        name.push(SIDECAR_SUFFIX);
-        PathBuf::from(name)
+        crate::beside::path_of(snapshot, SIDECAR_SUFFIX)
     }
 
     /// The holders written beside each of `snapshots` (paths, oldest first):
@@ -161,23 +158,11 @@ impl HoldersBySite {
 /// The holders file at `path`: `None` when there is none, an error (one
 /// phrase) when it exists but is not one this version reads.
 fn read_sidecar(path: &Path) -> Result<Option<HoldersFile>, String> {
-    let file = match std::fs::File::open(path) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("not readable ({e})")),
+    let Some(file) =
+        crate::beside::read_json::<HoldersFile>(path, MAX_SIDECAR_BYTES, "holders file")?
+    else {
+        return Ok(None);
     };
-    let mut text = String::new();
-    file.take(MAX_SIDECAR_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(|e| format!("not readable ({e})"))?;
-    if text.len() as u64 > MAX_SIDECAR_BYTES {
-        return Err(format!(
-            "larger than {} (a holders file is a few KiB)",
-            crate::units::format_bytes(MAX_SIDECAR_BYTES)
-        ));
-    }
-    let file: HoldersFile =
-        serde_json::from_str(&text).map_err(|e| format!("not a holders file ({e})"))?;
     if file.format != FORMAT {
         return Err(format!(
             "format {:?}, this memlens reads {FORMAT:?}",

@@ -23,6 +23,7 @@
 //!   text a person reads; the CLI and the Python binding only print them.
 
 pub mod analysis;
+pub mod beside;
 pub mod device_file;
 pub mod doctor;
 pub mod error;
