@@ -235,11 +235,15 @@ pub fn diagnose_in<'s>(
     // (the state it met) and the what-ifs (where empty_cache() was called).
     let run = (oom.is_some() || fragmented)
         .then(|| recorded_run_for(later.recorded(), last, oom.map(|o| o.0)));
-    let last_name = snaps.last().map_or("", |(n, _)| n.as_str());
-    let oom_report = oom.and_then(|_| explain_oom(analysed, last_name, run.as_ref(), opts));
+    // What memlens.record wrote beside the last snapshot, read once: the
+    // OOM, the settings ranking and the device's account use it.
+    let recorded = snaps.last().map_or_else(Vec::new, |(n, _)| {
+        crate::device_file::beside(std::path::Path::new(n)).unwrap_or_default()
+    });
+    let oom_report = oom.and_then(|_| explain_oom(analysed, &recorded, run.as_ref(), opts));
     let tune = run
         .as_ref()
-        .and_then(|run| tune_run(last, last_name, run, opts));
+        .and_then(|run| tune_run(last, &recorded, run, opts));
 
     let mut findings = leak_findings(&leaks);
     findings.extend(oom.map(|(_, e)| oom_finding(&e, oom_report.as_ref())));
@@ -251,7 +255,10 @@ pub fn diagnose_in<'s>(
     ));
     findings.extend(peak_finding(&peak));
     findings.extend(caveat_findings(&summary, &peak));
-    let device = device_account(last_name, peak.device);
+    let device = recorded
+        .iter()
+        .find(|d| d.device == peak.device)
+        .and_then(crate::device_file::RecordedDevice::account);
     findings.extend(device.as_ref().map(device_finding));
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let modules = live_at_peak.map(|live| {
@@ -280,14 +287,6 @@ pub fn diagnose_in<'s>(
         device,
         parts: Vec::new(),
     }
-}
-
-/// The reconciliation of `device`'s memory written beside the snapshot `name`.
-fn device_account(name: &str, device: u32) -> Option<crate::device_file::DeviceAccount> {
-    crate::device_file::beside(std::path::Path::new(name))?
-        .iter()
-        .find(|d| d.device == device)?
-        .account()
 }
 
 /// "nvidia-smi shows X = PyTorch reserved + outside PyTorch + other
@@ -368,14 +367,14 @@ fn recorded_run_for(
 /// already made when it watched the OOM.
 fn explain_oom(
     analysed: &crate::trace::Analysed<'_>,
-    name: &str,
+    recorded: &[crate::device_file::RecordedDevice],
     run: Option<&RecordedRun>,
     opts: &DoctorOptions,
 ) -> Option<crate::oom::OomReport> {
     let o = crate::oom::OomOptions {
         device_memory: opts.device_memory,
         // The total and the cap memlens.record wrote beside the snapshot.
-        recorded: crate::device_file::beside(std::path::Path::new(name)).unwrap_or_default(),
+        recorded: recorded.to_vec(),
         ..Default::default()
     };
     crate::oom::snapshot::analyze_observed(analysed, run, &o)
@@ -384,11 +383,11 @@ fn explain_oom(
 }
 
 /// The allocator settings ranked on `run`'s device, under the limits the run
-/// had (recorded beside the snapshot `name`, else inferred from its OOM), as
+/// had (`recorded` beside the snapshot, else inferred from its OOM), as
 /// `memlens tune` does: a setting that fails there is no fix.
 fn tune_run(
     last: &Snapshot,
-    name: &str,
+    recorded: &[crate::device_file::RecordedDevice],
     run: &RecordedRun,
     opts: &DoctorOptions,
 ) -> Option<TuneResult> {
@@ -398,7 +397,10 @@ fn tune_run(
         overhead: None,
         allowed_memory_maximum: None,
     };
-    let recorded = crate::device_file::limits_beside(std::path::Path::new(name), run.device);
+    let recorded = recorded
+        .iter()
+        .find(|d| d.device == run.device)
+        .map(crate::device_file::RecordedDevice::limits);
     let (sim, _) = crate::replay::limits::with_inferred_from(
         last,
         run.device,
