@@ -290,3 +290,27 @@ def test_the_evidence_in_answers_checks_out_with_state():
     for site, action, at in checks:
         assert action == "alloc" and at == site, (site, action, at)
     assert at_peak["allocated_bytes"] == peak["peak_allocated_bytes"]
+
+
+# The recordings users have (tests/corpus): PyTorch's default stacks="all",
+# one step, torch.compile, a notebook cell, the legacy bare list of segments.
+REAL_WORLD = ["default_all", "one_step", "compiled", "notebook", "legacy_kept_logits"]
+
+
+@pytest.mark.parametrize("name", REAL_WORLD)
+def test_answers_equal_the_cli_on_real_world_recordings(name):
+    snap = corpus(f"{name}.pickle.zst")
+    asks = [
+        ("summary", {"snapshot": snap}, ["summary", snap]),
+        ("peak", {"snapshot": snap}, ["peak", snap, "--top", "1000"]),
+        ("leaks", {"snapshots": [snap]}, ["leaks", snap]),
+        ("doctor", {"snapshots": [snap]}, ["doctor", "--no-report", snap]),
+    ]
+
+    async def body(s):
+        return [await ask(s, tool, full=True, limit=1000, **args) for tool, args, _ in asks]
+
+    answers = with_session(body)
+    for (tool, _, argv), got in zip(asks, answers):
+        assert whole(got) == cli(*argv), f"{name}: {tool}"
+        assert got["answer"]["snapshot_reads"] == 1
