@@ -35,17 +35,20 @@ What it does:
 * publishes live figures for ``memlens top`` (the format is in ``memlens._live``).
 
 *max_entries*: the trace ring buffer keeps the last ``max_entries`` allocator
-events. The default is ``ENTRIES_PER_STEP * steps_kept`` (10,000 x 6 = 60,000),
-clamped to [10,000, 1,000,000]: room for ``steps_kept`` steps of a model making
-up to ~3,300 tensor allocations a step (each makes about 3 events: alloc,
-free_requested, free_completed; a GPT-2-small training step makes ~800). After
-each step memlens measures the real count from ``torch.cuda.memory_stats()``
-and warns once, with the value to pass, if the buffer holds fewer than two
-steps. When max_entries was not given, the buffer is then fitted to the model
-after step 2: ``steps_kept`` times the largest step so far, times 1.5, never
-larger than the default nor smaller than 10,000 (every snapshot costs time in
-proportion to the buffer, see ``Recorder._fit_ring``). A bounded buffer keeps
-each dump fast (well under a second).
+events. Not given, memlens sizes it: 60,000 entries to begin with, then, after
+step 2, from the events a step really makes (``torch.cuda.memory_stats()``'s
+counters; each tensor allocation makes about 3: alloc, free_requested,
+free_completed): the largest step so far times 1.5 times the steps the ring
+must hold, which are ``every`` (the steps from one periodic snapshot to the
+next, since each dump empties it) or, without periodic snapshots,
+``steps_kept``; within [10,000, 1,000,000], and sized again at every periodic
+snapshot as steps grow. So a periodic snapshot's trace holds all the steps
+since the one before. Where 1,000,000 is too few for them (a model making
+~100,000 events a step at ``every=10``) memlens warns once with what the
+trace will hold and the value to pass. Given by the caller, it is kept, with
+a warning when it holds fewer than two steps. Every snapshot memlens writes
+says how it was recorded under its ``"memlens"`` key (where its trace begins,
+who sized the ring, whether the ring wrapped), for the analysis.
 
 Without torch or CUDA, recording warns once (:class:`MemlensWarning`) and
 :func:`step` and :func:`stop` do nothing.
@@ -78,6 +81,11 @@ MAX_OOM_SNAPSHOTS = 3
 # The default ring is fitted to the model after this many steps (see Recorder._fit_ring).
 FIT_AFTER_STEPS = 2
 FIT_MARGIN = 1.5
+# The key memlens adds to the snapshots it writes: how the recording was made
+# (see Recorder._recording_info), for the analysis to tell a trace memlens cut
+# on purpose from one that lost its start.
+RECORDING_KEY = "memlens"
+RECORDING_SCHEMA = "memlens-recording/1"
 # Name of the record_function scope memlens.step() opens and closes at the end of
 # each step; the analysis reads it from `external_annotations` as the step marker.
 STEP_MARKER = "memlens.step"
@@ -266,18 +274,22 @@ class Recorder:
         self._entries = 0
         # The ring buffer is sized once the first steps are measured, unless
         # the caller chose max_entries (see _fit_ring).
+        self._sized_by_user = max_entries is not None
         self._fit_pending = max_entries is None
-        self._entries_at_start = 0
+        # Trace entries counted when the ring was last emptied (at start, then
+        # at each periodic dump): what the ring holds now is the difference.
+        self._entries_at_clear = 0
         self._per_step_max = 0
         # torch's _snapshot() at the current step boundary, shared by the leak
         # watch and the periodic dump when both need one after the same step.
         self._step_snapshot: Optional[Dict[str, Any]] = None
         self._in_step = False
         # Periodic snapshots written since the ring was last cleared after
-        # them, newest last, with the steps each one's trace covers: the final
-        # and OOM snapshots stitch their traces in front of the ring's (see
-        # _stitched). False once torch refuses clear_history.
-        self._chunks: List["tuple[str, int]"] = []
+        # them, newest last, with the steps each one's trace covers and whether
+        # its ring wrapped: the final and OOM snapshots stitch their traces in
+        # front of the ring's (see _stitched). False once torch refuses
+        # clear_history.
+        self._chunks: List["tuple[str, int, bool]"] = []
         self._chunked = True
         self._steps_at_clear = 0
         # The model whose module instances are named in the snapshot (see
@@ -327,7 +339,7 @@ class Recorder:
         _current = self
         devices = self._devices()
         self._entries = _trace_entries(torch, devices)
-        self._entries_at_start = self._entries
+        self._entries_at_clear = self._entries
         if self.model is not None:
             from ._modules import ModuleScopes
 
@@ -351,6 +363,7 @@ class Recorder:
             self._after_step()
         except Exception as e:  # noqa: BLE001 - never break the user's training
             _warn_once("step-failed", f"memlens: step() failed and is skipped: {e!r}")
+
 
     def stop(self) -> Optional[str]:
         """Writes the final snapshot, turns recording off and removes the live
@@ -432,13 +445,21 @@ class Recorder:
         path = self.snapshot_path(kind)
         snapshot = self._snapshot()
         periodic = kind is not None and kind.startswith("step")
+        entries = _trace_entries(self._torch, self._devices())
+        info = self._recording_info(kind, entries)
         if periodic:
             # Clear the ring before writing: nothing allocates on this thread
             # in between, so no event is lost, and the next dump converts and
             # pickles only the steps since this one.
-            cleared = self._clear_ring()
+            cleared = self._clear_ring(entries)
         else:
-            snapshot = self._stitched(snapshot)
+            snapshot, info["trace_from_step"], wrapped = self._stitched(snapshot)
+            info["ring_wrapped"] = info["ring_wrapped"] or wrapped
+        # A new top-level dict: the leak watch may hold torch's at this step.
+        snapshot = {**snapshot, RECORDING_KEY: info}
+        # Written on the training thread: pickling on a thread of its own was
+        # measured no faster (it holds the GIL the training thread needs;
+        # BENCHMARKS.md, issue 35).
         with _gc_paused():
             _write_snapshot(snapshot, path)
         if self._holders:
@@ -446,64 +467,97 @@ class Recorder:
         write_device(path, self._torch)
         self.snapshots.append(path)
         if periodic and cleared:
-            self._chunks.append((path, self.steps - self._steps_at_clear))
+            self._chunks.append((path, self.steps - self._steps_at_clear, bool(info["ring_wrapped"])))
             self._steps_at_clear = self.steps
             self._drop_old_chunks()
         return path
 
-    def _clear_ring(self) -> bool:
+    def _recording_info(self, kind: Optional[str], entries: int) -> Dict[str, Any]:
+        """How this snapshot was recorded, under RECORDING_KEY in it: where its
+        trace begins (``trace_from_step``: the steps finished before it; 0 is
+        where recording began), who sized the ring, and whether the ring
+        wrapped since it was last emptied (then the trace lost its start).
+        The analysis reads it to say the right thing about a trace that does
+        not start at the allocator's birth: a periodic snapshot's begins at
+        the one before by design, and raising max_entries would not change it."""
+        events = entries - self._entries_at_clear
+        periodic = kind is not None and kind.startswith("step")
+        return {
+            "schema": RECORDING_SCHEMA,
+            "kind": "periodic" if periodic else ("oom" if kind else "final"),
+            "step": self.steps,
+            "trace_from_step": self._steps_at_clear,
+            "every": self.every,
+            "steps_kept": self.steps_kept,
+            "max_entries": self.max_entries,
+            "sized_by": "user" if self._sized_by_user else "memlens",
+            "events_since_trace_start": events,
+            "ring_wrapped": events > self.max_entries,
+        }
+
+    def _clear_ring(self, entries: int) -> bool:
         """Empties torch's trace ring (recording goes on with the same
-        settings). A dump converts every ring entry into Python objects and
-        pickles it (~1.5 us an entry on an H100), so with ``every`` smaller
-        than the ring's span each periodic dump would re-serialise the same
-        steps again and again: at ``every=2`` that cost more than a whole
-        step of a 100 ms/step model. False when this torch has no
-        clear_history (then periodic snapshots hold the whole ring, as before)."""
+        settings) and, when memlens sizes the ring, re-sizes it to the
+        steps until the next dump (an empty ring can take any size). A dump
+        converts every ring entry into Python objects and pickles it (~1.5 us
+        an entry on an H100), so with ``every`` smaller than the ring's span
+        each periodic dump would re-serialise the same steps again and again:
+        at ``every=2`` that cost more than a whole step of a 100 ms/step
+        model. False when this torch has no clear_history (then periodic
+        snapshots hold the whole ring, as before)."""
         if not self._chunked:
             return False
+        size = self.max_entries if self._sized_by_user or self._per_step_max == 0 else self._fitted_size()
         try:
             self._torch.cuda.memory._record_memory_history(
                 enabled="all",
                 context=self.context,
                 stacks=self.stacks,
-                max_entries=self.max_entries,
+                max_entries=size,
                 clear_history=True,
             )
         except TypeError:
             self._chunked = False
             self._chunks = []
             return False
+        self.max_entries = size
+        self._entries_at_clear = entries
         return True
 
     def _drop_old_chunks(self) -> None:
         """Keeps the fewest newest chunks that cover ``steps_kept`` steps."""
         covered, keep = 0, 0
-        for _, steps in reversed(self._chunks):
+        for _, steps, _ in reversed(self._chunks):
             if covered >= self.steps_kept:
                 break
             covered += steps
             keep += 1
         del self._chunks[: len(self._chunks) - keep]
 
-    def _stitched(self, snapshot: Dict[str, Any]) -> Dict[str, Any]:
+    def _stitched(self, snapshot: Dict[str, Any]) -> "tuple[Dict[str, Any], int, bool]":
         """``snapshot`` with the traces of the kept periodic snapshots in front
         of its own, so a final or OOM snapshot holds the last ``steps_kept``
-        steps although the ring was cleared since. The chunks are read back
-        from their files (keeping them in memory would hold hundreds of
-        thousands of dicts for the whole run). A chunk that cannot be read
+        steps although the ring was cleared since; with the step its trace now
+        begins after and whether a chunk's ring had wrapped. The chunks are
+        read back from their files (keeping them in memory would hold hundreds
+        of thousands of dicts for the whole run). A chunk that cannot be read
         ends the stitching there: what goes in front must be contiguous."""
+        from_step = self._steps_at_clear
         if not self._chunks:
-            return snapshot
+            return snapshot, from_step, False
         earlier: List[Dict[str, Any]] = []
+        wrapped = False
         with _gc_paused():
-            for path, _ in reversed(self._chunks):
+            for path, steps, chunk_wrapped in reversed(self._chunks):
                 try:
                     with open(path, "rb") as f:
                         earlier.append(pickle.load(f))
                 except Exception:  # noqa: BLE001 - a deleted or damaged file: stop here
                     break
+                from_step -= steps
+                wrapped = wrapped or chunk_wrapped
         if not earlier:
-            return snapshot
+            return snapshot, from_step, False
         earlier.reverse()
         out = dict(snapshot)
         traces = [list(t) for t in snapshot.get("device_traces") or []]
@@ -526,40 +580,68 @@ class Recorder:
         if notes:
             notes.sort(key=lambda a: a.get("time_us") or 0)
             out["external_annotations"] = notes
-        return out
+        return out, from_step, wrapped
+
+    def _window_steps(self) -> int:
+        """Steps of trace the ring must hold: with a periodic dump clearing it,
+        those from one dump to the next; else the ``steps_kept`` (or
+        ``every``) steps the snapshots promise."""
+        if self.every and self._chunked:
+            return self.every
+        return max(self.steps_kept, self.every or 0)
+
+    def _fitted_size(self) -> int:
+        """The ring for :meth:`_window_steps` steps of the largest step seen,
+        with FIT_MARGIN to spare, within [MIN_ENTRIES, MAX_ENTRIES]."""
+        want = int(self._per_step_max * self._window_steps() * FIT_MARGIN)
+        return max(MIN_ENTRIES, min(MAX_ENTRIES, want))
 
     def _check_ring(self, devices: List[int]) -> None:
         entries = _trace_entries(self._torch, devices)
         per_step, self._entries = entries - self._entries, entries
         self._per_step_max = max(self._per_step_max, per_step)
         if self._fit_pending and self.steps >= FIT_AFTER_STEPS:
-            self._fit_ring(entries - self._entries_at_start)
-        if per_step * 2 > self.max_entries:
+            self._fit_ring(entries - self._entries_at_clear)
+        window = self._window_steps()
+        if self._sized_by_user:
+            if per_step * window > self.max_entries:
+                _warn_once(
+                    "ring",
+                    f"memlens: a step makes about {per_step:,} allocator trace entries, but the "
+                    f"ring buffer keeps {self.max_entries:,} (about {self.max_entries // max(1, per_step)} "
+                    f"steps), so snapshots miss the start of the {window} steps they should hold; "
+                    f"pass max_entries={per_step * window:,} to keep {window} steps",
+                )
+        elif not self._fit_pending and per_step * window > MAX_ENTRIES:
+            held = max(1, MAX_ENTRIES // max(1, per_step))
             _warn_once(
-                "ring",
-                f"memlens: a step makes about {per_step:,} allocator trace entries, but the "
-                f"ring buffer keeps {self.max_entries:,} (fewer than two steps), so snapshots "
-                f"miss the start of a step; pass max_entries={per_step * self.steps_kept:,} "
-                f"to keep {self.steps_kept} steps",
+                "ring-capped",
+                f"memlens: a step makes about {per_step:,} allocator trace entries, so {window} steps make "
+                f"{per_step * window:,}; memlens keeps at most {MAX_ENTRIES:,} (each dump costs time in "
+                f"proportion), so a snapshot's trace holds its last {held} steps (the allocator state is "
+                f"whole); pass max_entries={int(per_step * window * FIT_MARGIN):,} to keep all {window}",
             )
 
     def _fit_ring(self, recorded: int) -> None:
-        """Shrinks the default ring buffer to what ``steps_kept`` steps of this
-        model need (the largest step so far, with FIT_MARGIN to spare), once.
+        """Sizes the default ring buffer to what this model needs, once, after
+        FIT_AFTER_STEPS steps: :meth:`_window_steps` times the largest step so
+        far, with FIT_MARGIN to spare (:meth:`_fitted_size`). Periodic dumps
+        re-size it again at each clear (:meth:`_clear_ring`), as steps grow.
 
         Every snapshot converts the whole ring into Python objects and pickles
         it, so its cost grows with the ring, not with the steps wanted: on an
         H100, 60,000 entries cost ~95 ms a dump (~0.8 us an entry in
-        _snapshot(), ~0.65 us in pickle). The default (ENTRIES_PER_STEP a
-        step) is sized for large models; a GPT of 167 M parameters makes ~3,500
-        entries a step. Re-arming the history with a smaller max_entries is
-        safe only while the ring has not wrapped (torch appends until it holds
-        max_entries, then overwrites in a circle), so it is done once, early,
-        and only when fewer entries than the new size were recorded so far.
+        _snapshot(), ~0.65 us in pickle). Too small a ring is worse: a
+        periodic snapshot then lacks the first of the steps it should hold
+        (``every=10`` kept 9 of 10 when the ring was sized for ``steps_kept``
+        alone). Re-arming the history with another max_entries keeps the
+        order of the ring only while it has not wrapped (torch appends until
+        it holds max_entries, then overwrites in a circle), so it is done only
+        when fewer entries than both sizes were recorded since the last clear.
         """
         self._fit_pending = False
-        want = max(MIN_ENTRIES, int(self._per_step_max * self.steps_kept * FIT_MARGIN))
-        if want >= self.max_entries or recorded >= want:
+        want = self._fitted_size()
+        if want == self.max_entries or recorded >= min(want, self.max_entries):
             return
         self._torch.cuda.memory._record_memory_history(
             enabled="all", context=self.context, stacks=self.stacks, max_entries=want

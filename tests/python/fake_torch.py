@@ -50,6 +50,8 @@ class FakeGPU:
         # The card and the per-process fraction in force.
         self.total_memory = 80 << 30
         self.memory_fraction = 1.0
+        # The trace ring's size: a snapshot holds the last max_entries events.
+        self.max_entries = sys.maxsize
 
     # -- what tests drive ---------------------------------------------------
 
@@ -123,7 +125,7 @@ class FakeGPU:
                 })
         return {
             "segments": segments,
-            "device_traces": [list(self.trace[d]) for d in range(self.n_devices)],
+            "device_traces": [list(self.trace[d][-self.max_entries:]) for d in range(self.n_devices)],
             "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "", "max_split_size": -1},
             "external_annotations": [dict(a) for a in self.annotations],
         }
@@ -182,6 +184,8 @@ def build(gpu: FakeGPU) -> types.ModuleType:
         if kw.get("clear_history") and not gpu.clear_history_supported:
             raise TypeError("_record_memory_history() got an unexpected keyword argument 'clear_history'")
         gpu.history_calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries, **kw})
+        if enabled:
+            gpu.max_entries = max_entries
         if kw.get("clear_history"):
             for d in gpu.trace:
                 gpu.trace[d] = []
