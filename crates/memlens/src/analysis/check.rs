@@ -50,17 +50,15 @@ pub fn check(peak: &PeakReport, max_peak: Option<u64>, max_reserved: Option<u64>
             ));
         }
     }
-    let late = peak
+    // The peak's own caveat names the cause and the remedy (see
+    // replay::initial::late_start_cause); the verdict adds what it means here.
+    let partial = peak
         .warnings
         .iter()
-        .any(|w| w.starts_with(crate::replay::initial::LATE_START));
-    let partial = late.then(|| {
-        format!(
-            "{}: this verdict covers the recorded window only; a higher peak before it is not seen \
-             (record from the start of the process, or with a larger max_entries)",
-            crate::replay::initial::LATE_START
-        )
-    });
+        .find(|w| w.starts_with(crate::replay::initial::LATE_START))
+        .map(|w| {
+            format!("{w}; this verdict covers the recorded window only, and a higher peak before it is not seen")
+        });
     CheckResult {
         partial,
         ok: failures.is_empty(),

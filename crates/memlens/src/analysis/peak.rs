@@ -646,9 +646,10 @@ fn peak_of_trace<'s>(
         });
     let mut first = first;
     if !p.watched.from_empty {
-        first
-            .warnings
-            .push(initial::late_start("peaks are over the recorded window"));
+        first.warnings.push(initial::late_start(&format!(
+            "peaks are over the recorded window: {}",
+            initial::late_start_cause(snap.recording.as_ref())
+        )));
     }
     let (live, allocated_at_peak) = live;
     let st = &an.traces[trace].steps;

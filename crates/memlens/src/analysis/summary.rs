@@ -256,8 +256,9 @@ fn add_trace_counts(s: &mut Summary, snap: &Snapshot, fed: Option<&PendingPass>)
     }
     if s.frees_without_alloc > 0 && snap.settings.trace_alloc_overflowed != Some(true) {
         s.warnings.push(crate::replay::initial::late_start(&format!(
-            "{} frees in it have no allocation in it, so its oldest events were lost (raise max_entries)",
-            s.frees_without_alloc
+            "{} frees in it have no allocation in it: {}",
+            s.frees_without_alloc,
+            crate::replay::initial::late_start_cause(snap.recording.as_ref())
         )));
     }
 }

@@ -1,9 +1,10 @@
 //! The allocator state before a trace's first event, for traces that do not
-//! start at the allocator's birth (the ring buffer wrapped, or recording began
-//! late): start from the dumped `segments` and undo the trace backwards, as
+//! start at the allocator's birth (the ring buffer wrapped, recording began
+//! late, or memlens.record began a periodic snapshot's trace at the one
+//! before): start from the dumped `segments` and undo the trace backwards, as
 //! MemoryViz's "Allocator State History" does.
 
-use crate::snapshot::{Action, BlockState, PoolKind, Snapshot, StackId, TraceEvent};
+use crate::snapshot::{Action, BlockState, PoolKind, Recording, Snapshot, StackId, TraceEvent};
 use hashbrown::HashMap;
 use std::collections::BTreeMap;
 
@@ -59,13 +60,52 @@ pub struct InitialState {
 
 /// The one wording of the fact that a trace began after the allocator did;
 /// every caveat about it starts with these words ([`late_start`]).
-pub const LATE_START: &str =
-    "the trace does not start when the allocator did (the ring buffer wrapped or recording began late)";
+pub const LATE_START: &str = "the trace does not start when the allocator did";
 
 /// The caveat that a trace began after the allocator did, with what it
 /// means for the figures at hand.
 pub fn late_start(consequence: &str) -> String {
     format!("{LATE_START}: {consequence}")
+}
+
+/// Why a trace began after the allocator did, and what to do about it: what
+/// `memlens.record` wrote in the snapshot says (`recording`), else the two
+/// causes a bare `_record_memory_history` trace can have. A periodic
+/// snapshot of memlens.record begins at the one before by design; telling
+/// its user to raise `max_entries` would be wrong, as it changes nothing.
+pub fn late_start_cause(recording: Option<&Recording>) -> String {
+    let Some(r) = recording else {
+        return "the ring buffer wrapped or recording began late, so its oldest events are missing; \
+                record from the start of the process, or with a larger max_entries"
+            .into();
+    };
+    if r.ring_wrapped {
+        return if r.sized_by_user {
+            format!(
+                "memlens.record's ring of {} entries, the max_entries passed, wrapped, so the \
+                 trace lost its start; pass a larger max_entries",
+                r.max_entries
+            )
+        } else {
+            format!(
+                "memlens.record's ring of {} entries, the largest it sizes itself, wrapped, so the \
+                 trace lost its start; pass a larger max_entries to memlens.record to keep it",
+                r.max_entries
+            )
+        };
+    }
+    if r.trace_from_step > 0 {
+        return format!(
+            "memlens.record began this trace after step {}, at its previous snapshot: each \
+             periodic snapshot's trace runs from the one before and its allocator state is whole, \
+             so these blocks were allocated before it, as expected; the final snapshot holds the \
+             last {} steps",
+            r.trace_from_step, r.steps_kept
+        );
+    }
+    "memlens.record started after these blocks were allocated; start it before the model is \
+     built to see where they came from"
+        .into()
 }
 
 impl InitialState {

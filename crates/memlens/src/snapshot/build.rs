@@ -400,6 +400,7 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
     if let Some(v) = top.annotations {
         snap.annotations = annotations(&heap, v);
     }
+    snap.recording = top.recording.and_then(|v| recording(&heap, v));
 
     add_warnings(&mut snap, &heap);
     super::validate::check(&snap).map_err(not_snapshot)?;
@@ -430,6 +431,8 @@ struct TopLevel {
     settings: Option<Value>,
     /// The `record_function` annotations.
     annotations: Option<Value>,
+    /// What `memlens.record` says about how it recorded.
+    recording: Option<Value>,
 }
 
 /// The top level: a dict, or the legacy bare list of segments (then `legacy`
@@ -453,6 +456,7 @@ fn top_level(heap: &Heap, root: Value, path: &Path, legacy: &mut bool) -> Result
                 traces: tr,
                 settings: heap.get_str(root, "allocator_settings"),
                 annotations: heap.get_str(root, "external_annotations"),
+                recording: heap.get_str(root, "memlens"),
             }
         }
         Value::List(_) if heap.list_len(root) == 0 => {
@@ -467,6 +471,7 @@ fn top_level(heap: &Heap, root: Value, path: &Path, legacy: &mut bool) -> Result
                 traces: None,
                 settings: None,
                 annotations: None,
+                recording: None,
             }
         }
         other => {
@@ -843,6 +848,32 @@ fn settings(heap: &Heap, v: Value) -> AllocatorSettings {
         s.other = map;
     }
     s
+}
+
+/// The `"memlens"` dict `memlens.record` adds (schema `memlens-recording/1`);
+/// anything else under that key is not ours and is ignored.
+fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
+    if !matches!(v, Value::Dict(_)) {
+        return None;
+    }
+    let f = Fields {
+        heap,
+        dict: v,
+        what: "memlens".into(),
+    };
+    if !f.str("schema")?.starts_with("memlens-recording/") {
+        return None;
+    }
+    Some(super::Recording {
+        kind: f.str("kind").unwrap_or("").to_string(),
+        step: f.u64_lenient("step", 0),
+        trace_from_step: f.u64_lenient("trace_from_step", 0),
+        every: f.get("every").and_then(Value::as_u64),
+        steps_kept: f.u64_lenient("steps_kept", 0),
+        max_entries: f.u64_lenient("max_entries", 0),
+        sized_by_user: f.str("sized_by") == Some("user"),
+        ring_wrapped: f.bool_or("ring_wrapped", false),
+    })
 }
 
 fn annotations(heap: &Heap, v: Value) -> Vec<Annotation> {

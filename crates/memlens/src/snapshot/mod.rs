@@ -274,6 +274,31 @@ pub struct AllocatorSettings {
     pub other: serde_json::Map<String, serde_json::Value>,
 }
 
+/// How `memlens.record` recorded a snapshot it wrote (the snapshot's
+/// `"memlens"` key): where its trace begins and whether the ring lost events
+/// on the way, so the analysis can tell a trace memlens cut on purpose (each
+/// periodic snapshot's trace runs from the one before) from one that lost its
+/// start.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Recording {
+    /// `periodic`, `final` or `oom`.
+    pub kind: String,
+    /// Training steps (`memlens.step()` calls) finished at the dump.
+    pub step: u64,
+    /// Steps finished before the trace begins; 0 where recording began.
+    pub trace_from_step: u64,
+    /// `every` of the recording, when periodic snapshots were asked for.
+    pub every: Option<u64>,
+    /// `steps_kept` of the recording.
+    pub steps_kept: u64,
+    /// The trace ring's size at the dump.
+    pub max_entries: u64,
+    /// The caller chose `max_entries` (else memlens sized the ring).
+    pub sized_by_user: bool,
+    /// The ring wrapped since the trace began: the trace lost its start.
+    pub ring_wrapped: bool,
+}
+
 /// A PyTorch CUDA memory snapshot.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -299,6 +324,9 @@ pub struct Snapshot {
     pub strings: Strings,
     /// The snapshot is the legacy bare list of segments (PyTorch <= 2.0).
     pub legacy: bool,
+    /// How `memlens.record` recorded it; `None` for snapshots written by
+    /// anything else.
+    pub recording: Option<Recording>,
     /// Problems found while reading that do not stop the analysis.
     pub warnings: Vec<String>,
 }
