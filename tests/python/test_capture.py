@@ -382,6 +382,324 @@ def test_a_window_beyond_the_largest_ring_warns_once_with_what_it_holds(gpu, tmp
     assert rec.max_entries == 20_000
 
 
+def test_one_snapshot_per_step_serves_the_leak_watch_and_the_dump(gpu, tmp_path):
+    # A growing step 4 starts a streak (baseline snapshot) on a dump step: one
+    # _snapshot() call serves both.
+    with memlens.record(tmp_path / "snaps", every=4, publish=False) as rec:
+        for step in range(1, 5):
+            if step == 4:
+                gpu.alloc(MIB)
+            before = gpu.snapshots_taken
+            memlens.step()
+        assert gpu.snapshots_taken - before == 1 and rec._leak_points
+    assert (tmp_path / "snaps" / "snapshot.step4.pickle").exists()
+
+
+# -- the leak alarm ------------------------------------------------------------
+
+
+def test_leak_rule_fires_once_after_warmup_and_a_streak():
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    events = [rule.update(100 * MIB + i * 4 * MIB) for i in range(12)]
+    # Steps 1-3 are warm-up; step 4 starts the streak (baseline), step 8 completes 5 growing steps.
+    assert events[3] == BASELINE
+    assert events[5] == MIDPOINT  # a third snapshot, so the sites are judged on three points
+    assert events[7] == ALARM
+    assert [e for i, e in enumerate(events) if i not in (3, 5, 7)] == [None] * 9
+    assert rule.growth() == 20 * MIB and rule.per_step() == 4 * MIB
+
+
+def test_leak_rule_ignores_flat_noisy_and_small_growth():
+    flat = LeakRule()
+    assert all(flat.update(50 * MIB) is None for _ in range(30))
+    noisy = LeakRule()
+    assert ALARM not in [noisy.update(50 * MIB + (i % 2) * 30 * MIB) for i in range(30)]
+    small = LeakRule(min_bytes=8 * MIB)
+    assert ALARM not in [small.update(50 * MIB + i * 1024) for i in range(30)]
+    interrupted = LeakRule()
+    seq = [10, 10, 10, 20, 30, 40, 10, 50, 60, 70, 80, 90]
+    # Three rises, then everything given back (10): the watch ends; a new one
+    # begins at 50 and reaches five rises at 90.
+    assert ALARM not in [interrupted.update(v * MIB) for v in seq[:-1]]
+    assert interrupted.update(seq[-1] * MIB) == ALARM
+    once = LeakRule()
+    # One rise that stays (a cache filled once) is no leak, however long it stays.
+    assert ALARM not in [once.update((50 if i < 10 else 90) * MIB) for i in range(500)]
+    with pytest.raises(ValueError):
+        LeakRule(steps=1)
+
+
+def test_leak_rule_fires_on_growth_every_few_steps():
+    # A loop that keeps 2 MiB every 10th step: flat steps between the rises
+    # neither count nor end the watch.
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    figures = [100 * MIB + (i // 10) * 2 * MIB for i in range(1, 101)]
+    events = {i + 1: e for i, e in enumerate(rule.update(f) for f in figures) if e}
+    assert events == {10: BASELINE, 30: MIDPOINT, 50: ALARM}
+    assert rule.rises == 5 and rule.span() == 41 and rule.growth() == 10 * MIB
+    # Noise on top (a buffer that comes and goes) does not end it either, as
+    # long as the figure stays above where the watch began.
+    noisy = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    noise = [f + (3 * MIB if i % 7 == 0 else 0) for i, f in enumerate(figures)]
+    assert ALARM in [noisy.update(f) for f in noise]
+
+
+def test_leak_message_says_how_often_it_grew():
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    for i in range(1, 51):
+        rule.update(100 * MIB + (i // 10) * 2 * MIB)
+    text = _capture.leak_message(rule, [], 50, 10)
+    assert "grew in 5 of the last 41 steps and never fell back (+10.00 MiB" in text, text
+    assert _capture.leak_alarm_line(rule, []).endswith("over 41 steps")
+
+
+def test_leak_message_names_what_holds_each_site():
+    rule = LeakRule(warmup=3, steps=5, min_bytes=8 * MIB)
+    for i in range(1, 20):
+        rule.update(100 * MIB + i * 4 * MIB)
+    row = {"site": "/proj/train.py:42", "function": "train", "bytes": 16 * MIB, "count": 4,
+           "bytes_per_step": 4 * MIB}
+    held = "train() local 'kept' [local] at train.py:50: 4 tensors, 16.0 MiB via list of 4 tensors"
+    text = _capture.leak_message(rule, [row], 19, 3, {"/proj/train.py:42": [held]})
+    assert f"\n      held by {held}" in text, text
+    # No holder found: the site's line alone, as before.
+    assert "held by" not in _capture.leak_message(rule, [row], 19, 3, {})
+
+
+def test_a_failing_holder_search_costs_the_alarm_only_its_holder_line(monkeypatch):
+    import memlens._why as why_module
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no allocator history")
+
+    monkeypatch.setattr(why_module, "why", broken)
+    rows = [{"site": "/proj/train.py:42"}, {"site": "<backward pass>"}]
+    assert _capture.holders_of_sites(rows) == {}
+
+
+def test_leak_alarm_names_the_site_that_grows(gpu, tmp_path):
+    kept = []
+    with memlens.record(tmp_path / "snaps") as rec:
+        with pytest.warns(memlens.LeakWarning) as caught:
+            for step in range(15):
+                tmp = gpu.alloc(64 * MIB, file="/home/me/train.py", line=10, name="forward")
+                kept.append(gpu.alloc(4 * MIB, file="/home/me/train.py", line=42, name="validate"))
+                gpu.free(tmp)
+                memlens.step()
+        assert len(caught) == 1  # warned once, though it kept growing
+        text = str(caught[0].message)
+        assert "/home/me/train.py:42 in validate" in text
+        assert "train.py:10" not in text
+        assert "+4.00 MiB a step" in text
+        assert caught[0].filename == __file__  # points at the caller's memlens.step()
+        assert rec.leak_sites[0]["site"] == "/home/me/train.py:42"
+        assert rec.leak_sites[0]["bytes"] == 4 * 4 * MIB  # created during the 4 steps after the baseline
+        assert rec.leak_alarm.startswith("+4.00 MiB/step over 5 steps")
+        assert "train.py:42" in rec.leak_alarm
+        rec._publisher._last = None
+        memlens.step()
+        assert read_live(tmp_path)["leak_alarm"] == rec.leak_alarm
+
+
+def test_the_holders_are_written_beside_the_snapshot_and_read_by_leaks(gpu, tmp_path, monkeypatch, memlens_exe):
+    """Issue 32: what the alarm found holding a site goes beside every
+    snapshot dumped after it (``<snapshot>.holders.json``), and `memlens
+    leaks` (the CLI and ``memlens.load().leaks()``) shows it."""
+    import json
+    import subprocess
+
+    import memlens._why as why_module
+
+    held = memlens.Holder(kind="global", path="train.kept", tensors=5, bytes=20 * MIB, via=("list",))
+    asked = []
+
+    def fake_why(site=None, **_k):
+        asked.append(site)
+        return [held]
+
+    monkeypatch.setattr(why_module, "why", fake_why)
+    kept = []
+    with memlens.record(tmp_path / "snaps", every=3) as rec:
+        with pytest.warns(memlens.LeakWarning) as caught:
+            for _ in range(15):
+                kept.append(gpu.alloc(4 * MIB, file="/home/me/train.py", line=42, name="validate"))
+                memlens.step()
+    assert asked == ["/home/me/train.py:42"]
+    # The fake trace has no step markers: the leak is found across the
+    # periodic snapshots; the newest holders file beside them is read.
+    periodic = [p for p in rec.snapshots if ".step" in p]
+    assert "held by train.kept [global]: 5 tensors, 20.0 MiB via list" in str(caught[0].message)
+    final = rec.snapshots[-1]
+    doc = json.loads(open(final + _capture.HOLDERS_SUFFIX).read())
+    assert doc["format"] == "memlens-holders/1"
+    assert doc["sites"] == {"/home/me/train.py:42": [held.to_dict()]}
+    assert os.path.exists(periodic[-1] + _capture.HOLDERS_SUFFIX)
+    assert not os.path.exists(periodic[0] + _capture.HOLDERS_SUFFIX)  # dumped before the alarm
+    out = subprocess.run([memlens_exe, "leaks", *periodic], capture_output=True, text=True, check=True).stdout
+    assert "held by train.kept [global]: 5 tensors, 20.00 MiB via list" in out, out
+    found = memlens.load(periodic[0]).leaks(*periodic[1:])["leaks"]
+    assert found[0]["holders"][0]["path"] == "train.kept", found[0]
+
+
+def test_allocator_noise_that_grows_the_total_is_not_a_leak(gpu, tmp_path):
+    # The total allocated grows for many steps in a row, but only because one
+    # buffer is replaced by a larger one each step (irregularly, as varying
+    # shapes and allocator rounding do): no site keeps more tensors, so the
+    # rules of `memlens leaks` see no leak and the alarm stays silent.
+    held = gpu.alloc(8 * MIB, file="/home/me/train.py", line=20, name="collate")
+    sizes = [9, 10, 11, 12, 13, 14, 20, 21, 22, 23, 40, 41]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with memlens.record(tmp_path / "snaps") as rec:
+            for mib in sizes:
+                tmp = gpu.alloc(64 * MIB, file="/home/me/train.py", line=10, name="forward")
+                gpu.free(tmp)
+                gpu.free(held)
+                held = gpu.alloc(mib * MIB, file="/home/me/train.py", line=20, name="collate")
+                memlens.step()
+        assert rec.leak_alarm is None and rec.leak_sites == []
+
+
+def test_healthy_training_never_warns(gpu, tmp_path):
+    params = gpu.alloc(100 * MIB, file="/home/me/model.py", line=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with memlens.record(tmp_path / "snaps"):
+            for step in range(30):
+                acts = [gpu.alloc(8 * MIB, file="/home/me/train.py", line=7) for _ in range(4)]
+                for a in acts:
+                    gpu.free(a)
+                memlens.step()
+    assert params in gpu.blocks[0]
+    # No baseline snapshots were needed: the retained memory never grew.
+    assert gpu.snapshots_taken == 1  # the final one
+
+
+def test_leak_check_can_be_turned_off(gpu, tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with memlens.record(tmp_path / "snaps", leak_check=False):
+            for _ in range(15):
+                gpu.alloc(16 * MIB)
+                memlens.step()
+
+
+# -- the OOM observer ----------------------------------------------------------
+
+
+def test_oom_writes_a_snapshot_and_explains_before_the_exception(gpu, tmp_path, capsys):
+    out = tmp_path / "snaps"
+    with memlens.record(out):
+        gpu.alloc(30 * MIB, file="/home/me/train.py", line=5)
+        with pytest.raises(fake_torch.FakeOutOfMemoryError):
+            gpu.oom(2 * 1024 * MIB)
+        err = capsys.readouterr().err
+        oom = out / "snapshot.oom.pickle"
+        assert oom.exists()
+        assert "memlens: CUDA out of memory on device 0: 2.00 GiB requested, 1.00 MiB free" in err
+        assert str(oom) in err
+        assert f"memlens oom {oom}" in err or "explain" in err.lower()
+        snap = pickle.loads(oom.read_bytes())
+        assert snap["segments"][0]["blocks"][0]["size"] == 30 * MIB
+        # Further OOMs: two more snapshots, then one line.
+        for _ in range(4):
+            with pytest.raises(fake_torch.FakeOutOfMemoryError):
+                gpu.oom(MIB)
+        err = capsys.readouterr().err
+        assert (out / "snapshot.oom2.pickle").exists() and (out / "snapshot.oom3.pickle").exists()
+        assert not (out / "snapshot.oom4.pickle").exists()
+        assert err.count("only the first 3 are recorded") == 1
+
+
+def test_oom_observer_is_attached_once_and_idle_when_not_recording(gpu, tmp_path, capsys):
+    with memlens.record(tmp_path / "a"):
+        pass
+    with memlens.record(tmp_path / "b"):
+        pass
+    assert len(gpu.observers) == 1
+    with pytest.raises(fake_torch.FakeOutOfMemoryError):
+        gpu.oom(MIB)
+    assert capsys.readouterr().err == ""
+    assert not list(tmp_path.glob("*/snapshot.oom.pickle"))
+
+
+def test_oom_explanation_goes_through_one_function(gpu, tmp_path, capsys, monkeypatch):
+    from memlens import _native
+
+    monkeypatch.setattr(_native, "explain_oom_file", lambda path: f"EXPLAINED {os.path.basename(path)}", raising=False)
+    with memlens.record(tmp_path / "snaps"):
+        with pytest.raises(fake_torch.FakeOutOfMemoryError):
+            gpu.oom(MIB)
+    assert "EXPLAINED snapshot.oom.pickle" in capsys.readouterr().err
+
+
+# -- what grew between two snapshots (Rust's diff) ---------------------------------
+
+
+def test_grown_sites_groups_by_innermost_user_frame():
+    from memlens import _native
+    from memlens._diff import grown_sites
+
+    # The one rulebook (Rust, memlens::frames) decides what is user code.
+    def is_user_file(name: str) -> bool:
+        return _native.frame_kind(name) == "user"
+
+    assert not is_user_file("/opt/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py")
+    assert not is_user_file("/usr/lib/python3.11/threading.py")
+    assert not is_user_file("/work/pytorch/torch/autograd/__init__.py")
+    assert is_user_file("/home/me/train.py")
+    assert not is_user_file("Objects/methodobject.c")
+    assert not is_user_file("thread48.o")
+    assert not is_user_file("/tmp/torchinductor_me/ab/cab12.py")
+    assert is_user_file("/tmp/ipykernel_4123/2771456321.py")
+
+    gpu = fake_torch.FakeGPU()
+    keep = gpu.alloc(10 * MIB, file="/home/me/a.py", line=1)
+    gone = gpu.alloc(3 * MIB, file="/home/me/b.py", line=2)
+    before = gpu.snapshot()
+    gpu.free(gone)
+    gpu.alloc(5 * MIB, file="/home/me/c.py", line=3, name="leaky")
+    gpu.alloc(2 * MIB, file="/home/me/c.py", line=3, name="leaky")
+    after = gpu.snapshot()
+    grown = grown_sites(before, after)
+    assert [(r["site"], r["function"], r["bytes"], r["count"]) for r in grown] == [
+        ("/home/me/c.py:3", "leaky", 7 * MIB, 2)
+    ]
+    assert keep in gpu.blocks[0]
+
+
+def test_the_device_figures_are_written_beside_every_snapshot(gpu, tmp_path):
+    """Issue 31 item 5: a snapshot stores neither the device's total nor the
+    per-process cap; the recorder writes them beside each snapshot
+    (``<snapshot>.device.json``) for ``tune``/``simulate`` to use."""
+    import json
+
+    gpu.memory_fraction = 0.05
+    with memlens.record(tmp_path / "snaps", every=2) as rec:
+        for _ in range(4):
+            gpu.alloc(4 * MIB)
+            memlens.step()
+    assert rec.snapshots
+    for snap in rec.snapshots:
+        doc = json.loads(open(snap + _capture.DEVICE_SUFFIX).read())
+        assert doc["format"] == "memlens-device/1"
+        (row,) = doc["devices"]
+        assert row["device"] == 0 and row["total_memory"] == 80 << 30
+        assert row["memory_fraction"] == 0.05
+        assert 0 < row["free_memory"] <= 80 << 30
+
+
+def test_no_device_file_when_torch_cannot_tell(gpu, tmp_path):
+    """A torch without the device's properties costs only the file."""
+    import torch
+
+    del torch.cuda.get_device_properties
+    with memlens.record(tmp_path / "snaps") as rec:
+        gpu.alloc(MIB)
+    assert rec.snapshots
+    assert not any(os.path.exists(p + _capture.DEVICE_SUFFIX) for p in rec.snapshots)
+
+
 def test_the_analysis_reads_how_memlens_recorded_and_blames_no_ring(gpu, tmp_path):
     # A block allocated in each step and freed in the next: every periodic
     # snapshot after the first frees one block allocated before its trace.
