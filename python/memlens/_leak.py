@@ -17,11 +17,16 @@ The rule (documented in the README and :func:`memlens.record`):
   what it took, so growth that is kept is the signature of a leak (a list that
   keeps losses with their graphs, a cache on a module).
 * The total is only the trigger. memlens takes an in-memory snapshot (without
-  its trace) when the watch begins, at its middle rise and when it would
-  fire, and asks the same rules as ``memlens leaks`` (in Rust) which
-  sites grew across those three points: growth over at least 3 steps, above
-  the allocator's rounding noise, by the user's call path. No such site: no
-  alarm (the total moved by noise), and the watch starts afresh.
+  its trace) once the watch has seen two rises (one when ``steps`` < 4) and
+  stands ``min_bytes / 2`` above its base, then one at its middle rise (and
+  never at the baseline's) and one when it would fire, and asks the same
+  rules as ``memlens leaks`` (in Rust) which sites grew across those three
+  points: growth over at least 3 steps, above the allocator's rounding noise,
+  by the user's call path. No such site: no alarm (the total moved by
+  noise), and the watch starts afresh. Not at the first rise: a figure that
+  wanders by a few MiB from step to step starts watch after watch, and each
+  snapshot converts the whole trace ring; measured on a CS336-style model,
+  3 ms of a 41 ms step (BENCHMARKS.md, issue 35).
 
 This module is pure logic (no torch), so it is tested directly.
 """
@@ -59,6 +64,10 @@ class LeakRule:
     """The figure just before the watch's first rise."""
     high: int = 0
     """The highest figure since the watch began."""
+    taken: int = 0
+    """Snapshots the watch asked for: 0, 1 after :data:`BASELINE`, 2 after :data:`MIDPOINT`."""
+    baseline_at: int = 0
+    """The rise at which the watch asked for its baseline (while ``taken`` > 0)."""
 
     def __post_init__(self) -> None:
         # Two rises at least: the sites come from a diff between the snapshot
@@ -91,18 +100,42 @@ class LeakRule:
             self.high = now
         else:
             return None
+        # Three snapshots, in order, each at a later rise: the baseline, the
+        # midpoint, then the alarm's.
+        if self.taken == 0:
+            if self.rises >= self.baseline_rise() and self.growth() >= self.baseline_bytes():
+                self.taken, self.baseline_at = 1, self.rises
+                return BASELINE
+            return None
+        if self.taken == 1:
+            if self.rises >= max(self.baseline_at + 1, self.midpoint()):
+                self.taken = 2
+                return MIDPOINT
+            return None
         if self.rises >= self.steps and self.growth() >= self.min_bytes:
             self.fired = True
             return ALARM
-        if self.rises == 1:
-            return BASELINE
-        if self.rises == self.midpoint():
-            return MIDPOINT
         return None
 
+    def baseline_rise(self) -> int:
+        """The first rise at which the baseline snapshot may be taken: the
+        second, so that a lone rise given back at the next step costs no
+        snapshot, unless the alarm needs fewer than 4 rises (then three points
+        need the first)."""
+        return 2 if self.steps >= 4 else 1
+
+    def baseline_bytes(self) -> int:
+        """How far above its base the figure must stand before the baseline
+        snapshot is taken: half of ``min_bytes``. A figure that wanders within
+        a few MiB from step to step (measured: 2.4 MB on a CS336-style model)
+        never reaches it, and never pays for a snapshot; a leak reaches it on
+        its way to ``min_bytes``."""
+        return self.min_bytes // 2
+
     def midpoint(self) -> int:
-        """The rise at which the middle snapshot is taken."""
-        return max(2, (self.steps + 1) // 2)
+        """The rise from which the middle snapshot is taken (and never at the
+        baseline's rise)."""
+        return (self.steps + 1) // 2
 
     def dismiss(self) -> None:
         """The sites showed no leak (the total moved by allocator noise, or a
@@ -110,6 +143,7 @@ class LeakRule:
         start watching afresh."""
         self.fired = False
         self.rises = 0
+        self.taken = 0
 
     def span(self) -> int:
         """Steps since the watch began, its first rise included."""
