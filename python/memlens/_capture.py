@@ -211,6 +211,31 @@ def _gc_paused() -> Any:
             gc.enable()
 
 
+def _check_alloc_conf_applied(torch: Any) -> None:
+    """Warns once when ``PYTORCH_CUDA_ALLOC_CONF`` is set in the environment
+    but the allocator runs with none of it: PyTorch reads the variable once,
+    when CUDA first allocates, so a script that sets ``os.environ`` after
+    that changes nothing, silently. Taken from the allocator's own settings
+    (a snapshot before recording starts holds no trace, so it is cheap)."""
+    env = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").strip()
+    if not env:
+        return
+    try:
+        with _gc_paused():
+            settings = torch.cuda.memory._snapshot().get("allocator_settings")
+    except Exception:  # noqa: BLE001 - a check, never a failure
+        return
+    if not isinstance(settings, dict) or str(settings.get("PYTORCH_CUDA_ALLOC_CONF", "")).strip():
+        return
+    _warn_once(
+        "alloc-conf",
+        f"memlens: PYTORCH_CUDA_ALLOC_CONF is \"{env}\" in the environment, but the allocator runs "
+        f"with none of it: PyTorch reads it once, when CUDA first allocates, so setting it later "
+        f"changes nothing. Set it before the process starts (PYTORCH_CUDA_ALLOC_CONF={env} python "
+        f"train.py) or at the top of the script, before anything touches the GPU",
+    )
+
+
 def _trace_entries(torch: Any, devices: List[int]) -> int:
     """Allocator trace events so far, from the cumulative counters (3 per
     allocation, 1 per segment allocated or freed)."""
@@ -330,6 +355,7 @@ class Recorder:
         init = getattr(torch.cuda, "init", None)
         if init is not None:
             init()  # the allocator must exist before observers attach; makes no context
+        _check_alloc_conf_applied(torch)
         torch.cuda.memory._record_memory_history(
             enabled="all", context=self.context, stacks=self.stacks, max_entries=self.max_entries
         )
@@ -493,6 +519,9 @@ class Recorder:
             "sized_by": "user" if self._sized_by_user else "memlens",
             "events_since_trace_start": events,
             "ring_wrapped": events > self.max_entries,
+            # For the analysis to tell a setting that was never applied
+            # (analysis::capture in Rust): the allocator reads it once.
+            "alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         }
 
     def _clear_ring(self, entries: int) -> bool:

@@ -1,7 +1,7 @@
 """GPU checks of the memlens Python package (run by tests/gpu/run.sh).
 
     python3 gpu_checks.py all OUTDIR        every check, each in its own process
-    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring)
+    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf)
 
 Each check prints `PASS name: ...` or `FAIL name: ...` lines (and `INFO` lines
 with figures); `all` ends with a `N passed, N failed` line and exits 1 when
@@ -292,8 +292,44 @@ def check_ring(out: str) -> None:
     torch.cuda.synchronize()
 
 
+def check_alloc_conf(out: str) -> None:
+    """A PYTORCH_CUDA_ALLOC_CONF set after CUDA's first allocation is ignored by
+    PyTorch, silently (issue 35 item 3). In a child process that sets it late,
+    memlens.record warns at start and the analysis of its snapshot names it
+    with the fix; in one that sets it before starting, neither does, and the
+    setting is in force."""
+    script = textwrap.dedent("""
+        import os, sys, warnings, torch, memlens
+        if sys.argv[2] == "late":
+            x = torch.ones(1, device="cuda")  # CUDA's first allocation
+            os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with memlens.record(sys.argv[1], leak_check=False, publish=False):
+                y = torch.ones(1 << 20, device="cuda")
+                memlens.step()
+        print("WARNED" if any("PYTORCH_CUDA_ALLOC_CONF" in str(w.message) for w in caught) else "QUIET")
+        s = memlens.load(os.path.join(sys.argv[1], "snapshot.pickle")).summary()
+        print("APPLIED", s["allocator_settings"]["expandable_segments"])
+        print("CHECKS", [c["check"] for c in s["capture_checks"]])
+    """)
+    for when in ("late", "early"):
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if when == "early":
+            env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+        p = subprocess.run([sys.executable, "-c", script, os.path.join(out, f"conf_{when}"), when],
+                           capture_output=True, text=True, env=env, timeout=120)
+        text = p.stdout
+        if when == "late":
+            ok = "WARNED" in text and "APPLIED False" in text and "'alloc_conf_not_applied'" in text
+        else:
+            ok = "QUIET" in text and "APPLIED True" in text and "alloc_conf_not_applied" not in text
+        report(ok, f"alloc_conf.{when}", f"{text.strip()!r} {p.stderr[-300:]!r}")
+
+
 CHECKS = {"train": check_train, "leak": check_leak, "oom": check_oom, "marker": check_marker, "multi": check_multi,
-          "ring": check_ring}
+          "ring": check_ring, "alloc_conf": check_alloc_conf}
 
 
 def main() -> int:

@@ -740,3 +740,31 @@ def test_the_analysis_reads_how_memlens_recorded_and_blames_no_ring(gpu, tmp_pat
             if w.startswith("the trace does not start")]
     assert len(late) == 1 and "memlens.record began this trace after step 4" in late[0], late
     assert "max_entries" not in late[0]
+
+
+def test_an_alloc_conf_set_too_late_warns_at_start_and_is_kept_for_the_analysis(gpu, tmp_path, monkeypatch):
+    # The fake allocator runs with no settings (its snapshot's
+    # PYTORCH_CUDA_ALLOC_CONF is ""), as torch's does when the variable was
+    # set after CUDA's first allocation.
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+    out = tmp_path / "snaps"
+    with pytest.warns(memlens.MemlensWarning, match="PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python"):
+        with memlens.record(out, leak_check=False, publish=False):
+            gpu.alloc(MIB)
+            memlens.step()
+    snap = pickle.loads((out / "snapshot.pickle").read_bytes())
+    assert snap["memlens"]["alloc_conf_env"] == "expandable_segments:True"
+    # The analysis makes it a capture check with the same fix.
+    checks = memlens.load(str(out / "snapshot.pickle")).summary()["capture_checks"]
+    assert [c["check"] for c in checks] == ["alloc_conf_not_applied"], checks
+    assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python" in checks[0]["fix"]
+
+
+def test_an_applied_or_absent_alloc_conf_says_nothing(gpu, tmp_path, monkeypatch):
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", memlens.MemlensWarning)
+        with memlens.record(tmp_path / "a", leak_check=False, publish=False):
+            memlens.step()
+    snap = pickle.loads((tmp_path / "a" / "snapshot.pickle").read_bytes())
+    assert snap["memlens"]["alloc_conf_env"] is None

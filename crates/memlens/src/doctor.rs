@@ -36,7 +36,8 @@ pub enum Severity {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Finding {
-    /// `leak`, `oom`, `fragmentation`, `peak` or `snapshot`.
+    /// `leak`, `oom`, `fragmentation`, `peak`, `snapshot`, `capture`, `info` (the device's
+    /// account) or `imbalance`.
     pub kind: String,
     /// How much it matters.
     pub severity: Severity,
@@ -255,6 +256,7 @@ pub fn diagnose_in<'s>(
     ));
     findings.extend(peak_finding(&peak));
     findings.extend(caveat_findings(&summary, &peak));
+    findings.extend(summary.capture_checks.iter().map(capture_finding));
     let device = recorded
         .iter()
         .find(|d| d.device == peak.device)
@@ -631,6 +633,22 @@ fn peak_finding(peak: &PeakReport) -> Option<Finding> {
         stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
         quote: Default::default(),
     })
+}
+
+/// A failure of the capture ([`crate::analysis::capture`]) with its fix: a
+/// warning when it hides what the analyses need, else worth knowing.
+fn capture_finding(c: &crate::analysis::capture::CaptureCheck) -> Finding {
+    Finding {
+        kind: "capture".into(),
+        severity: if c.serious {
+            Severity::Warning
+        } else {
+            Severity::Info
+        },
+        title: c.problem.clone(),
+        suggestion: Some(c.fix.clone()),
+        ..Default::default()
+    }
 }
 
 /// Caveats about the snapshot itself, at most three; one finding per fact:

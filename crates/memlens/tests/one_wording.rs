@@ -70,6 +70,7 @@ fn a_trace_memlens_cut_on_purpose_is_not_blamed_on_max_entries() {
         max_entries: 45_015,
         sized_by_user: false,
         ring_wrapped: false,
+        alloc_conf_env: None,
     });
     let cut = caveat(&snap);
     assert!(!cut.contains("max_entries"), "{cut}");

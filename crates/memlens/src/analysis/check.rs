@@ -57,7 +57,14 @@ pub fn check(peak: &PeakReport, max_peak: Option<u64>, max_reserved: Option<u64>
         .iter()
         .find(|w| w.starts_with(crate::replay::initial::LATE_START))
         .map(|w| {
-            format!("{w}; this verdict covers the recorded window only, and a higher peak before it is not seen")
+            let cause = w
+                .split_once(super::peak::LATE_PEAKS)
+                .map_or(w.as_str(), |(_, cause)| cause);
+            format!(
+                "{}: this verdict covers the recorded window only, and a higher peak before it is \
+                 not seen; {cause}",
+                crate::replay::initial::LATE_START
+            )
         });
     CheckResult {
         partial,

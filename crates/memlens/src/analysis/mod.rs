@@ -1,5 +1,6 @@
 //! Analyses: pure functions of a snapshot (and its replay) that return plain data.
 
+pub mod capture;
 pub mod check;
 pub mod diff;
 pub mod inputs;

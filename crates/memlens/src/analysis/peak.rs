@@ -130,6 +130,10 @@ pub struct PeakReport {
     pub warnings: Vec<String>,
 }
 
+/// The peak's caveat on a trace that began late, before its cause; `check`
+/// puts its own words there.
+pub(crate) const LATE_PEAKS: &str = "peaks are over the recorded window: ";
+
 /// Replays every device and reports the peak of the one with the highest.
 pub fn peak(snap: &Snapshot, top: usize) -> PeakReport {
     peak_analysed(&Analysed::new(snap), top)

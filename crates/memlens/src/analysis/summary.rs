@@ -90,6 +90,9 @@ pub struct Summary {
     pub legacy_format: bool,
     /// Things worth knowing about the snapshot itself.
     pub warnings: Vec<String>,
+    /// What went wrong with how it was recorded, each with its fix
+    /// ([`super::capture`]).
+    pub capture_checks: Vec<super::capture::CaptureCheck>,
 }
 
 /// Computes the summary of a snapshot.
@@ -137,6 +140,7 @@ fn counts_of(snap: &Snapshot) -> Summary {
         allocator_settings: snap.settings.clone(),
         legacy_format: snap.legacy,
         warnings: snap.warnings.clone(),
+        capture_checks: super::capture::capture_checks(snap),
     }
 }
 

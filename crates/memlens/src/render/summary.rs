@@ -100,5 +100,13 @@ pub fn text(s: &Summary, name: &str) -> String {
     for w in &s.warnings {
         push_wrapped(&mut o, "  warning: ", "    ", w);
     }
+    for c in &s.capture_checks {
+        push_wrapped(
+            &mut o,
+            "  capture: ",
+            "    ",
+            &format!("{}; fix: {}", c.problem, c.fix),
+        );
+    }
     super::layout::fit(o)
 }

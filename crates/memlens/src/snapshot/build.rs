@@ -873,6 +873,7 @@ fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
         max_entries: f.u64_lenient("max_entries", 0),
         sized_by_user: f.str("sized_by") == Some("user"),
         ring_wrapped: f.bool_or("ring_wrapped", false),
+        alloc_conf_env: f.str("alloc_conf_env").map(str::to_string),
     })
 }
 

@@ -297,6 +297,9 @@ pub struct Recording {
     pub sized_by_user: bool,
     /// The ring wrapped since the trace began: the trace lost its start.
     pub ring_wrapped: bool,
+    /// `PYTORCH_CUDA_ALLOC_CONF` in the process's environment at the dump,
+    /// when set: compared with the settings the allocator ran with.
+    pub alloc_conf_env: Option<String>,
 }
 
 /// A PyTorch CUDA memory snapshot.
