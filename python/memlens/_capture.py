@@ -300,6 +300,7 @@ class Recorder:
         # The ring buffer is sized once the first steps are measured, unless
         # the caller chose max_entries (see _fit_ring).
         self._sized_by_user = max_entries is not None
+        self._outside_at_start: Optional[int] = None
         self._fit_pending = max_entries is None
         # Trace entries counted when the ring was last emptied (at start, then
         # at each periodic dump): what the ring holds now is the difference.
@@ -356,6 +357,9 @@ class Recorder:
         if init is not None:
             init()  # the allocator must exist before observers attach; makes no context
         _check_alloc_conf_applied(torch)
+        # The CUDA context and the libraries loaded so far: what is outside
+        # PyTorch before the run adds NCCL buffers, workspaces, graphs.
+        self._outside_at_start = outside_pytorch(torch)
         torch.cuda.memory._record_memory_history(
             enabled="all", context=self.context, stacks=self.stacks, max_entries=self.max_entries
         )
@@ -490,7 +494,7 @@ class Recorder:
             _write_snapshot(snapshot, path)
         if self._holders:
             write_holders(path, self.steps, self._holders)
-        write_device(path, self._torch)
+        write_device(path, self._torch, self._outside_at_start)
         self.snapshots.append(path)
         if periodic and cleared:
             self._chunks.append((path, self.steps - self._steps_at_clear, bool(info["ring_wrapped"])))
@@ -828,6 +832,17 @@ def device_figures(torch: Any) -> List[Dict[str, Any]]:
     return [row]
 
 
+def outside_pytorch(torch: Any) -> Optional[int]:
+    """This process's memory on the current GPU outside PyTorch's allocator
+    now (NVML's figure for the process less ``memory_reserved``); None when
+    NVML does not list the process (no CUDA context yet, or a container that
+    hides pids)."""
+    rows = device_figures(torch)
+    if not rows or "process_used_memory" not in rows[0] or "reserved_memory" not in rows[0]:
+        return None
+    return max(0, int(rows[0]["process_used_memory"]) - int(rows[0]["reserved_memory"]))
+
+
 class _NvmlProcess(ctypes.Structure):
     """nvmlProcessInfo_t (the v2 layout that the _v3 query fills)."""
 
@@ -889,14 +904,18 @@ def _nvml_figures(cuda: Any, d: int) -> Dict[str, int]:
         return {}
 
 
-def write_device(snapshot_path: str, torch: Any) -> Optional[str]:
+def write_device(snapshot_path: str, torch: Any, outside_at_start: Optional[int] = None) -> Optional[str]:
     """Writes the device's figures (:func:`device_figures`) beside the
     snapshot at ``snapshot_path``, for the what-ifs to run under the cap and
-    the total the run had; the file's path, or None when torch could not
-    tell them."""
+    the total the run had, and for ``doctor`` to account for nvidia-smi's
+    figure; ``outside_at_start`` (:func:`outside_pytorch`, when recording
+    began) splits what is outside PyTorch into the CUDA context and what came
+    since. The file's path, or None when torch could not tell them."""
     devices = device_figures(torch)
     if not devices:
         return None
+    if outside_at_start is not None:
+        devices[0]["outside_pytorch_at_start"] = int(outside_at_start)
     doc = {"format": DEVICE_FORMAT, "devices": devices}
     return _write_beside(snapshot_path, DEVICE_SUFFIX, doc, "the device's figures")
 

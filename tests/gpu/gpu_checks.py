@@ -1,7 +1,7 @@
 """GPU checks of the memlens Python package (run by tests/gpu/run.sh).
 
     python3 gpu_checks.py all OUTDIR        every check, each in its own process
-    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf)
+    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf, graphs)
 
 Each check prints `PASS name: ...` or `FAIL name: ...` lines (and `INFO` lines
 with figures); `all` ends with a `N passed, N failed` line and exits 1 when
@@ -328,8 +328,53 @@ def check_alloc_conf(out: str) -> None:
         report(ok, f"alloc_conf.{when}", f"{text.strip()!r} {p.stderr[-300:]!r}")
 
 
+def check_graphs(out: str) -> None:
+    """nvidia-smi reconciled with a CUDA graph in the process (issue 35 item 1):
+    a training step captured with torch.cuda.graph (its private memory pool)
+    and replayed 10 times under memlens.record; `memlens doctor --json` on the
+    final snapshot accounts for the device's used memory within 64 MiB."""
+    import torch
+
+    import memlens
+
+    model, opt = model_and_opt(torch, width=1024)
+    static_x = torch.randn(256, 1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm up on a side stream, as the CUDA graphs docs do
+            opt.zero_grad(set_to_none=True)
+            model(static_x).square().mean().backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = model(static_x).square().mean()
+        static_loss.backward()
+        opt.step()
+    run = os.path.join(out, "graphs")
+    with memlens.record(run, leak_check=False, publish=False) as rec:
+        for _ in range(10):
+            static_x.copy_(torch.randn(256, 1024, device="cuda"))
+            graph.replay()
+            static_loss.item()
+            memlens.step()
+    final = rec.snapshots[-1]
+    p = subprocess.run([sys.executable, "-m", "memlens", "doctor", "--no-report", "--json", final],
+                       capture_output=True, text=True)
+    try:
+        dev = json.loads(p.stdout)["diagnosis"]["device"]
+    except Exception:  # noqa: BLE001
+        dev = None
+    unexplained = None if not dev else dev.get("unexplained_bytes")
+    report(unexplained is not None and abs(unexplained) <= 64 * MIB, "graphs.device_accounted",
+           f"{dev} (rc {p.returncode}) {p.stderr[-300:]!r}")
+
+
 CHECKS = {"train": check_train, "leak": check_leak, "oom": check_oom, "marker": check_marker, "multi": check_multi,
-          "ring": check_ring, "alloc_conf": check_alloc_conf}
+          "ring": check_ring, "alloc_conf": check_alloc_conf,
+          "graphs": check_graphs}
 
 
 def main() -> int:

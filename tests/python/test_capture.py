@@ -768,3 +768,23 @@ def test_an_applied_or_absent_alloc_conf_says_nothing(gpu, tmp_path, monkeypatch
             memlens.step()
     snap = pickle.loads((tmp_path / "a" / "snapshot.pickle").read_bytes())
     assert snap["memlens"]["alloc_conf_env"] is None
+
+
+def test_what_is_outside_pytorch_when_recording_begins_goes_in_the_device_file(gpu, tmp_path, monkeypatch):
+    # NVML's view of this process, faked: 600 MiB at start over what PyTorch
+    # reserved (the CUDA context), then 100 MiB more (say NCCL's buffers).
+    extra = {"outside": 600 * MIB}
+
+    def nvml(cuda, d):
+        return {"process_used_memory": gpu.reserved[d] + extra["outside"], "nvml_used_memory": 0}
+
+    monkeypatch.setattr(_capture, "_nvml_figures", nvml)
+    out = tmp_path / "snaps"
+    with memlens.record(out, leak_check=False, publish=False):
+        gpu.alloc(MIB)
+        extra["outside"] = 700 * MIB
+        memlens.step()
+    doc = json.loads((out / "snapshot.pickle.device.json").read_text())
+    row = doc["devices"][0]
+    assert row["outside_pytorch_at_start"] == 600 * MIB
+    assert row["process_used_memory"] - row["reserved_memory"] == 700 * MIB

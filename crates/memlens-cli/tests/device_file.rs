@@ -43,3 +43,37 @@ fn doctor_reconciles_nvidia_smi_with_pytorch() {
     let tune = json(&["tune", &snap, "--json"]);
     assert!(tune["limits"]["memory_cap"].is_null(), "{}", tune["limits"]);
 }
+
+/// With what was outside PyTorch when recording began (memlens.record
+/// measures it at start), the part outside PyTorch splits into the CUDA
+/// context and what the run added since (NCCL, workspaces, graphs).
+#[test]
+fn doctor_splits_what_is_outside_pytorch_at_the_start_of_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("run.pickle.zst");
+    std::fs::copy(run::fixture("resnet.pickle.zst"), &snap).unwrap();
+    std::fs::write(
+        dir.path().join("run.pickle.zst.device.json"),
+        r#"{"format": "memlens-device/1", "devices": [{"device": 0, "total_memory": 85017493504,
+            "memory_fraction": 1.0, "free_memory": 83294879744, "reserved_memory": 1073741824,
+            "nvml_total_memory": 85520809984, "nvml_used_memory": 2225930240,
+            "process_used_memory": 1713373184, "other_processes_memory": 0,
+            "outside_pytorch_at_start": 534773760}]}"#,
+    )
+    .unwrap();
+    let snap = snap.to_string_lossy().into_owned();
+    let d = json(&["doctor", &snap, "--json", "--no-report"])["diagnosis"]["device"].clone();
+    assert_eq!(d["outside_pytorch_at_start_bytes"], 534_773_760u64);
+    assert_eq!(
+        d["outside_pytorch_since_start_bytes"],
+        1_713_373_184i64 - 1_073_741_824 - 534_773_760
+    );
+    let text = String::from_utf8_lossy(&run::memlens(&["doctor", &snap, "--no-report"]).stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        text.contains("610.00 MiB outside PyTorch in this process (510.00 MiB when recording began: the CUDA context and libraries; 100.00 MiB since"),
+        "{text}"
+    );
+}

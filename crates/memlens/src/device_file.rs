@@ -60,6 +60,11 @@ pub struct RecordedDevice {
     /// Every other process's memory on the device, as NVML lists them.
     #[serde(default)]
     pub other_processes_memory: Option<u64>,
+    /// This process's memory outside PyTorch's allocator when recording
+    /// began (NVML's figure for the process less `memory_reserved`): the
+    /// CUDA context and the libraries loaded by then.
+    #[serde(default)]
+    pub outside_pytorch_at_start: Option<u64>,
 }
 
 /// The device's used memory as nvidia-smi shows it, reconciled part by
@@ -76,6 +81,13 @@ pub struct DeviceAccount {
     /// This process's memory outside PyTorch's allocator: the CUDA context,
     /// cuBLAS/cuDNN handles, NCCL's buffers, other allocators (CuPy, Triton).
     pub outside_pytorch_bytes: u64,
+    /// Of it, what was there when recording began (the CUDA context and the
+    /// libraries loaded by then), when memlens.record measured it.
+    pub outside_pytorch_at_start_bytes: Option<u64>,
+    /// Of it, what came since recording began (NCCL communicators, cuBLAS
+    /// workspaces, CUDA-graph and other allocators' memory); negative when
+    /// some was given back.
+    pub outside_pytorch_since_start_bytes: Option<i64>,
     /// Other processes on the device.
     pub other_processes_bytes: u64,
     /// What the driver keeps (NVML's total less CUDA's).
@@ -96,11 +108,16 @@ impl RecordedDevice {
             .nvml_total_memory
             .map_or(0, |t| t.saturating_sub(self.total_memory));
         let explained = i128::from(process) + i128::from(others) + i128::from(driver);
+        let outside = process.saturating_sub(reserved);
         Some(DeviceAccount {
             device: self.device,
             nvidia_smi_used_bytes: used,
             pytorch_reserved_bytes: reserved,
-            outside_pytorch_bytes: process.saturating_sub(reserved),
+            outside_pytorch_bytes: outside,
+            outside_pytorch_at_start_bytes: self.outside_pytorch_at_start,
+            outside_pytorch_since_start_bytes: self
+                .outside_pytorch_at_start
+                .map(|s| (i128::from(outside) - i128::from(s)) as i64),
             other_processes_bytes: others,
             driver_bytes: driver,
             unexplained_bytes: (i128::from(used) - explained) as i64,

@@ -301,17 +301,43 @@ fn device_finding(a: &crate::device_file::DeviceAccount) -> Finding {
     } else {
         f(a.unexplained_bytes.unsigned_abs())
     };
+    let signed = |b: i64| {
+        if b < 0 {
+            format!("-{}", f(b.unsigned_abs()))
+        } else {
+            f(b.unsigned_abs())
+        }
+    };
+    // What was outside PyTorch when recording began is the CUDA context and
+    // the libraries; what came since, the NCCL communicators, workspaces and
+    // other allocators of the run.
+    let outside = match (
+        a.outside_pytorch_at_start_bytes,
+        a.outside_pytorch_since_start_bytes,
+    ) {
+        (Some(start), Some(since)) => format!(
+            "{} outside PyTorch in this process ({} when recording began: the CUDA context and \
+             libraries; {} since: NCCL, cuBLAS workspaces, CUDA graphs' and other allocators' \
+             memory)",
+            f(a.outside_pytorch_bytes),
+            f(start),
+            signed(since)
+        ),
+        _ => format!(
+            "{} outside PyTorch in this process (CUDA context, cuBLAS/cuDNN, NCCL, other \
+             allocators)",
+            f(a.outside_pytorch_bytes)
+        ),
+    };
     Finding {
         kind: "info".into(),
         severity: Severity::Info,
         title: format!(
-            "nvidia-smi shows {} used on cuda:{} = PyTorch reserved {} + {} outside PyTorch in \
-             this process (CUDA context, cuBLAS/cuDNN, NCCL, other allocators) + {} other \
+            "nvidia-smi shows {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
              processes + {} kept by the driver + {unexplained} unexplained",
             f(a.nvidia_smi_used_bytes),
             a.device,
             f(a.pytorch_reserved_bytes),
-            f(a.outside_pytorch_bytes),
             f(a.other_processes_bytes),
             f(a.driver_bytes),
         ),
