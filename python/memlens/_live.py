@@ -8,7 +8,9 @@ The format is a contract with ``memlens top`` (keep it exactly):
 * keys: ``schema`` ("memlens/1"), ``pid``, ``device``, ``rank`` (int or null),
   ``step`` (int or null), ``allocated_bytes``, ``reserved_bytes``,
   ``active_bytes``, ``peak_allocated_bytes``, ``time`` (Unix seconds, float),
-  ``leak_alarm`` (str or null), ``cmdline`` (str);
+  ``leak_alarm`` (str or null), ``cmdline`` (str), and ``cuda_total_bytes``
+  (the device's total as CUDA counts it, for ``top``'s account of the GPU;
+  absent when torch cannot tell);
 * the files are removed when recording stops (and at interpreter exit).
 """
 
@@ -55,12 +57,17 @@ def cmdline() -> str:
 def figures(torch: Any, device: int) -> Dict[str, int]:
     """The allocator's figures for one device, from ``torch.cuda.memory_stats``."""
     stats = torch.cuda.memory_stats(device)
-    return {
+    out = {
         "allocated_bytes": int(stats.get("allocated_bytes.all.current", 0)),
         "reserved_bytes": int(stats.get("reserved_bytes.all.current", 0)),
         "active_bytes": int(stats.get("active_bytes.all.current", 0)),
         "peak_allocated_bytes": int(stats.get("allocated_bytes.all.peak", 0)),
     }
+    try:
+        out["cuda_total_bytes"] = int(torch.cuda.get_device_properties(device).total_memory)
+    except Exception:  # noqa: BLE001 - the account is an extra
+        pass
+    return out
 
 
 class Publisher:

@@ -19,7 +19,7 @@ from memlens._leak import ALARM, BASELINE, MIDPOINT, LeakRule
 MIB = 1024 * 1024
 LIVE_KEYS = [
     "schema", "pid", "device", "rank", "step", "allocated_bytes", "reserved_bytes",
-    "active_bytes", "peak_allocated_bytes", "time", "leak_alarm", "cmdline",
+    "active_bytes", "peak_allocated_bytes", "cuda_total_bytes", "time", "leak_alarm", "cmdline",
 ]
 
 

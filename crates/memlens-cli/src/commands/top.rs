@@ -399,6 +399,15 @@ fn table(s: &Sample) -> String {
             g.utilization_pct
                 .map_or_else(|| "—".to_string(), |u| format!("{u}%"))
         ));
+        if let Some(a) = &g.account {
+            out.push_str(&format!(
+                "  = processes {} (PyTorch reserved {}) + kept by the driver {} + unexplained {}\n",
+                format_bytes(a.processes_bytes),
+                format_bytes(a.pytorch_reserved_bytes),
+                format_bytes(a.driver_bytes),
+                signed_bytes(a.unexplained_bytes)
+            ));
+        }
         if g.processes.is_empty() {
             out.push_str("  no process\n");
             continue;
@@ -427,6 +436,15 @@ fn table(s: &Sample) -> String {
         out.push_str(&format!("ALERT {}: {}\n", a.kind.as_str(), a.message));
     }
     out
+}
+
+/// Bytes with their sign (a residual can be negative: counted twice).
+fn signed_bytes(b: i64) -> String {
+    if b < 0 {
+        format!("-{}", format_bytes(b.unsigned_abs()))
+    } else {
+        format_bytes(b.unsigned_abs())
+    }
 }
 
 /// Runs `--on-alert` commands without blocking the sampling, and reaps them.

@@ -239,6 +239,7 @@ mod tests {
             gap_bytes: Some(GIB as i64 / 2),
             leak_alarm: Some("+8.00 MiB/step over 5 steps".into()),
             age_s: 0.5,
+            cuda_total_bytes: None,
         };
         let p = ProcessSample {
             pid: 4242,
@@ -269,6 +270,7 @@ mod tests {
                 used_bytes: 6 * GIB,
                 utilization_pct: Some(50),
                 processes: vec![p, foreign],
+                account: None,
             }],
             alerts: Vec::new(),
         }

@@ -8,7 +8,8 @@
 //! * keys `schema` ("memlens/1"), `pid`, `device`, `rank` (int or null),
 //!   `step` (int or null), `allocated_bytes`, `reserved_bytes`, `active_bytes`,
 //!   `peak_allocated_bytes`, `time` (Unix seconds), `leak_alarm` (str or null),
-//!   `cmdline`.
+//!   `cmdline`, and (optional, for the device's account) `cuda_total_bytes`:
+//!   the device's total as CUDA counts it.
 //!
 //! Readers ignore files older than [`MAX_AGE_S`], files whose process is gone,
 //! and anything that does not parse: the directory is shared and may hold
@@ -57,6 +58,11 @@ pub struct Publication {
     /// The process's command line.
     #[serde(default)]
     pub cmdline: String,
+    /// The device's total memory as CUDA counts it
+    /// (`get_device_properties().total_memory`): NVML's total less what the
+    /// driver keeps.
+    #[serde(default)]
+    pub cuda_total_bytes: Option<u64>,
 }
 
 #[derive(Deserialize)]

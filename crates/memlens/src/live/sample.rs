@@ -40,6 +40,47 @@ pub struct GpuSample {
     pub utilization_pct: Option<u32>,
     /// Processes, largest first.
     pub processes: Vec<ProcessSample>,
+    /// `used_bytes` reconciled part by part, when a process publishing its
+    /// figures says CUDA's total (issue 35).
+    pub account: Option<GpuAccount>,
+}
+
+/// A GPU's used memory (as nvidia-smi shows it) = what NVML lists for its
+/// processes + what the driver keeps + the residual, shown, never hidden.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuAccount {
+    /// What NVML lists for the GPU's processes, together.
+    pub processes_bytes: u64,
+    /// Of it, what PyTorch's allocators hold (processes that publish).
+    pub pytorch_reserved_bytes: u64,
+    /// What the driver keeps: NVML's total less CUDA's.
+    pub driver_bytes: u64,
+    /// Used memory none of the above explains.
+    pub unexplained_bytes: i64,
+}
+
+impl GpuSample {
+    /// The account of `used_bytes`, when a publication gives CUDA's total.
+    fn account(&self) -> Option<GpuAccount> {
+        let cuda_total = self
+            .processes
+            .iter()
+            .find_map(|p| p.torch.as_ref().and_then(|t| t.cuda_total_bytes))?;
+        let processes: u64 = self.processes.iter().filter_map(|p| p.used_bytes).sum();
+        let driver = self.total_bytes.saturating_sub(cuda_total);
+        Some(GpuAccount {
+            processes_bytes: processes,
+            pytorch_reserved_bytes: self
+                .processes
+                .iter()
+                .filter_map(|p| p.torch.as_ref().map(|t| t.reserved_bytes))
+                .sum(),
+            driver_bytes: driver,
+            unexplained_bytes: (i128::from(self.used_bytes)
+                - i128::from(processes)
+                - i128::from(driver)) as i64,
+        })
+    }
 }
 
 /// One process on one GPU in a sample.
@@ -97,6 +138,8 @@ pub struct TorchView {
     pub leak_alarm: Option<String>,
     /// Seconds since the figures were published.
     pub age_s: f64,
+    /// The device's total as CUDA counts it, when published.
+    pub cuda_total_bytes: Option<u64>,
 }
 
 impl TorchView {
@@ -112,6 +155,7 @@ impl TorchView {
             gap_bytes: nvml_used.map(|u| u as i64 - p.reserved_bytes as i64),
             leak_alarm: p.leak_alarm.clone(),
             age_s: (now - p.time).max(0.0),
+            cuda_total_bytes: p.cuda_total_bytes,
         }
     }
 }
@@ -169,6 +213,7 @@ impl Sampler {
                 total_bytes: g.total_bytes,
                 used_bytes: g.used_bytes,
                 utilization_pct: g.utilization_pct,
+                account: None,
                 processes: g
                     .processes
                     .into_iter()
@@ -192,6 +237,7 @@ impl Sampler {
         for g in &mut gpus {
             g.processes
                 .sort_by(|a, b| b.memory().cmp(&a.memory()).then(a.pid.cmp(&b.pid)));
+            g.account = g.account();
         }
         let live: HashSet<u32> = gpus
             .iter()
@@ -425,6 +471,31 @@ mod tests {
         assert_eq!(own.used_bytes, None);
         assert_eq!(own.memory(), Some(6 * GIB));
         assert_eq!(own.torch.as_ref().unwrap().gap_bytes, None);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_publication_with_cudas_total_accounts_for_the_gpu() {
+        // Without CUDA's total (the world's publication has none): no account.
+        let frame = vec![gpu(0, 10 * GIB, &[(4242, 7 * GIB), (77, 2 * GIB)])];
+        let (mut s, root) = world(vec![frame.clone(), frame], NOW);
+        assert_eq!(s.sample(NOW).unwrap().gpus[0].account, None);
+        // CUDA's total 79.5 GiB of NVML's 80: the driver keeps 0.5 GiB, and
+        // 10 GiB used = 9 GiB of processes + 0.5 GiB + 0.5 GiB unexplained.
+        let doc = std::fs::read_to_string(root.join("pubs/4242-0.json")).unwrap();
+        let doc = doc.replace(
+            r#""cmdline":"python train.py""#,
+            &format!(
+                r#""cmdline":"python train.py","cuda_total_bytes":{}"#,
+                80 * GIB - GIB / 2
+            ),
+        );
+        std::fs::write(root.join("pubs/4242-0.json"), doc).unwrap();
+        let a = s.sample(NOW).unwrap().gpus[0].account.clone().unwrap();
+        assert_eq!(a.processes_bytes, 9 * GIB);
+        assert_eq!(a.pytorch_reserved_bytes, 6 * GIB);
+        assert_eq!(a.driver_bytes, GIB / 2);
+        assert_eq!(a.unexplained_bytes, (GIB / 2) as i64);
         std::fs::remove_dir_all(root).unwrap();
     }
 }
