@@ -1,7 +1,7 @@
 """GPU checks of the memlens Python package (run by tests/gpu/run.sh).
 
     python3 gpu_checks.py all OUTDIR        every check, each in its own process
-    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf, graphs, cupy)
+    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf, graphs, cupy, top)
 
 Each check prints `PASS name: ...` or `FAIL name: ...` lines (and `INFO` lines
 with figures); `all` ends with a `N passed, N failed` line and exits 1 when
@@ -406,9 +406,43 @@ def check_cupy(out: str) -> None:
     report(ok, "cupy.device_accounted", f"{dev} (CuPy holds {kept.nbytes} B; rc {p.returncode}) {p.stderr[-300:]!r}")
 
 
+def check_top(out: str) -> None:
+    """`memlens top` accounts for each GPU's used memory (issue 35 item 1): a
+    child trains under memlens.record (which publishes CUDA's total), and
+    `memlens top --once --json` splits the GPU's nvidia-smi figure into its
+    processes, what the driver keeps and a residual within 64 MiB."""
+    script = textwrap.dedent("""
+        import sys, time, torch, memlens
+        x = torch.randn(4096, 4096, device="cuda")
+        with memlens.record(sys.argv[1], leak_check=False):
+            for _ in range(40):
+                y = (x @ x).sum().item()
+                memlens.step()
+                time.sleep(0.25)
+    """)
+    env = dict(os.environ, MEMLENS_RUNTIME_DIR=os.path.join(out, "top-runtime"))
+    child = subprocess.Popen([sys.executable, "-c", script, os.path.join(out, "top")], env=env)
+    try:
+        time.sleep(6)
+        p = subprocess.run([sys.executable, "-m", "memlens", "top", "--once", "--json"],
+                           capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    try:
+        sample = json.loads(p.stdout)
+        gpu = next(g for g in sample["gpus"] if any(q["pid"] == child.pid for q in g["processes"]))
+        account = gpu["account"]
+    except Exception as e:  # noqa: BLE001
+        report(False, "top.gpu_accounted", f"{e!r}; rc {p.returncode}; {p.stdout[-500:]!r} {p.stderr[-300:]!r}")
+        return
+    ok = account is not None and abs(account["unexplained_bytes"]) <= 64 * MIB
+    report(ok, "top.gpu_accounted", f"GPU {gpu['index']} used {gpu['used_bytes']} = {account}")
+
+
 CHECKS = {"train": check_train, "leak": check_leak, "oom": check_oom, "marker": check_marker, "multi": check_multi,
           "ring": check_ring, "alloc_conf": check_alloc_conf,
-          "graphs": check_graphs, "cupy": check_cupy}
+          "graphs": check_graphs, "cupy": check_cupy, "top": check_top}
 
 
 def main() -> int:
