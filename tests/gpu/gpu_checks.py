@@ -328,6 +328,17 @@ def check_alloc_conf(out: str) -> None:
         report(ok, f"alloc_conf.{when}", f"{text.strip()!r} {p.stderr[-300:]!r}")
 
 
+def device_account(snapshot: str):
+    """`memlens doctor --json`'s account of the device (``diagnosis.device``)
+    for a snapshot memlens.record wrote, and what went wrong when there is none."""
+    p = subprocess.run([sys.executable, "-m", "memlens", "doctor", "--no-report", "--json", snapshot],
+                       capture_output=True, text=True)
+    try:
+        return json.loads(p.stdout)["diagnosis"]["device"], f"(rc {p.returncode})"
+    except Exception:  # noqa: BLE001
+        return None, f"(rc {p.returncode}) {p.stderr[-300:]!r}"
+
+
 def check_graphs(out: str) -> None:
     """nvidia-smi reconciled with a CUDA graph in the process (issue 35 item 1):
     a training step captured with torch.cuda.graph (its private memory pool)
@@ -362,16 +373,8 @@ def check_graphs(out: str) -> None:
             graph.replay()
             static_loss.item()
             memlens.step()
-    final = rec.snapshots[-1]
-    p = subprocess.run([sys.executable, "-m", "memlens", "doctor", "--no-report", "--json", final],
-                       capture_output=True, text=True)
-    try:
-        dev = json.loads(p.stdout)["diagnosis"]["device"]
-    except Exception:  # noqa: BLE001
-        dev = None
-    unexplained = None if not dev else dev.get("unexplained_bytes")
-    report(unexplained is not None and abs(unexplained) <= 64 * MIB, "graphs.device_accounted",
-           f"{dev} (rc {p.returncode}) {p.stderr[-300:]!r}")
+    dev, why = device_account(rec.snapshots[-1])
+    report(dev is not None and abs(dev["unexplained_bytes"]) <= 64 * MIB, "graphs.device_accounted", f"{dev} {why}")
 
 
 def check_cupy(out: str) -> None:
@@ -395,15 +398,10 @@ def check_cupy(out: str) -> None:
         for _ in range(3):
             train_step(torch, model, opt, width=1024).item()
             memlens.step()
-    p = subprocess.run([sys.executable, "-m", "memlens", "doctor", "--no-report", "--json", rec.snapshots[-1]],
-                       capture_output=True, text=True)
-    try:
-        dev = json.loads(p.stdout)["diagnosis"]["device"]
-    except Exception:  # noqa: BLE001
-        dev = None
+    dev, why = device_account(rec.snapshots[-1])
     ok = (dev is not None and abs(dev["unexplained_bytes"]) <= 64 * MIB
           and (dev.get("outside_pytorch_since_start_bytes") or 0) >= 512 * MIB)
-    report(ok, "cupy.device_accounted", f"{dev} (CuPy holds {kept.nbytes} B; rc {p.returncode}) {p.stderr[-300:]!r}")
+    report(ok, "cupy.device_accounted", f"{dev} (CuPy holds {kept.nbytes} B) {why}")
 
 
 def check_top(out: str) -> None:

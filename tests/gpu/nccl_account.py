@@ -10,7 +10,6 @@ recording began, then what came since: NCCL's communicator buffers) + other
 processes + the driver + the residual, which must stay within 64 MiB.
 Prints PASS/FAIL and INFO lines and "N passed, N failed". Needs 2 GPUs.
 """
-import json
 import os
 import subprocess
 import sys
@@ -53,17 +52,14 @@ def main():
     procs = [subprocess.Popen([sys.executable, __file__, out, str(r)], env=env) for r in range(2)]
     codes = [p.wait(timeout=300) for p in procs]
     passed = failed = 0
+    sys.path.insert(0, HERE)
+    from gpu_checks import device_account
+
     for rank in range(2):
-        snap = os.path.join(out, f"snapshot.rank{rank}.pickle")
-        p = subprocess.run([sys.executable, "-m", "memlens", "doctor", "--no-report", "--json", snap],
-                           capture_output=True, text=True)
-        try:
-            dev = json.loads(p.stdout)["diagnosis"]["device"]
-        except Exception:  # noqa: BLE001
-            dev = None
+        dev, why = device_account(os.path.join(out, f"snapshot.rank{rank}.pickle"))
         ok = codes[rank] == 0 and dev is not None and abs(dev["unexplained_bytes"]) <= 64 * MIB
-        print(f"{'PASS' if ok else 'FAIL'} nccl.rank{rank}.device_accounted: exit {codes[rank]}; {dev} "
-              f"{p.stderr[-300:]!r}", flush=True)
+        print(f"{'PASS' if ok else 'FAIL'} nccl.rank{rank}.device_accounted: exit {codes[rank]}; {dev} {why}",
+              flush=True)
         passed, failed = passed + ok, failed + (not ok)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0

@@ -296,18 +296,8 @@ pub fn diagnose_in<'s>(
 /// nvidia-smi show more than memory_reserved()?".
 fn device_finding(a: &crate::device_file::DeviceAccount) -> Finding {
     let f = crate::units::format_bytes;
-    let unexplained = if a.unexplained_bytes < 0 {
-        format!("-{}", f(a.unexplained_bytes.unsigned_abs()))
-    } else {
-        f(a.unexplained_bytes.unsigned_abs())
-    };
-    let signed = |b: i64| {
-        if b < 0 {
-            format!("-{}", f(b.unsigned_abs()))
-        } else {
-            f(b.unsigned_abs())
-        }
-    };
+    let signed = crate::units::format_signed_bytes;
+    let unexplained = signed(a.unexplained_bytes);
     // What was outside PyTorch when recording began is the CUDA context and
     // the libraries; what came since, the NCCL communicators, workspaces and
     // other allocators of the run.

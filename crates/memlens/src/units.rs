@@ -45,6 +45,15 @@ pub fn parse_size(text: &str) -> Result<u64> {
     Ok(bytes.round() as u64)
 }
 
+/// [`format_bytes`] of a signed count (a residual, a change): `-20.00 MiB`.
+pub fn format_signed_bytes(bytes: i64) -> String {
+    if bytes < 0 {
+        format!("-{}", format_bytes(bytes.unsigned_abs()))
+    } else {
+        format_bytes(bytes.unsigned_abs())
+    }
+}
+
 /// Formats bytes for people, in binary units with two decimals: `1.50 GiB`,
 /// `20.00 MiB`, `512 B`.
 pub fn format_bytes(bytes: u64) -> String {

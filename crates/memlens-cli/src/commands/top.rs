@@ -405,7 +405,7 @@ fn table(s: &Sample) -> String {
                 format_bytes(a.processes_bytes),
                 format_bytes(a.pytorch_reserved_bytes),
                 format_bytes(a.driver_bytes),
-                signed_bytes(a.unexplained_bytes)
+                memlens::units::format_signed_bytes(a.unexplained_bytes)
             ));
         }
         if g.processes.is_empty() {
@@ -436,15 +436,6 @@ fn table(s: &Sample) -> String {
         out.push_str(&format!("ALERT {}: {}\n", a.kind.as_str(), a.message));
     }
     out
-}
-
-/// Bytes with their sign (a residual can be negative: counted twice).
-fn signed_bytes(b: i64) -> String {
-    if b < 0 {
-        format!("-{}", format_bytes(b.unsigned_abs()))
-    } else {
-        format_bytes(b.unsigned_abs())
-    }
 }
 
 /// Runs `--on-alert` commands without blocking the sampling, and reaps them.
