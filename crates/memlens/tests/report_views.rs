@@ -160,3 +160,29 @@ fn periodic_snapshots_show_each_snapshot_and_the_leak_across_them() {
     let d1 = diagnose(&one, &DoctorOptions::default());
     assert!(from_diagnosis(&one, &d1).overview.is_none());
 }
+
+/// Issue 33: a notebook recorded with PyTorch's default stacks (`stacks="all"`)
+/// drew a flame graph of C and CPython frames (`??`, `_PyEval_EvalFrameDefault`,
+/// `__libc_start_main`) above the user's cell. The flame graph now leaves the
+/// native frames out, by the terminal's frame rulebook; the bytes stay.
+#[test]
+fn the_flame_graph_of_a_stacks_all_recording_leaves_native_frames_out() {
+    let snap = load(corpus("notebook.pickle.zst"));
+    let refs = vec![("notebook.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d);
+    let flame = data.flame.as_ref().expect("flame");
+    let native: Vec<&String> = flame
+        .names
+        .iter()
+        .filter(|n| n.starts_with("??:") || n.starts_with(":0 in") || n.contains(".cpp:"))
+        .collect();
+    assert!(native.is_empty(), "{:?}", &native[..native.len().min(5)]);
+    assert!(
+        flame.names.iter().any(|n| n.contains("ipykernel")),
+        "the cell's frames are drawn: {:?}",
+        &flame.names[..flame.names.len().min(10)]
+    );
+    // Every byte live at the peak is still in the graph.
+    assert_eq!(flame.value[0], d.peak.peak_allocated_bytes);
+}

@@ -114,10 +114,11 @@ fn cpp_stacks(snap: &Snapshot) -> Option<CaptureCheck> {
     })
 }
 
-/// A frame of C++ (or of the interpreter's C code): no Python file, no line.
+/// A frame of C++ (or of the interpreter's C code), as the one frame
+/// rulebook ([`crate::frames`]) says.
 fn is_cpp(snap: &Snapshot, f: &crate::snapshot::Frame) -> bool {
-    let file = snap.strings.get(f.filename);
-    f.line == 0 && !file.ends_with(".py")
+    crate::frames::classify(snap.strings.get(f.filename), snap.strings.get(f.name))
+        == crate::frames::FrameKind::Native
 }
 
 #[cfg(test)]

@@ -30,6 +30,33 @@ pub fn stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
         .collect()
 }
 
+/// The flame graph's one frame for a stack of native frames only (the
+/// autograd engine's threads record no Python frame).
+pub const FLAME_NATIVE_ONLY: &str = "<native frames only>";
+
+/// The frames of a stack the flame graph draws, innermost first: the native
+/// frames (C, C++, CPython's own: what `stacks="all"`, PyTorch's default,
+/// interleaves; [`crate::frames::FrameKind::Native`]) are left out, as the
+/// terminal leaves them out of sites and as memory_viz filters them. A stack
+/// of native frames only is one [`FLAME_NATIVE_ONLY`] frame, not "no stack".
+pub fn flame_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
+    let frames = snap.stack(stack);
+    let native = |id: FrameId| {
+        snap.frames.get(id as usize).is_none_or(|f| {
+            crate::frames::classify(snap.str(f.filename), snap.str(f.name))
+                == crate::frames::FrameKind::Native
+        })
+    };
+    if !frames.is_empty() && frames.iter().all(|&f| native(f)) {
+        return vec![FLAME_NATIVE_ONLY.to_string()];
+    }
+    frames
+        .iter()
+        .filter(|&&f| !native(f))
+        .map(|&f| frame_label(snap, f))
+        .collect()
+}
+
 /// The allocator settings as `(key, value)` pairs for [`super::Meta::settings`].
 pub fn settings_pairs(s: &AllocatorSettings) -> Vec<(String, String)> {
     if !s.present {

@@ -39,7 +39,10 @@ mod timeline;
 mod views;
 
 pub use build::{from_diagnosis, TIMELINE_TOP_SITES};
-pub use convert::{frame_label, pool_label, segment_map, settings_pairs, stack_labels};
+pub use convert::{
+    flame_labels, frame_label, pool_label, segment_map, settings_pairs, stack_labels,
+    FLAME_NATIVE_ONLY,
+};
 pub use flame::{
     prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
 };
