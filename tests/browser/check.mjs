@@ -31,6 +31,9 @@ if (!existsSync(report)) {
   process.exit(2);
 }
 
+// A frame of C, C++ or CPython itself (stacks="all"), as a flame label:
+// "??:0 in fn", ":0 in fn", "X.cpp:0 in fn". The report leaves them out.
+const NATIVE_FRAME = /^(\?\?)?:0 in |\.(c|cc|cpp|h|cu):\d+ in /;
 const failures = [];
 const fail = (msg) => failures.push(msg);
 const profile = mkdtempSync(join(tmpdir(), 'memlens-chromium-'));
@@ -61,7 +64,8 @@ try {
   await page.waitForFunction(() => window.memlens && window.memlens.ready === true, null, { timeout: 15000 });
   const loadMs = Date.now() - t0;
 
-  const state = await page.evaluate((site) => {
+  const state = await page.evaluate(([site, nativeRe]) => {
+    const NATIVE_FRAME = new RegExp(nativeRe);
     const ML = window.memlens, D = ML.data;
     const visible = (id) => { const e = document.getElementById(id); return !!e && !e.hidden && e.offsetHeight > 0; };
     const out = { sections: {}, present: {} };
@@ -92,6 +96,7 @@ try {
         drawn: ML.flame ? ML.flame.drawn : 0,
         inked,
         hasSite: !!ML.flame && ML.flame.names.some((n) => n.includes(site)),
+        native: ML.flame ? ML.flame.names.filter((n) => NATIVE_FRAME.test(n)).slice(0, 5) : [],
       };
     }
     if (D.segments) {
@@ -100,7 +105,7 @@ try {
     if (D.leaks) out.leaks = { charts: (ML.charts.leaks || []).length, expected: D.leaks.sites.length };
     if (D.tune) out.tune = { rows: document.querySelectorAll('#tune-table tbody tr').length, expected: D.tune.rows.length };
     return out;
-  }, expectedSite);
+  }, [expectedSite, NATIVE_FRAME.source]);
 
   for (const [id, present] of Object.entries(state.present)) {
     if (present && !state.sections[id]) fail(`section ${id}: data present but not shown`);
@@ -116,6 +121,7 @@ try {
     const f = state.flame;
     if (f.drawn < 1 || f.inked < 1) fail(`flame: nothing drawn (${f.drawn} rects, ${f.inked} inked pixels)`);
     if (!f.hasSite) fail(`flame: no node names ${JSON.stringify(expectedSite)}`);
+    if (f.native.length) fail(`flame: native frames drawn: ${JSON.stringify(f.native)}`);
   }
   if (state.segments && (state.segments.rows < 1 || state.segments.rows !== state.segments.expected)) {
     fail(`segments: ${state.segments.rows} rows drawn, ${state.segments.expected} in the data`);
@@ -263,8 +269,9 @@ async function issue18(page, theme) {
       return { x: r.left + u.valToPos(xs[i], 'x'), y: r.top + r.height * 0.6 };
     }, idx);
     await page.mouse.click(pos.x, pos.y);
-    const got = await page.evaluate(() => ({ m: window.memlens.moment || null, flame: window.memlens.flame && window.memlens.flame.title, seg: window.memlens.segments && window.memlens.segments.when,
-      event: (i) => 0 }));
+    const got = await page.evaluate((re) => ({ m: window.memlens.moment || null, flame: window.memlens.flame && window.memlens.flame.title, seg: window.memlens.segments && window.memlens.segments.when,
+      native: window.memlens.flame ? window.memlens.flame.names.filter((n) => new RegExp(re).test(n)).slice(0, 5) : [] }), NATIVE_FRAME.source);
+    if (got.native.length) fail(`${theme}: the flame graph at the ${what} draws native frames: ${JSON.stringify(got.native)}`);
     const ev = await page.evaluate((i) => window.memlens.timeline.events[i], idx);
     const evText = Number(ev).toLocaleString('en-US');
     const ok = got.m && got.m.index === idx && (got.flame || '').includes('event ' + evText) && (got.seg == null || String(got.seg).includes('event'));

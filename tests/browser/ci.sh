@@ -39,6 +39,12 @@ MEMLENS_EXPECT=leak,overview,moments "$here/run.sh" "$out/leak_losses-3.html" "m
 "$ml" report "$corpus"/clean.pickle.zst -o "$out/clean.html" >/dev/null
 MEMLENS_EXPECT=healthy,moments "$here/run.sh" "$out/clean.html" "model.py:77" "$out/clean.png"
 
+# A notebook recorded with PyTorch's default stacks ("all", C and CPython frames
+# interleaved; tests/corpus/notebook): the flame graph draws the cell's lines
+# and no native frame (check.mjs fails on any).
+"$ml" report "$corpus"/notebook.pickle.zst -o "$out/notebook.html" >/dev/null
+MEMLENS_EXPECT=moments "$here/run.sh" "$out/notebook.html" "ipykernel" "$out/notebook.png"
+
 # The two ranks of one DDP job (tests/corpus/ranks, rank 0 keeps an EMA copy at
 # train_ddp.py:61): both ranks' exact peaks and charts, in either file order.
 "$ml" report "$corpus"/ranks/ddp_ema.rank{1,0}.pickle.zst -o "$out/ddp_ema.html" >/dev/null

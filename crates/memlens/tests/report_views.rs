@@ -185,4 +185,14 @@ fn the_flame_graph_of_a_stacks_all_recording_leaves_native_frames_out() {
     );
     // Every byte live at the peak is still in the graph.
     assert_eq!(flame.value[0], d.peak.peak_allocated_bytes);
+    // The stacks of the timeline's sites and of any moment (the flame graph
+    // redrawn at a clicked event) leave them out too.
+    let is_native =
+        |n: &String| n.starts_with("??:") || n.starts_with(":0 in") || n.contains(".cpp:");
+    let timeline = data.timeline.as_ref().expect("timeline");
+    for s in &timeline.sites {
+        assert!(!s.stack.iter().any(is_native), "{}: {:?}", s.site, s.stack);
+    }
+    let moments = data.moments.as_ref().expect("moments");
+    assert!(!moments.frames.iter().any(is_native));
 }

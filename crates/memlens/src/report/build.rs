@@ -9,7 +9,7 @@
 //! the peak (states that replay kept). The result is not bounded yet: call
 //! [`ReportData::bounded`].
 
-use super::convert::{flame_labels, segment_map, settings_pairs, stack_labels};
+use super::convert::{python_lines, python_stack_labels, segment_map, settings_pairs};
 use super::flame::FlameBuilder;
 use super::model::{
     BlockSite, BlockState, Category, LeakSite, Leaks, Meta, ReportData, SegmentBlock, SegmentMap,
@@ -120,7 +120,7 @@ pub fn from_diagnosis_in<'s>(
     if let Some(st) = &views.peak_state {
         let mut fb = FlameBuilder::new(format!("live at the peak (event {})", st.index));
         for b in st.live.iter().filter(|b| !b.pending_free) {
-            fb.add_innermost_first(&flame_labels(snap, b.stack), b.size);
+            fb.add_innermost_first(&python_stack_labels(snap, b.stack), b.size);
         }
         data.flame = Some(fb.finish());
     }
@@ -406,7 +406,7 @@ impl<'a> TimelineWalk<'a> {
                 sites.push(TimelineSite {
                     site: l.site.clone(),
                     function: l.function.clone(),
-                    stack: l.stack.clone(),
+                    stack: python_lines(&l.stack),
                     category: category_of(&l.site),
                     peak_bytes: 0,
                 });
@@ -539,7 +539,7 @@ fn flame_of_dump(snap: &Snapshot) -> crate::report::Flame {
             .iter()
             .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated)
         {
-            fb.add_innermost_first(&flame_labels(snap, b.stack), b.size);
+            fb.add_innermost_first(&python_stack_labels(snap, b.stack), b.size);
         }
     }
     fb.finish()
@@ -587,7 +587,7 @@ pub(super) fn segments_of_state(
                             let cat = category_of(&site);
                             sites.push(BlockSite {
                                 site,
-                                stack: stack_labels(snap, s),
+                                stack: python_stack_labels(snap, s),
                             });
                             ((sites.len() - 1) as u32, cat)
                         });

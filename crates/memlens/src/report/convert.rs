@@ -34,12 +34,15 @@ pub fn stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
 /// autograd engine's threads record no Python frame).
 pub const FLAME_NATIVE_ONLY: &str = "<native frames only>";
 
-/// The frames of a stack the flame graph draws, innermost first: the native
+/// The frames of a stack as the report shows them (the flame graph, the
+/// stacks of any moment, the segment map's), innermost first: the native
 /// frames (C, C++, CPython's own: what `stacks="all"`, PyTorch's default,
 /// interleaves; [`crate::frames::FrameKind::Native`]) are left out, as the
-/// terminal leaves them out of sites and as memory_viz filters them. A stack
-/// of native frames only is one [`FLAME_NATIVE_ONLY`] frame, not "no stack".
-pub fn flame_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
+/// terminal leaves them out of sites and as memory_viz filters them; else a
+/// stack's first frames kept would all be C++ and the user's line cut off.
+/// A stack of native frames only is one [`FLAME_NATIVE_ONLY`] frame, not
+/// "no stack".
+pub fn python_stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
     let frames = snap.stack(stack);
     let native = |id: FrameId| {
         snap.frames.get(id as usize).is_none_or(|f| {
@@ -55,6 +58,20 @@ pub fn flame_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
         .filter(|&&f| !native(f))
         .map(|&f| frame_label(snap, f))
         .collect()
+}
+
+/// [`python_stack_labels`] of a stack already given as labels
+/// (`file:line in function`, as the analyses' `stack` fields hold them).
+pub fn python_lines(labels: &[String]) -> Vec<String> {
+    let native = |l: &String| {
+        let (place, function) = l.split_once(" in ").unwrap_or((l.as_str(), ""));
+        let file = place.rsplit_once(':').map_or(place, |(f, _)| f);
+        crate::frames::classify(file, function) == crate::frames::FrameKind::Native
+    };
+    if !labels.is_empty() && labels.iter().all(native) {
+        return vec![FLAME_NATIVE_ONLY.to_string()];
+    }
+    labels.iter().filter(|l| !native(l)).cloned().collect()
 }
 
 /// The allocator settings as `(key, value)` pairs for [`super::Meta::settings`].
@@ -155,7 +172,7 @@ pub fn segment_map(
                         let site = site_of(b.stack)?;
                         sites.push(BlockSite {
                             site,
-                            stack: stack_labels(snap, b.stack),
+                            stack: python_stack_labels(snap, b.stack),
                         });
                         Some((sites.len() - 1) as u32)
                     })

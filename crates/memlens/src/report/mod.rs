@@ -40,7 +40,7 @@ mod views;
 
 pub use build::{from_diagnosis, TIMELINE_TOP_SITES};
 pub use convert::{
-    flame_labels, frame_label, pool_label, segment_map, settings_pairs, stack_labels,
+    frame_label, pool_label, python_stack_labels, segment_map, settings_pairs, stack_labels,
     FLAME_NATIVE_ONLY,
 };
 pub use flame::{

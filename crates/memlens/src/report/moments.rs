@@ -11,7 +11,7 @@
 //! [`super::cap_segments`].
 
 use super::build::segments_of_state;
-use super::convert::stack_labels;
+use super::convert::python_stack_labels;
 use super::model::{Category, SegmentMap};
 use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT};
 use crate::analysis::sites::SiteIndex;
@@ -239,7 +239,7 @@ impl MomentsWalk<'_> {
         let mut site_ids: HashMap<String, i64> = HashMap::default();
         for k in &kept {
             let stack = *stack_ids.entry(k.stack).or_insert_with(|| {
-                let labels = stack_labels(snap, k.stack);
+                let labels = python_stack_labels(snap, k.stack);
                 if labels.is_empty() {
                     return -1;
                 }
