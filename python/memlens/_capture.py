@@ -46,7 +46,7 @@ snapshot as steps grow. So a periodic snapshot's trace holds all the steps
 since the one before. Where 1,000,000 is too few for them (a model making
 ~100,000 events a step at ``every=10``) memlens warns once with what the
 trace will hold and the value to pass. Given by the caller, it is kept, with
-a warning when it holds fewer than two steps. Every snapshot memlens writes
+a warning when it holds fewer than those steps. Every snapshot memlens writes
 says how it was recorded under its ``"memlens"`` key (where its trace begins,
 who sized the ring, whether the ring wrapped), for the analysis.
 

@@ -163,10 +163,13 @@ pub fn beside(snapshot: &Path) -> Option<Vec<RecordedDevice>> {
     (parsed.format == FORMAT).then_some(parsed.devices)
 }
 
+/// What was recorded of `device` among `recorded` (one file lists each GPU
+/// the process used).
+pub fn of_device(recorded: &[RecordedDevice], device: u32) -> Option<&RecordedDevice> {
+    recorded.iter().find(|d| d.device == device)
+}
+
 /// The limits of `device` recorded beside the snapshot at `snapshot`.
 pub fn limits_beside(snapshot: &Path, device: u32) -> Option<PrintedLimits> {
-    beside(snapshot)?
-        .iter()
-        .find(|d| d.device == device)
-        .map(RecordedDevice::limits)
+    of_device(&beside(snapshot)?, device).map(RecordedDevice::limits)
 }

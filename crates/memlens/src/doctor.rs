@@ -257,9 +257,7 @@ pub fn diagnose_in<'s>(
     findings.extend(peak_finding(&peak));
     findings.extend(caveat_findings(&summary, &peak));
     findings.extend(summary.capture_checks.iter().map(capture_finding));
-    let device = recorded
-        .iter()
-        .find(|d| d.device == peak.device)
+    let device = crate::device_file::of_device(&recorded, peak.device)
         .and_then(crate::device_file::RecordedDevice::account);
     findings.extend(device.as_ref().map(device_finding));
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
@@ -415,9 +413,7 @@ fn tune_run(
         overhead: None,
         allowed_memory_maximum: None,
     };
-    let recorded = recorded
-        .iter()
-        .find(|d| d.device == run.device)
+    let recorded = crate::device_file::of_device(recorded, run.device)
         .map(crate::device_file::RecordedDevice::limits);
     let (sim, _) = crate::replay::limits::with_inferred_from(
         last,

@@ -41,6 +41,13 @@ impl FrameKind {
     }
 }
 
+/// True for a native frame (C, C++, CPython's own: what `stacks="all"`
+/// interleaves), which no site, flame graph or capture check counts as
+/// Python.
+pub fn is_native(filename: &str, function: &str) -> bool {
+    classify(filename, function) == FrameKind::Native
+}
+
 /// Classifies a frame by its file name and function name.
 pub fn classify(filename: &str, function: &str) -> FrameKind {
     let _ = function;

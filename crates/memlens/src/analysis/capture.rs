@@ -93,7 +93,10 @@ fn cpp_stacks(snap: &Snapshot) -> Option<CaptureCheck> {
     if frames.is_empty() {
         return None;
     }
-    let cpp = frames.iter().filter(|f| is_cpp(snap, f)).count();
+    let cpp = frames
+        .iter()
+        .filter(|f| crate::frames::is_native(snap.str(f.filename), snap.str(f.name)))
+        .count();
     let share = cpp as f64 / frames.len() as f64;
     if share < CPP_SHARE {
         return None;
@@ -112,13 +115,6 @@ fn cpp_stacks(snap: &Snapshot) -> Option<CaptureCheck> {
             .into(),
         serious: false,
     })
-}
-
-/// A frame of C++ (or of the interpreter's C code), as the one frame
-/// rulebook ([`crate::frames`]) says.
-fn is_cpp(snap: &Snapshot, f: &crate::snapshot::Frame) -> bool {
-    crate::frames::classify(snap.strings.get(f.filename), snap.strings.get(f.name))
-        == crate::frames::FrameKind::Native
 }
 
 #[cfg(test)]

@@ -62,7 +62,7 @@ impl Default for OomOptions {
 impl OomOptions {
     /// What `memlens.record` wrote about `device`, if anything.
     fn recorded_device(&self, device: u32) -> Option<&crate::device_file::RecordedDevice> {
-        self.recorded.iter().find(|d| d.device == device)
+        crate::device_file::of_device(&self.recorded, device)
     }
 }
 

@@ -9,7 +9,7 @@
 //! the peak (states that replay kept). The result is not bounded yet: call
 //! [`ReportData::bounded`].
 
-use super::convert::{python_lines, python_stack_labels, segment_map, settings_pairs};
+use super::convert::{python_stack_labels, segment_map, settings_pairs};
 use super::flame::FlameBuilder;
 use super::model::{
     BlockSite, BlockState, Category, LeakSite, Leaks, Meta, ReportData, SegmentBlock, SegmentMap,
@@ -406,7 +406,7 @@ impl<'a> TimelineWalk<'a> {
                 sites.push(TimelineSite {
                     site: l.site.clone(),
                     function: l.function.clone(),
-                    stack: python_lines(&l.stack),
+                    stack: python_stack_labels(snap, l.stack_id),
                     category: category_of(&l.site),
                     peak_bytes: 0,
                 });

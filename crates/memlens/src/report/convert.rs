@@ -45,10 +45,9 @@ pub const FLAME_NATIVE_ONLY: &str = "<native frames only>";
 pub fn python_stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
     let frames = snap.stack(stack);
     let native = |id: FrameId| {
-        snap.frames.get(id as usize).is_none_or(|f| {
-            crate::frames::classify(snap.str(f.filename), snap.str(f.name))
-                == crate::frames::FrameKind::Native
-        })
+        snap.frames
+            .get(id as usize)
+            .is_none_or(|f| crate::frames::is_native(snap.str(f.filename), snap.str(f.name)))
     };
     if !frames.is_empty() && frames.iter().all(|&f| native(f)) {
         return vec![FLAME_NATIVE_ONLY.to_string()];
@@ -58,20 +57,6 @@ pub fn python_stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
         .filter(|&&f| !native(f))
         .map(|&f| frame_label(snap, f))
         .collect()
-}
-
-/// [`python_stack_labels`] of a stack already given as labels
-/// (`file:line in function`, as the analyses' `stack` fields hold them).
-pub fn python_lines(labels: &[String]) -> Vec<String> {
-    let native = |l: &String| {
-        let (place, function) = l.split_once(" in ").unwrap_or((l.as_str(), ""));
-        let file = place.rsplit_once(':').map_or(place, |(f, _)| f);
-        crate::frames::classify(file, function) == crate::frames::FrameKind::Native
-    };
-    if !labels.is_empty() && labels.iter().all(native) {
-        return vec![FLAME_NATIVE_ONLY.to_string()];
-    }
-    labels.iter().filter(|l| !native(l)).cloned().collect()
 }
 
 /// The allocator settings as `(key, value)` pairs for [`super::Meta::settings`].
