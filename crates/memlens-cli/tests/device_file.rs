@@ -5,24 +5,29 @@ mod run;
 
 use run::json;
 
+/// A copy of the resnet fixture in a scratch folder with `device_json`
+/// written beside it as memlens.record names it; the folder (keep it alive)
+/// and the snapshot's path.
+fn beside_resnet(device_json: &str) -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let snap = dir.path().join("run.pickle.zst");
+    std::fs::copy(run::fixture("resnet.pickle.zst"), &snap).unwrap();
+    std::fs::write(dir.path().join("run.pickle.zst.device.json"), device_json).unwrap();
+    (dir, snap.to_string_lossy().into_owned())
+}
+
 /// The figures of a real H100 run (tests/gpu/RESULTS.md, 2026-11-27: a
 /// 1 GiB tensor, NVML and torch read at once): nvidia-smi's 2.07 GiB is
 /// PyTorch's 1 GiB, 614 MiB of CUDA context, 480 MiB the driver keeps and
 /// 8.8 MiB unexplained.
 #[test]
 fn doctor_reconciles_nvidia_smi_with_pytorch() {
-    let dir = tempfile::tempdir().unwrap();
-    let snap = dir.path().join("run.pickle.zst");
-    std::fs::copy(run::fixture("resnet.pickle.zst"), &snap).unwrap();
-    std::fs::write(
-        dir.path().join("run.pickle.zst.device.json"),
+    let (_dir, snap) = beside_resnet(
         r#"{"format": "memlens-device/1", "devices": [{"device": 0, "total_memory": 85017493504,
             "memory_fraction": 1.0, "free_memory": 83294879744, "reserved_memory": 1073741824,
             "nvml_total_memory": 85520809984, "nvml_used_memory": 2225930240,
             "process_used_memory": 1713373184, "other_processes_memory": 0}]}"#,
-    )
-    .unwrap();
-    let snap = snap.to_string_lossy().into_owned();
+    );
     let v = json(&["doctor", &snap, "--json", "--no-report"]);
     let d = &v["diagnosis"]["device"];
     assert_eq!(d["nvidia_smi_used_bytes"], 2_225_930_240u64);
@@ -49,19 +54,13 @@ fn doctor_reconciles_nvidia_smi_with_pytorch() {
 /// context and what the run added since (NCCL, workspaces, graphs).
 #[test]
 fn doctor_splits_what_is_outside_pytorch_at_the_start_of_recording() {
-    let dir = tempfile::tempdir().unwrap();
-    let snap = dir.path().join("run.pickle.zst");
-    std::fs::copy(run::fixture("resnet.pickle.zst"), &snap).unwrap();
-    std::fs::write(
-        dir.path().join("run.pickle.zst.device.json"),
+    let (_dir, snap) = beside_resnet(
         r#"{"format": "memlens-device/1", "devices": [{"device": 0, "total_memory": 85017493504,
             "memory_fraction": 1.0, "free_memory": 83294879744, "reserved_memory": 1073741824,
             "nvml_total_memory": 85520809984, "nvml_used_memory": 2225930240,
             "process_used_memory": 1713373184, "other_processes_memory": 0,
             "outside_pytorch_at_start": 534773760}]}"#,
-    )
-    .unwrap();
-    let snap = snap.to_string_lossy().into_owned();
+    );
     let d = json(&["doctor", &snap, "--json", "--no-report"])["diagnosis"]["device"].clone();
     assert_eq!(d["outside_pytorch_at_start_bytes"], 534_773_760u64);
     assert_eq!(

@@ -10,14 +10,21 @@ use memlens::replay::initial::LATE_START;
 use memlens::snapshot::Recording;
 use memlens::Snapshot;
 
-#[test]
-fn a_trace_that_began_late_gets_one_caveat_in_one_wording() {
+/// gpt2_train with the first third of its trace cut off: a trace that began
+/// after the allocator did.
+fn late_gpt2() -> Snapshot {
     let mut snap = Snapshot::load(&common::fixture("gpt2_train.pickle.zst")).expect("reads");
     for t in &mut snap.traces {
         let cut = t.events.len() / 3;
         t.events.drain(..cut);
         t.extras.clear();
     }
+    snap
+}
+
+#[test]
+fn a_trace_that_began_late_gets_one_caveat_in_one_wording() {
+    let mut snap = late_gpt2();
     let d = diagnose(&[("cut".to_string(), &snap)], &DoctorOptions::default());
     let late: Vec<&str> = d
         .findings
@@ -41,12 +48,7 @@ fn a_trace_that_began_late_gets_one_caveat_in_one_wording() {
 /// memlens's word keeps the advice.
 #[test]
 fn a_trace_memlens_cut_on_purpose_is_not_blamed_on_max_entries() {
-    let mut snap = Snapshot::load(&common::fixture("gpt2_train.pickle.zst")).expect("reads");
-    for t in &mut snap.traces {
-        let cut = t.events.len() / 3;
-        t.events.drain(..cut);
-        t.extras.clear();
-    }
+    let mut snap = late_gpt2();
     let caveat = |snap: &Snapshot| {
         let d = diagnose(&[("cut".to_string(), snap)], &DoctorOptions::default());
         let late: Vec<String> = d
