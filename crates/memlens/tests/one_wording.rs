@@ -24,7 +24,7 @@ fn late_gpt2() -> Snapshot {
 
 #[test]
 fn a_trace_that_began_late_gets_one_caveat_in_one_wording() {
-    let mut snap = late_gpt2();
+    let snap = late_gpt2();
     let d = diagnose(&[("cut".to_string(), &snap)], &DoctorOptions::default());
     let late: Vec<&str> = d
         .findings
