@@ -242,8 +242,11 @@ pub fn diagnose_in<'s>(
         crate::device_file::beside(std::path::Path::new(n)).unwrap_or_default()
     });
     let oom_report = oom.and_then(|_| explain_oom(analysed, &recorded, run.as_ref(), opts));
+    // Settings change how allocations are placed: a trace without any (a
+    // legacy dump's one `oom` entry) gives every setting the same figures.
     let tune = run
         .as_ref()
+        .filter(|_| last.has_allocation_trace())
         .and_then(|run| tune_run(last, &recorded, run, opts));
 
     let mut findings = leak_findings(&leaks);

@@ -31,7 +31,7 @@ fn truth(name: &str) -> Value {
 }
 
 /// Every recording of the corpus (final snapshots).
-const ALL: [&str; 15] = [
+const ALL: [&str; 16] = [
     "default_all",
     "prog_python",
     "prog_all",
@@ -47,6 +47,7 @@ const ALL: [&str; 15] = [
     "leak_eval_nograd",
     "legacy_kept_logits",
     "legacy_forward_only_list",
+    "legacy_oom",
 ];
 
 /// Runs without a planted leak.

@@ -93,11 +93,14 @@ fn surfaces_agree(name: &str, snap: &Snapshot) -> Option<OomReport> {
         .collect();
     assert_eq!(shown, advice(r), "{name}: the report's fix table differs");
     if let Some(seg) = &data.segments {
-        assert_eq!(
-            seg.when,
-            format!("at the OOM (event {})", r.event_index),
-            "{name}"
-        );
+        // A trace of the `oom` entry alone (PyTorch 2.0's one entry) has
+        // nothing to replay: the map is the dump's.
+        let expected = if snap.has_allocation_trace() {
+            format!("at the OOM (event {})", r.event_index)
+        } else {
+            "at dump time".to_string()
+        };
+        assert_eq!(seg.when, expected, "{name}");
     }
     // Doctor's findings: the OOM finding and a fragmentation finding beside
     // it lead with the list's own first fix.

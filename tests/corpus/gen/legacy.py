@@ -16,7 +16,10 @@ every block, size, state and stack:
 * legacy_kept_logits.pickle.zst, from leak_kept_logits.pickle.zst (final):
   {segments (legacy form), device_traces: [[one `snapshot` entry]]};
 * legacy_forward_only_list.pickle.zst, from forward_only.pickle.zst: a bare list
-  of legacy segments.
+  of legacy segments;
+* legacy_oom.pickle.zst, from oom/frag_cap.pickle.zst (dumped by the OOM
+  observer at the failure): {segments (legacy form), device_traces: [[the `oom`
+  entry]]}, the one entry a trace of one entry keeps at that moment.
 
 Ground truth (NAME.truth.json) is recomputed from the converted blocks and
 checked against the source recording's memory_stats.
@@ -110,6 +113,22 @@ def main():
                      "Legacy bare list of segments (torch.cuda.memory_snapshot() of torch <= 2.0) with per-block "
                      "history stacks: the 24-block inference model's weights and its logits.")
     write(d, name, segs, truth)
+    # 3. The fragmentation OOM (190 segments of 7 MiB pieces under a 4 GiB cap),
+    # dumped at the failure as torch 2.0's OOM observer would have.
+    src = load_zst(os.path.join(d, "oom", "frag_cap.pickle.zst"))
+    segs = [legacy_segment(s) for s in src["segments"]]
+    oom = [e for e in src["device_traces"][0] if e["action"] == "oom"][-1]
+    entry = {k: oom[k] for k in ("action", "size", "stream", "device_free")}
+    snap = {"segments": segs, "device_traces": [[entry]]}
+    stats = {"allocated_bytes.all.current": sum(b["size"] for s in segs for b in s["blocks"] if b["state"] == "active_allocated"),
+             "reserved_bytes.all.current": sum(s["total_size"] for s in segs), "segment.all.current": len(segs)}
+    name = "legacy_oom"
+    truth = truth_of(name, "oom/frag_cap.pickle.zst", segs, stats,
+                     "Legacy form (torch ~2.0) dumped at a fragmentation OOM: 190 segments whose free 7 MiB pieces "
+                     "sit beside live inputs; the trace holds only the `oom` entry (request 2 GiB).")
+    truth["oom"] = {"requested_bytes": entry["size"], "device_free_bytes": entry["device_free"],
+                    "message": open(os.path.join(d, "oom", "frag_cap.message.txt")).read().strip()}
+    write(d, name, snap, truth)
 
 
 def write(d, name, obj, truth):

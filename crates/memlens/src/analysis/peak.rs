@@ -649,7 +649,10 @@ fn peak_of_trace<'s>(
             tracker.finish()
         });
     let mut first = first;
-    if !p.watched.from_empty {
+    // A trace with no allocations (only the dump's `snapshot` or an `oom`
+    // entry) is no window at all: the reader already says the figures are
+    // the dump's.
+    if !p.watched.from_empty && snap.has_allocation_trace() {
         first.warnings.push(initial::late_start(&format!(
             "peaks are over the recorded window: {}",
             initial::late_start_cause(snap.recording.as_ref())

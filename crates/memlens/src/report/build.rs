@@ -91,10 +91,11 @@ pub fn from_diagnosis_in<'s>(
     let trace = snap
         .traces
         .iter()
-        .position(|t| t.device == device && !t.events.is_empty());
+        .position(|t| t.device == device && t.has_allocations());
     let events = trace.map(|t| snap.traces[t].events.as_slice());
     let (Some(events), Some(trace)) = (events, trace) else {
-        // No trace: what the dump holds.
+        // No trace of allocations (none, or only a `snapshot` or `oom`
+        // entry, as PyTorch 2.0 kept): what the dump holds.
         data.flame = Some(flame_of_dump(snap));
         data.segments = Some(segment_map(
             snap,
@@ -120,7 +121,7 @@ pub fn from_diagnosis_in<'s>(
     if let Some(st) = &views.peak_state {
         let mut fb = FlameBuilder::new(format!("live at the peak (event {})", st.index));
         for b in st.live.iter().filter(|b| !b.pending_free) {
-            fb.add_innermost_first(&python_stack_labels(snap, b.stack), b.size);
+            fb.add_innermost_first(&block_labels(snap, an, trace, b), b.size);
         }
         data.flame = Some(fb.finish());
     }
@@ -477,11 +478,19 @@ impl TimelineWalk<'_> {
     fn walk(&mut self, events: &[crate::snapshot::TraceEvent], pass: &PeakPass) {
         use crate::snapshot::Action;
         let mut pending: u64 = 0;
+        // The blocks live before the trace join the band of the site the
+        // peak names them by (their stack's, or `<allocated before recording
+        // started>`), not "other sites".
         for b in &pass.watched.start_live {
-            self.live.insert(b.addr, (b.size, None, b.pending_free));
+            let site = self.an.block_site(self.trace, b.alloc_index, b.stack).site;
+            let k = self.sites.iter().position(|s| s.site == site);
             if b.pending_free {
                 pending += b.size;
+            } else if let Some(k) = k {
+                self.bands[k] = self.bands[k].saturating_add(b.size);
+                self.peaks[k] = self.peaks[k].max(self.bands[k]);
             }
+            self.live.insert(b.addr, (b.size, k, b.pending_free));
         }
         for ((index, e), (allocated, reserved)) in events.iter().enumerate().zip(pass.totals()) {
             match e.action {
@@ -528,6 +537,23 @@ impl TimelineWalk<'_> {
             });
         }
     }
+}
+
+/// The frames a live block is drawn under: its Python frames or, with none,
+/// the pseudo-site the peak names it by (`<allocated before recording
+/// started>`, `<backward pass>`), so that the flame graph and the peak's
+/// list call the same bytes by one name.
+fn block_labels(
+    snap: &Snapshot,
+    an: &Analysed<'_>,
+    trace: usize,
+    b: &crate::replay::LiveBlock,
+) -> Vec<String> {
+    let labels = python_stack_labels(snap, b.stack);
+    if !labels.is_empty() {
+        return labels;
+    }
+    vec![an.block_site(trace, b.alloc_index, b.stack).site]
 }
 
 /// The flame graph of the blocks allocated at dump time.

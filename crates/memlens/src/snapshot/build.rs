@@ -554,7 +554,7 @@ fn add_warnings(snap: &mut Snapshot, heap: &Heap) {
     }
     if snap.event_count() > 0 && !allocation_trace {
         snap.warnings.push(
-            "the trace holds only `snapshot` entries: no allocation history, figures are those at dump time".into(),
+            "the trace holds only `snapshot` or `oom` entries: no allocation history, figures are those at dump time".into(),
         );
     }
     // Stacks may sit in the blocks alone (legacy history, or a trace with

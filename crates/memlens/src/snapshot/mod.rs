@@ -170,6 +170,18 @@ pub struct DeviceTrace {
     pub extras: Vec<EventExtras>,
 }
 
+impl DeviceTrace {
+    /// Whether the trace records memory changing hands: an event other than
+    /// `snapshot` and `oom`, which move no memory. A trace of one entry (what
+    /// PyTorch 2.0's `_record_memory_history(True)` kept) holds only the
+    /// dump's `snapshot` or the failure's `oom`: nothing to replay.
+    pub fn has_allocations(&self) -> bool {
+        self.events
+            .iter()
+            .any(|e| !matches!(e.action, Action::Snapshot | Action::Oom))
+    }
+}
+
 /// State of a block at dump time.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -425,10 +437,7 @@ impl Snapshot {
     /// allocations to replay. Legacy snapshots and traces that hold only
     /// `snapshot` entries give the state at dump time alone.
     pub fn has_allocation_trace(&self) -> bool {
-        self.traces
-            .iter()
-            .flat_map(|t| &t.events)
-            .any(|e| e.action != Action::Snapshot)
+        self.traces.iter().any(DeviceTrace::has_allocations)
     }
 
     /// Device ordinals that appear in segments or traces, sorted.
