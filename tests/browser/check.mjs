@@ -100,7 +100,13 @@ try {
       };
     }
     if (D.segments) {
-      out.segments = { rows: document.querySelectorAll('#segments-rows .seg-row').length, expected: D.segments.segments.length };
+      const om = D.segments.omitted || {};
+      const head = (document.getElementById('segments-sub').textContent.match(/([\d,]+) segments/) || [])[1];
+      // The map shown: the page's own, or the one saved at the moment it
+      // opened on (a run that ended in an OOM opens on the OOM).
+      const shown = ML.segments || { rows: D.segments.segments.length, all: D.segments.segments.length + (om.count || 0) };
+      out.segments = { rows: document.querySelectorAll('#segments-rows .seg-row').length, expected: shown.rows,
+        counted: head ? Number(head.replace(/,/g, '')) : null, all: shown.all, when: D.segments.when };
     }
     if (D.leaks) out.leaks = { charts: (ML.charts.leaks || []).length, expected: D.leaks.sites.length };
     if (D.tune) out.tune = { rows: document.querySelectorAll('#tune-table tbody tr').length, expected: D.tune.rows.length };
@@ -125,6 +131,21 @@ try {
   }
   if (state.segments && (state.segments.rows < 1 || state.segments.rows !== state.segments.expected)) {
     fail(`segments: ${state.segments.rows} rows drawn, ${state.segments.expected} in the data`);
+  }
+  // The header counts every segment, the ones too small to draw included
+  // (issue 33: "96 segments" over a map of 190).
+  if (state.segments && state.segments.counted !== state.segments.all) {
+    fail(`segments: the header counts ${state.segments.counted} segments, the map holds ${state.segments.all}`);
+  }
+  // MEMLENS_SEGMENTS: the segments `memlens summary` counts in the file.
+  if (process.env.MEMLENS_SEGMENTS && (!state.segments || state.segments.all !== Number(process.env.MEMLENS_SEGMENTS))) {
+    fail(`segments: the map holds ${state.segments && state.segments.all}, the file ${process.env.MEMLENS_SEGMENTS}`);
+  }
+  // A snapshot with no allocations in its trace (PyTorch 2.0's one entry):
+  // no chart over time drawn empty, the map and flame graph of the dump.
+  if ((process.env.MEMLENS_EXPECT || '').split(',').includes('dump')) {
+    if (state.present.timeline) fail('a snapshot without an allocation trace draws a timeline');
+    if (!state.segments || state.segments.when !== 'at dump time') fail(`the segment map is not the dump's: ${state.segments && state.segments.when}`);
   }
   if (state.leaks && state.leaks.charts !== state.leaks.expected) fail(`leaks: ${state.leaks.charts} charts, ${state.leaks.expected} sites`);
   if (state.tune && state.tune.rows !== state.tune.expected) fail(`tune: ${state.tune.rows} rows, ${state.tune.expected} in the data`);
@@ -218,6 +239,9 @@ async function issue18(page, theme) {
     r.verdict = { shown: v ? v.textContent : null, data: D.meta && D.meta.verdict };
     r.oomRects = document.querySelectorAll('#oom-bars svg rect').length;
     r.oomFixRows = document.querySelectorAll('#oom-fixes tbody tr').length;
+    // Each fix's verdict as drawn, and the terminal's tag for it.
+    r.oomVerdicts = Array.from(document.querySelectorAll('#oom-fixes tbody tr')).map((tr) => [tr.cells[0].textContent, tr.cells[tr.cells.length - 1].textContent]);
+    r.expectedVerdicts = D.oom ? D.oom.fixes.map((f) => f.verdict) : [];
     r.expectedFixes = D.oom ? D.oom.fixes.length : 0;
     // "other sites" can be opened: at the peak it lists the sites it holds.
     const T = D.timeline, tl = ML.timeline;
@@ -235,6 +259,14 @@ async function issue18(page, theme) {
   if (out.present.oom) {
     if (!out.oom || out.oom.bars < 2 || out.oomRects < 2) fail(`${theme}: OOM section draws no request against a free piece (${out.oomRects} bars)`);
     if (out.oomFixRows !== out.expectedFixes) fail(`${theme}: OOM fixes: ${out.oomFixRows} rows, ${out.expectedFixes} in the data`);
+    // The fix table says what the terminal says, and no row contradicts
+    // itself (issue 33: "(simulated)" under "not simulated", "fits" beside
+    // "a lower bound").
+    out.oomVerdicts.forEach(([action, verdict], i) => {
+      if (verdict !== out.expectedVerdicts[i]) fail(`${theme}: OOM fix ${i + 1}: verdict ${JSON.stringify(verdict)}, the terminal's ${JSON.stringify(out.expectedVerdicts[i])}`);
+      if (/\(simulated\)/.test(action) && !['fits', 'may fit', 'helps, not enough', 'would not help'].includes(verdict)) fail(`${theme}: OOM fix ${i + 1} is simulated but marked ${JSON.stringify(verdict)}`);
+      if (/step fits/.test(action) && verdict !== 'fits') fail(`${theme}: OOM fix ${i + 1} says the step fits but is marked ${JSON.stringify(verdict)}`);
+    });
   }
   if (expect.has('moments') && !out.present.moments) fail(`${theme}: no moments data`);
   if (expect.has('ranks')) {
@@ -266,8 +298,13 @@ async function issue18(page, theme) {
     const pos = await page.evaluate((i) => {
       const u = window.memlens.charts.timeline, xs = window.memlens.timeline.xs();
       const r = u.over.getBoundingClientRect();
-      return { x: r.left + u.valToPos(xs[i], 'x'), y: r.top + r.height * 0.6 };
+      // Inside the plot: the last event sits on its right edge, one pixel out.
+      return { x: r.left + Math.min(u.valToPos(xs[i], 'x'), r.width - 1), y: r.top + r.height * 0.6 };
     }, idx);
+    // As a hand does: move there, then click (uPlot places its cursor on
+    // the next frame; a click that teleports reads as a drag from the old spot).
+    await page.mouse.move(pos.x, pos.y, { steps: 3 });
+    await page.waitForTimeout(50);
     await page.mouse.click(pos.x, pos.y);
     const got = await page.evaluate((re) => ({ m: window.memlens.moment || null, flame: window.memlens.flame && window.memlens.flame.title, seg: window.memlens.segments && window.memlens.segments.when,
       native: window.memlens.flame ? window.memlens.flame.names.filter((n) => new RegExp(re).test(n)).slice(0, 5) : [] }), NATIVE_FRAME.source);

@@ -35,6 +35,24 @@ corpus="$root/tests/corpus"
 "$ml" report "$corpus"/leak_losses.step{2,4,6}.pickle.zst -o "$out/leak_losses-3.html" >/dev/null
 MEMLENS_EXPECT=leak,overview,moments "$here/run.sh" "$out/leak_losses-3.html" "model.py:121" "$out/leak_losses-3.png"
 
+# The fragmentation OOM (tests/corpus/oom/frag_cap: 2.41 GiB cached in 380
+# pieces of at most 7 MiB, a 2 GiB request): every fix with the terminal's
+# verdict, none contradicting itself, the map at the OOM.
+"$ml" report "$corpus"/oom/frag_cap.pickle.zst -o "$out/frag_cap.html" >/dev/null
+MEMLENS_EXPECT=oom,moments MEMLENS_SEGMENTS=190 "$here/run.sh" "$out/frag_cap.html" "train_oom.py:108" "$out/frag_cap.png"
+
+# An OOM dumped in PyTorch 2.0's form (tests/corpus/legacy_oom: 190 segments,
+# a trace of the one `oom` entry): the dump's segment map and flame graph, the
+# OOM and its fixes, no empty chart over time.
+"$ml" report "$corpus"/legacy_oom.pickle.zst -o "$out/legacy_oom.html" >/dev/null
+MEMLENS_EXPECT=oom,dump MEMLENS_SEGMENTS=190 "$here/run.sh" "$out/legacy_oom.html" "train_oom.py:108" "$out/legacy_oom.png"
+
+# Weights loaded before recording began (tests/corpus/forward_only_preloaded):
+# 325.6 MiB under <allocated before recording started>, a band with its
+# bytes (no legend entry at 0 B) and a frame of the flame graph by that name.
+"$ml" report "$corpus"/forward_only_preloaded.pickle.zst -o "$out/preloaded.html" >/dev/null
+MEMLENS_EXPECT=moments "$here/run.sh" "$out/preloaded.html" "<allocated before recording started>" "$out/preloaded.png"
+
 # A healthy run (tests/corpus/clean: no leak, no OOM): the page says so in one sentence.
 "$ml" report "$corpus"/clean.pickle.zst -o "$out/clean.html" >/dev/null
 MEMLENS_EXPECT=healthy,moments "$here/run.sh" "$out/clean.html" "model.py:77" "$out/clean.png"

@@ -196,3 +196,112 @@ fn the_flame_graph_of_a_stacks_all_recording_leaves_native_frames_out() {
     let moments = data.moments.as_ref().expect("moments");
     assert!(!moments.frames.iter().any(is_native));
 }
+
+/// Issue 33: memory allocated before recording started is its own band with
+/// its bytes (it showed 0 B in the legend while 325 MiB sat in "other
+/// sites"), and the flame graph names it as the peak does.
+#[test]
+fn memory_allocated_before_recording_is_its_own_band_and_flame_frame() {
+    let snap = load(corpus("forward_only_preloaded.pickle.zst"));
+    let refs = vec![("forward_only_preloaded.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+    let before = "<allocated before recording started>";
+    let at_peak: u64 = d
+        .peak
+        .live_at_peak
+        .iter()
+        .filter(|l| l.site == before)
+        .map(|l| l.bytes)
+        .sum();
+    assert!(at_peak > 300 << 20, "the preloaded weights: {at_peak}");
+    let t = data.timeline.as_ref().expect("timeline");
+    let k = t
+        .sites
+        .iter()
+        .position(|s| s.site == before)
+        .expect("a band of its own");
+    let p = t.peak.expect("peak point");
+    assert_eq!(t.bands[k][p], at_peak);
+    assert_eq!(t.sites[k].peak_bytes, at_peak);
+    let f = data.flame.as_ref().expect("flame");
+    let node = f
+        .name
+        .iter()
+        .position(|&n| f.names[n as usize] == before)
+        .expect("a flame frame named as the peak names it");
+    assert_eq!(f.value[node], at_peak);
+    assert!(!f.names.iter().any(|n| n == "<no stack>"));
+}
+
+/// Issue 33: each fix in the report carries the verdict the terminal tags it
+/// with, from one rule, and no fix says it fits where the verdict does not.
+#[test]
+fn the_report_s_fixes_carry_the_terminal_s_verdicts() {
+    for name in [
+        "oom/frag_cap.pickle.zst",
+        "oom/gpt_warm.pickle.zst",
+        "oom/eval_spike.pickle.zst",
+        "legacy_oom.pickle.zst",
+    ] {
+        let snap = load(corpus(name));
+        let refs = vec![(name.to_string(), &snap)];
+        let d = diagnose(&refs, &DoctorOptions::default());
+        let data = from_diagnosis(&refs, &d).bounded();
+        let o = data.oom.as_ref().expect("oom section");
+        let r = d.oom.as_ref().expect("diagnosis has the OOM");
+        let text = memlens::render::oom::text(r);
+        for (i, f) in r.fixes.iter().enumerate() {
+            assert_eq!(o.fixes[i].verdict, f.verdict(), "{name} fix {i}");
+            assert!(
+                text.contains(&format!("[{}] ", f.verdict())),
+                "{name}: {text}"
+            );
+            if f.action.contains("step fits") {
+                assert_eq!(f.verdict(), "fits", "{name}: {}", f.action);
+            }
+        }
+        for f in &o.fixes[r.fixes.len()..] {
+            assert_eq!(f.verdict, "would not help", "{name}");
+        }
+    }
+}
+
+/// Issue 33: an OOM dumped in PyTorch 2.0's form (a trace of the one `oom`
+/// entry) is drawn from the dump: every segment in the map, no timeline of
+/// one point, no settings table where nothing can be replayed, no caveat of
+/// a trace begun late.
+#[test]
+fn a_legacy_oom_snapshot_is_drawn_from_its_dump() {
+    let snap = load(corpus("legacy_oom.pickle.zst"));
+    assert!(!snap.has_allocation_trace());
+    let refs = vec![("legacy_oom.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+    assert!(data.timeline.is_none() && data.moments.is_none() && data.tune.is_none());
+    let s = data.segments.as_ref().expect("segment map");
+    assert_eq!(s.when, "at dump time");
+    assert_eq!(
+        s.segments.len() as u64 + s.omitted.map_or(0, |o| o.count),
+        190
+    );
+    let reserved: u64 =
+        s.segments.iter().map(|s| s.size).sum::<u64>() + s.omitted.map_or(0, |o| o.bytes);
+    assert_eq!(
+        reserved,
+        snap.segments.iter().map(|s| s.total_size).sum::<u64>()
+    );
+    let o = data.oom.as_ref().expect("the OOM");
+    assert_eq!(o.requested_bytes, 2 << 30);
+    assert!(data
+        .flame
+        .as_ref()
+        .is_some_and(|f| f.names.iter().any(|n| n.contains("train_oom.py:108"))));
+    let late = memlens::replay::initial::LATE_START;
+    assert!(
+        !d.peak.warnings.iter().any(|w| w.starts_with(late)),
+        "{:?}",
+        d.peak.warnings
+    );
+    assert!(!data.meta.notes.iter().any(|w| w.starts_with(late)));
+}

@@ -106,21 +106,29 @@
 
     // A click (not a drag, which zooms) picks the point under the cursor.
     var down = null;
-    chart.addEventListener('mousedown', function (ev) { down = [ev.clientX, ev.clientY]; });
+    chart.addEventListener('mousedown', function (ev) { down = [ev.clientX, ev.clientY]; }, true);
+    // In the capture phase: uPlot stops a click it takes for the end of a
+    // drag (at the plot's right edge, a click whose pixel it rounds apart
+    // from the press), and the last event sits on that edge.
     chart.addEventListener('click', function (ev) {
       if (!down || Math.abs(ev.clientX - down[0]) > 3 || Math.abs(ev.clientY - down[1]) > 3) return;
       var u = ML.charts.timeline;
-      if (!u || u.cursor.idx == null) return;
+      if (!u) return;
+      // Where the click is, from the click itself: uPlot moves its cursor on
+      // the next animation frame, so a click right after a move would read
+      // the last position.
+      var left = ev.clientX - u.over.getBoundingClientRect().left;
+      if (left < 0 || left > u.over.clientWidth) return;
       // A click on (or within 4 px of) the peak's or an OOM's line picks that
       // event: a pixel may hold several points, and these are the ones asked for.
-      var xs = tl.xs(), idx = u.cursor.idx, best = 5;
+      var xs = tl.xs(), idx = u.posToIdx(left), best = 5;
       [tl.peak].concat(tl.ooms || []).forEach(function (i) {
         if (i == null) return;
-        var d = Math.abs(u.valToPos(xs[i], 'x') - u.cursor.left);
+        var d = Math.abs(u.valToPos(xs[i], 'x') - left);
         if (d < best) { best = d; idx = i; }
       });
       show(idx);
-    });
+    }, true);
 
     // A run that ended in an OOM opens on the OOM: that is the moment to explain.
     if (tl.ooms && tl.ooms.length) show(tl.ooms[tl.ooms.length - 1]);

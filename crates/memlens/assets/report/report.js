@@ -763,9 +763,15 @@
         if (b[3] === 0) alloc += b[1]; else if (b[3] === 1) pend += b[1]; else { free += b[1]; if (b[1] > largestFree) largestFree = b[1]; }
       });
     });
-    $('segments-sub').textContent = (S.when ? 'Segments ' + S.when + ': ' : '') + fmtInt(segs.length) + ' segments, ' +
-      fmtBytes(tot) + ' reserved, ' + fmtBytes(alloc) + ' allocated, ' + (pend ? fmtBytes(pend) + ' pending free, ' : '') +
-      fmtBytes(free) + ' free (largest free block ' + fmtBytes(largestFree) + '). One row per segment, in address order.';
+    // The totals are every segment's, drawn or not (the omitted ones are
+    // the smallest; the largest free block is among the drawn ones' or theirs).
+    var om = S.omitted && S.omitted.count ? S.omitted : null;
+    var count = segs.length + (om ? om.count : 0);
+    $('segments-sub').textContent = (S.when ? 'Segments ' + S.when + ': ' : '') + fmtInt(count) + ' segments, ' +
+      fmtBytes(tot + (om ? om.bytes : 0)) + ' reserved, ' + fmtBytes(alloc + (om ? om.allocated_bytes : 0)) + ' allocated, ' +
+      ((pend + (om ? om.pending_free_bytes : 0)) ? fmtBytes(pend + (om ? om.pending_free_bytes : 0)) + ' pending free, ' : '') +
+      fmtBytes(free + (om ? om.free_bytes : 0)) + ' free' + (om ? '' : ' (largest free block ' + fmtBytes(largestFree) + ')') + '. ' +
+      (om ? 'The ' + fmtInt(segs.length) + ' largest drawn, one row each, in address order.' : 'One row per segment, in address order.');
     if (S.omitted && S.omitted.count) {
       var o = S.omitted, p = $('segments-omitted');
       p.textContent = fmtInt(o.count) + ' smaller segments not drawn: ' + fmtBytes(o.bytes) + ' reserved, ' + fmtBytes(o.allocated_bytes) + ' allocated, ' +
@@ -785,7 +791,7 @@
       container.appendChild(row);
       tracks.push({ seg: s, canvas: canvas, track: track });
     });
-    ML.segments = { rows: segs.length, when: S.when || '' };
+    ML.segments = { rows: segs.length, when: S.when || '', all: count };
     }
     load(D.segments);
 

@@ -134,12 +134,13 @@
     var fixes = O.fixes || [];
     if (fixes.length) {
       var ft = $id('oom-fixes');
-      ft.appendChild(el('thead', null, [el('tr', null, [el('th', { text: 'fix' }), el('th', { class: 'num', text: 'predicted peak reserved' }), el('th', { text: 'fits' })])]));
+      ft.appendChild(el('thead', null, [el('tr', null, [el('th', { text: 'fix' }), el('th', { class: 'num', text: 'predicted peak reserved' }), el('th', { text: 'verdict' })])]));
       var fbody = el('tbody');
       fixes.forEach(function (f) {
-        fbody.appendChild(el('tr', { class: f.helps ? null : 'muted' }, [el('td', null, [ML.richText(f.action), f.helps ? null : el('span', { class: 'badge kind', style: 'margin-left:6px', text: 'would not help' })]),
+        fbody.appendChild(el('tr', { class: f.helps ? null : 'muted' }, [el('td', null, [ML.richText(f.action)]),
           el('td', { class: 'num', text: f.predicted_peak_reserved_bytes != null ? fb(f.predicted_peak_reserved_bytes) : '–' }),
-          el('td', { class: f.fits === true ? 'good' : f.fits === false ? 'bad' : 'muted', text: f.fits === true ? 'yes' : f.fits === false ? 'no' : 'not simulated' })]));
+          // The terminal's tag, from the same rule (OomFix::verdict).
+          el('td', { class: f.fits === true ? 'good' : f.fits === false || !f.helps ? 'bad' : 'muted', text: f.verdict })]));
       });
       ft.appendChild(fbody);
     }

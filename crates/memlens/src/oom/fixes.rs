@@ -120,6 +120,20 @@ impl OomFix {
         }
     }
 
+    /// What the fix is known to do, in the words the terminal's tag and the
+    /// report's column both print: `fits`, `helps, not enough` (simulated,
+    /// still over the limit), `may fit` (simulated on a step known only up
+    /// to the failure), `estimate` (from the live memory) or `advice`.
+    pub fn verdict(&self) -> &'static str {
+        match (self.fits, self.basis) {
+            (Some(true), _) => "fits",
+            (Some(false), _) => "helps, not enough",
+            (None, Basis::Estimated) => "estimate",
+            (None, Basis::Simulated) if self.predicted_peak_reserved_bytes.is_some() => "may fit",
+            (None, _) => "advice",
+        }
+    }
+
     /// The fix in the vocabulary shared with the message diagnosis.
     pub fn as_fix(&self) -> super::Fix {
         super::Fix {
@@ -707,6 +721,10 @@ fn mark_lower_bounds(fixes: &mut [OomFix]) {
         // cannot promise a fit.
         if f.fits == Some(true) {
             f.fits = None;
+            // The sentence says no more than the tag ("may fit").
+            f.action = f
+                .action
+                .replacen("failing step fits", "failing step may fit", 1);
         }
     }
 }

@@ -2,7 +2,6 @@
 //! what was live and the fixes, for a snapshot's OOM or an error message alone.
 
 use super::layout::{clip, push_wrapped, wrap};
-use crate::oom::fixes::Basis;
 use crate::oom::message::{Allocator, OomMessage};
 use crate::oom::snapshot::CapSource;
 use crate::oom::{MessageDiagnosis, OomReport};
@@ -332,14 +331,7 @@ fn fixes_section(s: &mut String, r: &OomReport) {
     }
     let _ = writeln!(s, "\nfixes ({basis}):");
     for (i, fix) in r.fixes.iter().enumerate() {
-        let tag = match (fix.fits, fix.basis) {
-            (Some(true), _) => "fits",
-            (Some(false), _) => "helps, not enough",
-            (None, Basis::Estimated) => "estimate",
-            (None, Basis::Simulated) if fix.predicted_peak_reserved_bytes.is_some() => "may fit",
-            (None, _) => "advice",
-        };
-        let text = format!("[{tag}] {}", fix.action);
+        let text = format!("[{}] {}", fix.verdict(), fix.action);
         for (j, line) in wrap(&text, 84).iter().enumerate() {
             if j == 0 {
                 let _ = writeln!(s, "  {}. {line}", i + 1);

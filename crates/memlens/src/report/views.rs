@@ -99,6 +99,9 @@ pub struct OomFixView {
     pub fits: Option<bool>,
     /// False for the fixes the simulation says would not help.
     pub helps: bool,
+    /// What the fix is known to do, as the terminal tags it
+    /// ([`crate::oom::OomFix::verdict`]; `would not help` when it would not).
+    pub verdict: String,
 }
 
 /// The OOM section, from the diagnosis' OOM report.
@@ -109,6 +112,7 @@ pub fn oom_view(d: &Diagnosis) -> Option<OomView> {
         predicted_peak_reserved_bytes: f.predicted_peak_reserved_bytes,
         fits: f.fits,
         helps,
+        verdict: if helps { f.verdict() } else { "would not help" }.to_string(),
     };
     Some(OomView {
         event_index: r.event_index as u64,
