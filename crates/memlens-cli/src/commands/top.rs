@@ -400,13 +400,23 @@ fn table(s: &Sample) -> String {
                 .map_or_else(|| "—".to_string(), |u| format!("{u}%"))
         ));
         if let Some(a) = &g.account {
-            out.push_str(&format!(
-                "  = processes {} (PyTorch reserved {}) + kept by the driver {} + unexplained {}\n",
+            let processes = format!(
+                "  = processes {} (PyTorch reserved {})",
                 format_bytes(a.processes_bytes),
-                format_bytes(a.pytorch_reserved_bytes),
-                format_bytes(a.driver_bytes),
-                memlens::units::format_signed_bytes(a.unexplained_bytes)
-            ));
+                format_bytes(a.pytorch_reserved_bytes)
+            );
+            let unexplained = memlens::units::format_signed_bytes(a.unexplained_bytes);
+            out.push_str(&if a.driver_in_used {
+                format!(
+                    "{processes} + kept by the driver {} + unexplained {unexplained}\n",
+                    format_bytes(a.driver_bytes)
+                )
+            } else {
+                format!(
+                    "{processes} + unexplained {unexplained}; the driver keeps {} besides\n",
+                    format_bytes(a.driver_bytes)
+                )
+            });
         }
         if g.processes.is_empty() {
             out.push_str("  no process\n");

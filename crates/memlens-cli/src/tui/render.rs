@@ -400,6 +400,7 @@ mod tests {
                     uuid: None,
                     total_bytes: 80 * GIB,
                     used_bytes: used + GIB,
+                    driver_reserved_bytes: None,
                     utilization_pct: Some(87),
                     processes: vec![
                         ProcessReading {

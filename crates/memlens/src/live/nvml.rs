@@ -40,7 +40,7 @@ impl NvmlSource {
 
     fn read_device(&mut self, index: u32) -> Result<GpuReading, NvmlError> {
         let device = self.nvml.device_by_index(index)?;
-        let (total_bytes, used_bytes) = Self::memory(&self.nvml, &device)?;
+        let (total_bytes, used_bytes, driver_reserved_bytes) = Self::memory(&self.nvml, &device)?;
         let (name, uuid) = self
             .names
             .entry(index)
@@ -57,15 +57,18 @@ impl NvmlSource {
             uuid,
             total_bytes,
             used_bytes,
+            driver_reserved_bytes,
             utilization_pct: device.utilization_rates().ok().map(|u| u.gpu),
             processes: processes(&device),
         })
     }
 
-    /// (total, used) bytes: v2 (what `nvidia-smi` shows), else v1.
-    fn memory(nvml: &Nvml, device: &Device) -> Result<(u64, u64), NvmlError> {
+    /// (total, used, the driver's reserved) bytes: v2 (what `nvidia-smi`
+    /// shows; its `used` leaves out what the driver reserves, which it gives
+    /// apart), else v1 (whose `used` counts it, and gives no figure for it).
+    fn memory(nvml: &Nvml, device: &Device) -> Result<(u64, u64, Option<u64>), NvmlError> {
         let v2_err = match device.memory_info() {
-            Ok(m) => return Ok((m.total, m.used)),
+            Ok(m) => return Ok((m.total, m.used, Some(m.reserved))),
             Err(e) => e,
         };
         let Ok(sym) = nvml.lib().nvmlDeviceGetMemoryInfo.as_ref() else {
@@ -83,7 +86,7 @@ impl NvmlSource {
         #[allow(unsafe_code)]
         let status = unsafe { sym(device.handle(), &mut v1) };
         nvml_try(status)?;
-        Ok((v1.total, v1.used))
+        Ok((v1.total, v1.used, None))
     }
 }
 

@@ -268,6 +268,7 @@ mod tests {
                 uuid: Some("GPU-1".into()),
                 total_bytes: 80 * GIB,
                 used_bytes: 6 * GIB,
+                driver_reserved_bytes: None,
                 utilization_pct: Some(50),
                 processes: vec![p, foreign],
                 account: None,

@@ -36,6 +36,10 @@ pub struct GpuSample {
     pub total_bytes: u64,
     /// Used memory, bytes (as `nvidia-smi` counts it).
     pub used_bytes: u64,
+    /// What the driver keeps outside `used_bytes`, when NVML says
+    /// ([`super::GpuReading::driver_reserved_bytes`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_reserved_bytes: Option<u64>,
     /// Kernel activity over the last period, percent, when known.
     pub utilization_pct: Option<u32>,
     /// Processes, largest first.
@@ -46,28 +50,46 @@ pub struct GpuSample {
 }
 
 /// A GPU's used memory (as nvidia-smi shows it) = what NVML lists for its
-/// processes + what the driver keeps + the residual, shown, never hidden.
+/// processes + what the driver keeps, where `used` counts it + the residual,
+/// shown, never hidden.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct GpuAccount {
     /// What NVML lists for the GPU's processes, together.
     pub processes_bytes: u64,
     /// Of it, what PyTorch's allocators hold (processes that publish).
     pub pytorch_reserved_bytes: u64,
-    /// What the driver keeps: NVML's total less CUDA's.
+    /// What the driver keeps: NVML v2's `reserved`, else NVML's total less
+    /// CUDA's (from a process that publishes it).
     pub driver_bytes: u64,
+    /// Whether `used` counts `driver_bytes` (NVML v1) or leaves it out
+    /// (v2, which gives it apart).
+    pub driver_in_used: bool,
     /// Used memory none of the above explains.
     pub unexplained_bytes: i64,
 }
 
 impl GpuSample {
-    /// The account of `used_bytes`, when a publication gives CUDA's total.
+    /// The account of `used_bytes`: where NVML gives the driver's part apart
+    /// (v2), always; else when a publication gives CUDA's total, whose
+    /// difference from NVML's total is the driver's part.
     fn account(&self) -> Option<GpuAccount> {
-        let cuda_total = self
-            .processes
-            .iter()
-            .find_map(|p| p.torch.as_ref().and_then(|t| t.cuda_total_bytes))?;
+        let (driver, driver_in_used) = match self.driver_reserved_bytes {
+            Some(reserved) => (reserved, false),
+            None => {
+                let cuda_total = self
+                    .processes
+                    .iter()
+                    .find_map(|p| p.torch.as_ref().and_then(|t| t.cuda_total_bytes))?;
+                (self.total_bytes.saturating_sub(cuda_total), true)
+            }
+        };
         let processes: u64 = self.processes.iter().filter_map(|p| p.used_bytes).sum();
-        let driver = self.total_bytes.saturating_sub(cuda_total);
+        let counted = i128::from(processes)
+            + if driver_in_used {
+                i128::from(driver)
+            } else {
+                0
+            };
         Some(GpuAccount {
             processes_bytes: processes,
             pytorch_reserved_bytes: self
@@ -76,9 +98,8 @@ impl GpuSample {
                 .filter_map(|p| p.torch.as_ref().map(|t| t.reserved_bytes))
                 .sum(),
             driver_bytes: driver,
-            unexplained_bytes: (i128::from(self.used_bytes)
-                - i128::from(processes)
-                - i128::from(driver)) as i64,
+            driver_in_used,
+            unexplained_bytes: (i128::from(self.used_bytes) - counted) as i64,
         })
     }
 }
@@ -212,6 +233,7 @@ impl Sampler {
                 uuid: g.uuid,
                 total_bytes: g.total_bytes,
                 used_bytes: g.used_bytes,
+                driver_reserved_bytes: g.driver_reserved_bytes,
                 utilization_pct: g.utilization_pct,
                 account: None,
                 processes: g
@@ -367,6 +389,7 @@ pub(crate) mod testing {
             uuid: Some(format!("GPU-fake-{index}")),
             total_bytes: 80 * GIB,
             used_bytes: used,
+            driver_reserved_bytes: None,
             utilization_pct: Some(42),
             processes: procs
                 .iter()
@@ -495,7 +518,25 @@ mod tests {
         assert_eq!(a.processes_bytes, 9 * GIB);
         assert_eq!(a.pytorch_reserved_bytes, 6 * GIB);
         assert_eq!(a.driver_bytes, GIB / 2);
+        assert!(a.driver_in_used);
         assert_eq!(a.unexplained_bytes, (GIB / 2) as i64);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn nvml_v2_gives_the_driver_s_part_apart_and_accounts_with_no_publication() {
+        // NVML v2 (an H200, measured): used 847 MiB = the one process's 838
+        // MiB + 9 MiB; the driver's 615 MiB `reserved` is not in `used`.
+        // Subtracting it as well (as for v1) gave -606 MiB unexplained.
+        const MIB: u64 = 1 << 20;
+        let mut g = gpu(0, 847 * MIB, &[(4242, 838 * MIB)]);
+        g.driver_reserved_bytes = Some(615 * MIB);
+        let frame = vec![g];
+        let (mut s, root) = world(vec![frame.clone(), frame], NOW);
+        let a = s.sample(NOW).unwrap().gpus[0].account.clone().unwrap();
+        assert_eq!((a.driver_bytes, a.driver_in_used), (615 * MIB, false));
+        assert_eq!(a.processes_bytes, 838 * MIB);
+        assert_eq!(a.unexplained_bytes, (9 * MIB) as i64);
         std::fs::remove_dir_all(root).unwrap();
     }
 }

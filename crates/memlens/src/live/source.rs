@@ -18,6 +18,11 @@ pub struct GpuReading {
     pub total_bytes: u64,
     /// Device memory in use in bytes (as `nvidia-smi` counts it).
     pub used_bytes: u64,
+    /// What the driver keeps for itself outside `used_bytes`, when NVML's v2
+    /// memory query says (its `reserved`); `None` where only v1 answered,
+    /// whose `used` counts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_reserved_bytes: Option<u64>,
     /// Percent of the last sample period a kernel was running, when known.
     #[serde(default)]
     pub utilization_pct: Option<u32>,
@@ -100,6 +105,7 @@ mod tests {
             uuid: None,
             total_bytes: 100,
             used_bytes: used,
+            driver_reserved_bytes: None,
             utilization_pct: Some(5),
             processes: vec![],
         }
