@@ -860,6 +860,28 @@ class _NvmlMemory(ctypes.Structure):
     _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
 
 
+class _NvmlMemoryV2(ctypes.Structure):
+    """nvmlMemory_v2_t: its ``used`` leaves out what the driver reserves (as
+    nvidia-smi shows it), which ``reserved`` gives apart."""
+
+    _fields_ = [("version", ctypes.c_uint), ("total", ctypes.c_ulonglong), ("reserved", ctypes.c_ulonglong),
+                ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+def _nvml_memory(lib: Any, handle: Any) -> Dict[str, int]:
+    """The device's total and used memory as nvidia-smi shows them, and the
+    driver's reserve where NVML's v2 query gives it (v1's ``used`` counts it)."""
+    v2 = _NvmlMemoryV2(version=ctypes.sizeof(_NvmlMemoryV2) | (2 << 24))
+    query = getattr(lib, "nvmlDeviceGetMemoryInfo_v2", None)
+    if query is not None and query(handle, ctypes.byref(v2)) == 0:
+        return {"nvml_total_memory": int(v2.total), "nvml_used_memory": int(v2.used),
+                "nvml_reserved_memory": int(v2.reserved)}
+    mem = _NvmlMemory()
+    if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == 0:
+        return {"nvml_total_memory": int(mem.total), "nvml_used_memory": int(mem.used)}
+    return {}
+
+
 _NVML: List[Any] = []  # [library] once loaded and initialised, [None] when it cannot be
 
 
@@ -887,10 +909,7 @@ def _nvml_figures(cuda: Any, d: int) -> Dict[str, int]:
         handle = ctypes.c_void_p()
         if lib.nvmlDeviceGetHandleByUUID(uuid.encode(), ctypes.byref(handle)) != 0:
             return {}
-        out: Dict[str, int] = {}
-        mem = _NvmlMemory()
-        if lib.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(mem)) == 0:
-            out.update(nvml_total_memory=int(mem.total), nvml_used_memory=int(mem.used))
+        out: Dict[str, int] = _nvml_memory(lib, handle)
         count = ctypes.c_uint(256)
         procs = (_NvmlProcess * 256)()
         if lib.nvmlDeviceGetComputeRunningProcesses_v3(handle, ctypes.byref(count), procs) == 0:

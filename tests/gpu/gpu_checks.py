@@ -89,8 +89,10 @@ def check_train(out: str) -> None:
     report(not leak_warnings, "train.no_false_leak_alarm", f"{len(leak_warnings)} leak warnings")
     keys = ["schema", "pid", "device", "rank", "step", "allocated_bytes", "reserved_bytes", "active_bytes",
             "peak_allocated_bytes", "time", "leak_alarm", "cmdline"]
-    report(live_doc is not None and list(live_doc) == keys and live_doc["pid"] == os.getpid()
-           and live_doc["allocated_bytes"] > 0, "train.live_file", f"{live_doc}")
+    # cuda_total_bytes: CUDA's total, the optional key `top` accounts with.
+    report(live_doc is not None and [k for k in live_doc if k != "cuda_total_bytes"] == keys
+           and live_doc["pid"] == os.getpid() and live_doc["allocated_bytes"] > 0
+           and live_doc.get("cuda_total_bytes") == torch.cuda.mem_get_info()[1], "train.live_file", f"{live_doc}")
     report(not os.path.exists(live), "train.live_file_removed", live)
     final = os.path.join(d, "snapshot.pickle")
     s = memlens.load(final).summary()
@@ -429,7 +431,10 @@ def check_top(out: str) -> None:
         child.wait()
     try:
         sample = json.loads(p.stdout)
-        gpu = next(g for g in sample["gpus"] if any(q["pid"] == child.pid for q in g["processes"]))
+        # NVML may list a process under the host's pid (in a container):
+        # then the GPU is the one whose account the child's live file made.
+        gpu = next((g for g in sample["gpus"] if any(q["pid"] == child.pid for q in g["processes"])),
+                   None) or next(g for g in sample["gpus"] if g.get("account"))
         account = gpu["account"]
     except Exception as e:  # noqa: BLE001
         report(False, "top.gpu_accounted", f"{e!r}; rc {p.returncode}; {p.stdout[-500:]!r} {p.stderr[-300:]!r}")

@@ -51,9 +51,15 @@ pub struct RecordedDevice {
     /// CUDA's, by what the driver keeps.
     #[serde(default)]
     pub nvml_total_memory: Option<u64>,
-    /// Used memory as nvidia-smi shows it.
+    /// Used memory as NVML gives it: nvidia-smi's figure where NVML's v2
+    /// query answered (`nvml_reserved_memory` present), else v1's, which
+    /// counts the driver's reserve too.
     #[serde(default)]
     pub nvml_used_memory: Option<u64>,
+    /// What the driver reserves for itself, outside `nvml_used_memory`
+    /// (NVML v2's `reserved`); absent where only v1 answered.
+    #[serde(default)]
+    pub nvml_reserved_memory: Option<u64>,
     /// This process's memory on the device, as NVML lists it.
     #[serde(default)]
     pub process_used_memory: Option<u64>,
@@ -90,8 +96,12 @@ pub struct DeviceAccount {
     pub outside_pytorch_since_start_bytes: Option<i64>,
     /// Other processes on the device.
     pub other_processes_bytes: u64,
-    /// What the driver keeps (NVML's total less CUDA's).
+    /// What the driver keeps: NVML v2's `reserved`, else NVML's total less
+    /// CUDA's.
     pub driver_bytes: u64,
+    /// Whether the used figure counts `driver_bytes` (NVML v1) or leaves it
+    /// out, as nvidia-smi does (v2).
+    pub driver_in_used: bool,
     /// Used memory that none of the above explains (negative: counted twice).
     pub unexplained_bytes: i64,
 }
@@ -104,10 +114,21 @@ impl RecordedDevice {
         let reserved = self.reserved_memory?;
         let process = self.process_used_memory?;
         let others = self.other_processes_memory.unwrap_or(0);
-        let driver = self
-            .nvml_total_memory
-            .map_or(0, |t| t.saturating_sub(self.total_memory));
-        let explained = i128::from(process) + i128::from(others) + i128::from(driver);
+        let (driver, driver_in_used) = match self.nvml_reserved_memory {
+            Some(r) => (r, false),
+            None => (
+                self.nvml_total_memory
+                    .map_or(0, |t| t.saturating_sub(self.total_memory)),
+                true,
+            ),
+        };
+        let explained = i128::from(process)
+            + i128::from(others)
+            + if driver_in_used {
+                i128::from(driver)
+            } else {
+                0
+            };
         let outside = process.saturating_sub(reserved);
         Some(DeviceAccount {
             device: self.device,
@@ -120,6 +141,7 @@ impl RecordedDevice {
                 .map(|s| (i128::from(outside) - i128::from(s)) as i64),
             other_processes_bytes: others,
             driver_bytes: driver,
+            driver_in_used,
             unexplained_bytes: (i128::from(used) - explained) as i64,
         })
     }

@@ -323,15 +323,28 @@ fn device_finding(a: &crate::device_file::DeviceAccount) -> Finding {
     Finding {
         kind: "info".into(),
         severity: Severity::Info,
-        title: format!(
-            "nvidia-smi shows {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
-             processes + {} kept by the driver + {unexplained} unexplained",
-            f(a.nvidia_smi_used_bytes),
-            a.device,
-            f(a.pytorch_reserved_bytes),
-            f(a.other_processes_bytes),
-            f(a.driver_bytes),
-        ),
+        title: if a.driver_in_used {
+            format!(
+                "NVML counts {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
+                 processes + {} kept by the driver + {unexplained} unexplained",
+                f(a.nvidia_smi_used_bytes),
+                a.device,
+                f(a.pytorch_reserved_bytes),
+                f(a.other_processes_bytes),
+                f(a.driver_bytes),
+            )
+        } else {
+            // NVML v2, as nvidia-smi: the driver's reserve is not in "used".
+            format!(
+                "nvidia-smi shows {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
+                 processes + {unexplained} unexplained; the driver reserves {} besides",
+                f(a.nvidia_smi_used_bytes),
+                a.device,
+                f(a.pytorch_reserved_bytes),
+                f(a.other_processes_bytes),
+                f(a.driver_bytes),
+            )
+        },
         site: None,
         bytes: Some(a.nvidia_smi_used_bytes),
         suggestion: None,
