@@ -375,8 +375,10 @@ def check_graphs(out: str) -> None:
             graph.replay()
             static_loss.item()
             memlens.step()
+        accounts = top_accounts()  # the graph's pool still held
     dev, why = device_account(rec.snapshots[-1])
     report(dev is not None and abs(dev["unexplained_bytes"]) <= 64 * MIB, "graphs.device_accounted", f"{dev} {why}")
+    report_top("graphs.top_accounted", accounts, torch.cuda.current_device())
 
 
 def check_cupy(out: str) -> None:
@@ -400,10 +402,30 @@ def check_cupy(out: str) -> None:
         for _ in range(3):
             train_step(torch, model, opt, width=1024).item()
             memlens.step()
+        accounts = top_accounts()  # CuPy's 512 MiB still held
     dev, why = device_account(rec.snapshots[-1])
     ok = (dev is not None and abs(dev["unexplained_bytes"]) <= 64 * MIB
           and (dev.get("outside_pytorch_since_start_bytes") or 0) >= 512 * MIB)
     report(ok, "cupy.device_accounted", f"{dev} (CuPy holds {kept.nbytes} B) {why}")
+    report_top("cupy.top_accounted", accounts, torch.cuda.current_device())
+
+
+def top_accounts() -> dict:
+    """`memlens top --once --json` now: each GPU's index -> (used bytes, its
+    account or None), or {"error": ...}."""
+    p = subprocess.run([sys.executable, "-m", "memlens", "top", "--once", "--json"],
+                       capture_output=True, text=True, timeout=60)
+    try:
+        return {g["index"]: (g["used_bytes"], g.get("account")) for g in json.loads(p.stdout)["gpus"]}
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{e!r}; rc {p.returncode}; {p.stdout[-300:]!r} {p.stderr[-300:]!r}"}
+
+
+def report_top(name: str, accounts: dict, gpu: int = 0) -> None:
+    """PASS when `top` accounts for GPU ``gpu`` within 64 MiB."""
+    used, account = accounts.get(gpu, (None, None))
+    ok = account is not None and abs(account["unexplained_bytes"]) <= 64 * MIB
+    report(ok, name, f"GPU {gpu} used {used} = {account} {accounts.get('error', '')}")
 
 
 def check_top(out: str) -> None:

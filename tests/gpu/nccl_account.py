@@ -7,9 +7,12 @@ GPT, recorded by memlens.record (the rank in the snapshots' names). For each
 rank, `memlens doctor --json` on its final snapshot accounts for its GPU's
 used memory: PyTorch reserved + outside PyTorch (the CUDA context when
 recording began, then what came since: NCCL's communicator buffers) + other
-processes + the driver + the residual, which must stay within 64 MiB.
+processes + the driver + the residual, which must stay within 64 MiB; and
+`memlens top`, run while both ranks hold their communicators, accounts for
+each GPU within 64 MiB too.
 Prints PASS/FAIL and INFO lines and "N passed, N failed". Needs 2 GPUs.
 """
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +42,14 @@ def worker(rank, out):
             opt.zero_grad(set_to_none=True)
             memlens.step()
     dist.barrier()
+    if rank == 0:
+        # Both ranks hold their communicators: `top` accounts for each GPU.
+        sys.path.insert(0, HERE)
+        from gpu_checks import top_accounts
+
+        with open(os.path.join(out, "top.json"), "w") as f:
+            json.dump({str(k): v for k, v in top_accounts().items()}, f)
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -60,6 +71,16 @@ def main():
         ok = codes[rank] == 0 and dev is not None and abs(dev["unexplained_bytes"]) <= 64 * MIB
         print(f"{'PASS' if ok else 'FAIL'} nccl.rank{rank}.device_accounted: exit {codes[rank]}; {dev} {why}",
               flush=True)
+        passed, failed = passed + ok, failed + (not ok)
+    try:
+        tops = json.load(open(os.path.join(out, "top.json")))
+    except (OSError, ValueError) as e:
+        tops = {"error": repr(e)}
+    for gpu in range(2):
+        used, account = tops.get(str(gpu), (None, None))
+        ok = account is not None and abs(account["unexplained_bytes"]) <= 64 * MIB
+        print(f"{'PASS' if ok else 'FAIL'} nccl.gpu{gpu}.top_accounted: used {used} = {account} "
+              f"{tops.get('error', '')}", flush=True)
         passed, failed = passed + ok, failed + (not ok)
     print(f"{passed} passed, {failed} failed")
     return 1 if failed else 0
