@@ -233,6 +233,26 @@ async function issue18(page, theme) {
       rows: Array.from(document.querySelectorAll('#ranks-table tr')).slice(1).map((tr) => Array.from(tr.cells).map((c) => c.textContent)),
       charts: (ML.charts.ranks || []).length,
       visible: !document.getElementById('ranks').hidden,
+      files: D.ranks.ranks.map((x) => x.file.split('/').pop()),
+      title: document.getElementById('title').textContent,
+      overview: D.overview != null || !document.getElementById('overview').hidden,
+      // The heavier rank's row: its text against its background.
+      heavy: (() => {
+        const td = document.querySelector('#ranks-table tr.heavy td');
+        if (!td) return null;
+        const cs = getComputedStyle(td);
+        let bg = cs.backgroundColor, e = td;
+        // A transparent tint shows the card below: blend over it.
+        const rgba = (c) => (c.match(/[\d.]+/g) || []).map(Number);
+        let [r, g, b, a] = rgba(bg); a = a == null ? 1 : a;
+        while (a < 1 && (e = e.parentElement)) {
+          const [r2, g2, b2, a2] = rgba(getComputedStyle(e).backgroundColor);
+          if (a2 === 0) continue;
+          [r, g, b] = [r * a + r2 * (1 - a), g * a + g2 * (1 - a), b * a + b2 * (1 - a)]; a = 1;
+        }
+        return { fg: rgba(cs.color).slice(0, 3), bg: [r, g, b] };
+      })(),
+      peakInk: ML.rankPeakInk || null,
     } : null;
     // The verdict in one sentence, the terminal's (a healthy run is told so).
     const v = document.querySelector('#findings-list .verdict');
@@ -279,6 +299,18 @@ async function issue18(page, theme) {
         const exact = Number(want.peak).toLocaleString('en-US');
         if (!row || !row.includes(exact)) fail(`${theme}: rank ${want.rank}'s peak ${exact} not in its row: ${JSON.stringify(row)}`);
       }
+      // Issue 33: ranks are not one run over time, and the title names the job, no one rank.
+      if (R.overview) fail(`${theme}: ranks shown in the "every snapshot" table, as if one run over time`);
+      if (R.files.some((f) => R.title.includes(f))) fail(`${theme}: the title names one rank's file: ${R.title}`);
+      // Readable in both themes: the heavier rank's row (WCAG contrast 4.5) and the peak labels.
+      if (R.heavy) {
+        const lum = (c) => { const v = c.map((x) => { x /= 255; return x <= 0.03928 ? x / 12.92 : ((x + 0.055) / 1.055) ** 2.4; }); return 0.2126 * v[0] + 0.7152 * v[1] + 0.0722 * v[2]; };
+        const [l1, l2] = [lum(R.heavy.fg), lum(R.heavy.bg)].sort((x, y) => y - x);
+        const ratio = (l1 + 0.05) / (l2 + 0.05);
+        if (ratio < 4.5) fail(`${theme}: the heavier rank's row is unreadable (contrast ${ratio.toFixed(2)}: ${JSON.stringify(R.heavy)})`);
+      }
+      const ink = theme === 'dark' ? '#e6edf3' : '#1f2328';
+      if (R.peakInk !== ink) fail(`${theme}: the ranks' peak labels are drawn in ${R.peakInk}, not the theme's ink ${ink}`);
     }
   }
   if (out.otherOpened === 0) fail(`${theme}: "other sites" holds bytes at the peak but opens to no site`);

@@ -64,9 +64,12 @@ MEMLENS_EXPECT=healthy,moments "$here/run.sh" "$out/clean.html" "model.py:77" "$
 MEMLENS_EXPECT=moments "$here/run.sh" "$out/notebook.html" "ipykernel" "$out/notebook.png"
 
 # The two ranks of one DDP job (tests/corpus/ranks, rank 0 keeps an EMA copy at
-# train_ddp.py:61): both ranks' exact peaks and charts, in either file order.
+# train_ddp.py:61): both ranks' exact peaks and charts, in either file order,
+# in light and dark: no "every snapshot" table, a title naming the job.
 "$ml" report "$corpus"/ranks/ddp_ema.rank{1,0}.pickle.zst -o "$out/ddp_ema.html" >/dev/null
 MEMLENS_EXPECT=ranks "$here/run.sh" "$out/ddp_ema.html" "train_ddp.py:61" "$out/ddp_ema.png"
+"$ml" report "$corpus"/ranks/ddp_ema.rank{0,1}.pickle.zst -o "$out/ddp_ema01.html" >/dev/null
+MEMLENS_EXPECT=ranks "$here/run.sh" "$out/ddp_ema01.html" "train_ddp.py:61" "$out/ddp_ema01.png"
 
 if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
   big="$root/bench/data/large-1gb.pickle"

@@ -208,4 +208,11 @@ fn the_report_shows_both_ranks_side_by_side() {
     // The one-snapshot sections say which file they show: rank 0's.
     assert_eq!(data["shown_file"].as_str(), Some(a.0.as_str()));
     assert!(html.contains("renderRanks"));
+    // Issue 33: the ranks are no run over time (no "every snapshot" table
+    // with growth from rank 1 to rank 0), and the title names the job.
+    assert!(data["overview"].is_null(), "{}", data["overview"]);
+    assert_eq!(
+        data["meta"]["title"],
+        "memlens report: ddp_ema.rank*.pickle.zst, 2 ranks"
+    );
 }

@@ -315,8 +315,8 @@
         cursor: { sync: { key: 'memlens-ranks' }, drag: { x: false, y: false }, points: { show: false } },
         scales: { x: { time: false, range: function () { return [xmin, xmax]; } }, y: { range: function () { return [0, ymax * 1.06]; } } },
         axes: [
-          { label: R.x_unit === 's' ? 'seconds since the job\'s first event' : 'event index', labelSize: 20, stroke: '#57606a', grid: { stroke: '#eef1f4' } },
-          { stroke: '#57606a', size: 72, incrs: BYTE_INCRS, grid: { stroke: '#eef1f4' }, values: function (u, vals) { return vals.map(fmtShort); } }
+          { label: R.x_unit === 's' ? 'seconds since the job\'s first event' : 'event index', labelSize: 20, stroke: AXIS, grid: { stroke: GRID }, ticks: { stroke: GRID } },
+          { stroke: AXIS, size: 72, incrs: BYTE_INCRS, grid: { stroke: GRID }, ticks: { stroke: GRID }, values: function (u, vals) { return vals.map(fmtShort); } }
         ],
         series: [{},
           { label: 'imbalance site', stroke: '#e15759', fill: 'rgba(225,87,89,.35)', width: 1 },
@@ -326,14 +326,15 @@
           if (pk == null || pk >= s.x.length) return;
           var ctx = u.ctx, px = u.valToPos(s.x[pk], 'x', true);
           ctx.save();
-          ctx.strokeStyle = '#1f2328'; ctx.setLineDash([4, 3]); ctx.lineWidth = 1.5 * devicePixelRatio;
+          ctx.strokeStyle = INK; ctx.setLineDash([4, 3]); ctx.lineWidth = 1.5 * devicePixelRatio;
           ctx.beginPath(); ctx.moveTo(px, u.bbox.top); ctx.lineTo(px, u.bbox.top + u.bbox.height); ctx.stroke();
           ctx.setLineDash([]);
           ctx.font = 'bold ' + Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
           var label = 'peak ' + fmtBytes(R.ranks.filter(function (r) { return r.rank === s.rank; }).map(function (r) { return r.peak_allocated_bytes; })[0] || s.allocated[pk]);
           var tw = ctx.measureText(label).width;
           var lx = Math.max(u.bbox.left + 2, Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4));
-          ctx.fillStyle = '#1f2328'; ctx.fillText(label, lx, u.bbox.top + 13 * devicePixelRatio);
+          ctx.fillStyle = INK; ctx.fillText(label, lx, u.bbox.top + 13 * devicePixelRatio);
+          ML.rankPeakInk = INK;
           ctx.restore();
         }] }
       };

@@ -12,8 +12,8 @@
 use super::convert::{python_stack_labels, segment_map, settings_pairs};
 use super::flame::FlameBuilder;
 use super::model::{
-    BlockSite, BlockState, Category, LeakSite, Leaks, Meta, ReportData, SegmentBlock, SegmentMap,
-    SegmentRow, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
+    BlockSite, BlockState, Category, LeakSite, Leaks, Meta, RanksView, ReportData, SegmentBlock,
+    SegmentMap, SegmentRow, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 use super::timeline::{TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
 use crate::analysis::leaks::Confidence;
@@ -43,14 +43,25 @@ pub fn from_diagnosis_in<'s>(
     snaps: &[(String, &'s Snapshot)],
     d: &Diagnosis,
 ) -> ReportData {
+    let ranks = super::ranks::ranks_view(set, snaps, d);
+    let mut meta = meta(snaps, d);
+    if let Some(r) = &ranks {
+        meta.title = ranks_title(r);
+    }
     let mut data = ReportData {
-        meta: meta(snaps, d),
+        meta,
         findings: d.findings.clone(),
         leaks: leaks(d),
         tune: tune(d),
         oom: super::views::oom_view(d),
-        overview: super::views::overview(set, snaps, d),
-        ranks: super::ranks::ranks_view(set, snaps, d),
+        // Ranks run side by side, not one after another: the ranks section
+        // compares them, and a table of growth "since the previous" rank
+        // would read as time.
+        overview: ranks
+            .is_none()
+            .then(|| super::views::overview(set, snaps, d))
+            .flatten(),
+        ranks,
         shown_file: (snaps.len() > 1).then(|| d.files.last().cloned()).flatten(),
         ..ReportData::default()
     };
@@ -242,6 +253,35 @@ fn states_not_kept(
         kept_peak.or_else(|| at_peak.and_then(StateAfter::into_state)),
         kept_oom.or_else(|| at_oom.and_then(StateAfter::into_state)),
     )
+}
+
+/// The title of a job's ranks: the file name with its rank written as `*`
+/// (`ddp_ema.rank*.pickle.zst`), and how many ranks; no one rank's name.
+fn ranks_title(r: &RanksView) -> String {
+    let base = |f: &str| f.rsplit(['/', '\\']).next().unwrap_or(f).to_string();
+    let first = r.ranks.first().map(|l| base(&l.file)).unwrap_or_default();
+    // The part that differs between the ranks' names is the rank.
+    let job = match r.ranks.get(1).map(|l| base(&l.file)) {
+        Some(second) => {
+            let (a, b): (Vec<char>, Vec<char>) =
+                (first.chars().collect(), second.chars().collect());
+            let head = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+            let tail = a
+                .iter()
+                .rev()
+                .zip(b.iter().rev())
+                .take_while(|(x, y)| x == y)
+                .count()
+                .min(a.len() - head);
+            let (start, end): (String, String) = (
+                a[..head].iter().collect(),
+                a[a.len() - tail..].iter().collect(),
+            );
+            format!("{start}*{end}")
+        }
+        None => first,
+    };
+    format!("memlens report: {job}, {} ranks", r.ranks.len())
 }
 
 fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
