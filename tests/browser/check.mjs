@@ -150,6 +150,20 @@ try {
   if (state.leaks && state.leaks.charts !== state.leaks.expected) fail(`leaks: ${state.leaks.charts} charts, ${state.leaks.expected} sites`);
   if (state.tune && state.tune.rows !== state.tune.expected) fail(`tune: ${state.tune.rows} rows, ${state.tune.expected} in the data`);
 
+  // Library frames (issue 33): folded into one frame per run at load, as
+  // the terminal reads stacks; the box shows them all, and unticked folds again.
+  if (state.flame) {
+    const lib = await page.evaluate(() => ({ runs: window.memlens.flame.libraryRuns(), nodes: window.memlens.flame.nodes }));
+    if (lib.runs) fail(`flame: ${lib.runs} library frames drawn under another library frame (not folded)`);
+    await page.check('#flame-library');
+    const all = await page.evaluate(() => ({ runs: window.memlens.flame.libraryRuns(), nodes: window.memlens.flame.nodes, shown: window.memlens.flame.libraryShown }));
+    if (!all.shown || all.nodes < lib.nodes) fail(`flame: the library toggle shows no more frames (${lib.nodes} -> ${all.nodes})`);
+    await page.uncheck('#flame-library');
+    const again = await page.evaluate(() => window.memlens.flame.nodes);
+    if (again !== lib.nodes) fail(`flame: unticking library frames gives ${again} frames, not the ${lib.nodes} at load`);
+    state.flame.library = { folded: lib.nodes, all: all.nodes };
+  }
+
   // Interactions: search the flame graph, hover it, zoom the timeline and reset.
   if (state.flame) {
     await page.fill('#flame-search', expectedSite);
@@ -341,6 +355,8 @@ async function issue18(page, theme) {
     const got = await page.evaluate((re) => ({ m: window.memlens.moment || null, flame: window.memlens.flame && window.memlens.flame.title, seg: window.memlens.segments && window.memlens.segments.when,
       native: window.memlens.flame ? window.memlens.flame.names.filter((n) => new RegExp(re).test(n)).slice(0, 5) : [] }), NATIVE_FRAME.source);
     if (got.native.length) fail(`${theme}: the flame graph at the ${what} draws native frames: ${JSON.stringify(got.native)}`);
+    const runs = await page.evaluate(() => window.memlens.flame.libraryRuns());
+    if (runs) fail(`${theme}: the flame graph at the ${what} draws ${runs} library frames unfolded`);
     const ev = await page.evaluate((i) => window.memlens.timeline.events[i], idx);
     const evText = Number(ev).toLocaleString('en-US');
     const ok = got.m && got.m.index === idx && (got.flame || '').includes('event ' + evText) && (got.seg == null || String(got.seg).includes('event'));

@@ -305,3 +305,45 @@ fn a_legacy_oom_snapshot_is_drawn_from_its_dump() {
     );
     assert!(!data.meta.notes.iter().any(|w| w.starts_with(late)));
 }
+
+/// Issue 33: the report folds library frames by the terminal's frame
+/// rulebook: the flame graph and the moments mark exactly the frames
+/// `frames::classify` calls PyTorch's, a package's or the standard
+/// library's; the user's lines and pseudo-frames are never marked.
+#[test]
+fn the_report_marks_library_frames_by_the_frame_rulebook() {
+    let snap = load(corpus("notebook.pickle.zst"));
+    let refs = vec![("notebook.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let data = from_diagnosis(&refs, &d).bounded();
+    let f = data.flame.as_ref().expect("flame");
+    assert!(
+        !f.library.is_empty(),
+        "a notebook's stacks run through torch"
+    );
+    for (i, name) in f.names.iter().enumerate() {
+        let marked = f.library.contains(&(i as u32));
+        let library = name.contains("/site-packages/") || name.starts_with("/usr/lib/python3");
+        assert_eq!(marked, library, "{name}");
+    }
+    assert!(f
+        .names
+        .iter()
+        .any(|n| n.contains("/tmp/ipykernel_") && !n.contains("site-packages")));
+    let m = data.moments.as_ref().expect("moments");
+    assert!(!m.library.is_empty());
+    for &k in &m.library {
+        assert!(
+            is_library_label(&m.frames[k as usize]),
+            "{}",
+            m.frames[k as usize]
+        );
+    }
+    for label in [
+        "<backward pass>",
+        "<allocated before recording started>",
+        "/tmp/ipykernel_1/2.py:3 in <module>",
+    ] {
+        assert!(!is_library_label(label), "{label}");
+    }
+}

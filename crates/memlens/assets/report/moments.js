@@ -14,6 +14,8 @@
     var allocs = M.allocs || [], stacks = M.stacks || [], frames = M.frames || [], sites = M.sites || [];
     var tl = ML.timeline;
     var events = tl.events || T.x;
+    var libraryLabel = {};
+    (M.library || []).forEach(function (k) { if (frames[k] != null) libraryLabel[frames[k]] = 1; });
 
     /* Kept allocations live right after event e, as the timeline counts them. */
     function liveAt(e) {
@@ -51,7 +53,10 @@
         var r = node(0, '…smaller allocations' + (M.min_kept_bytes ? ' (under ' + fb(M.min_kept_bytes) + ', not kept one by one)' : ''));
         value[r] += rest; value[0] += rest;
       }
-      return { title: 'live at event ' + ML.fmtInt(e) + (why ? ' (' + why + ')' : ''), names: names, parent: parent, name: name, value: value, kept: kept, rest: Math.max(rest, 0) };
+      // The library frames among this graph's names, by the moments' list.
+      var library = [];
+      names.forEach(function (s, k) { if (libraryLabel[s]) library.push(k); });
+      return { title: 'live at event ' + ML.fmtInt(e) + (why ? ' (' + why + ')' : ''), names: names, parent: parent, name: name, value: value, library: library, kept: kept, rest: Math.max(rest, 0) };
     }
     /* The saved segment map nearest to event e. */
     function segmentsAt(e) {

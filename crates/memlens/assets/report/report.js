@@ -78,7 +78,11 @@
   function basename(p) { var i = p.lastIndexOf('/'); return i >= 0 ? p.slice(i + 1) : p; }
   /* A frame label "file:line in fn" shown as "fn (base:line)". */
   var FRAME_RE = /^(.*:\d+) in (.*)$/;
+  var FOLD_RE = /^(\[\d+ library frames\] )(.*)$/;
   function shortLabel(s) {
+    // A folded run of library frames keeps its count: "[36 library frames] fn (base:line)".
+    var f = FOLD_RE.exec(s);
+    if (f) return f[1] + shortLabel(f[2]);
     var m = FRAME_RE.exec(s);
     return m ? m[2] + ' (' + basename(m[1]) + ')' : s;
   }
@@ -569,11 +573,59 @@
     var focus = 0, query = '', matched = null, hover = -1;
     var rows = []; // rows[d] = flat [x, w, node, ...] drawn at depth d
     ML.flame = { nodes: 0, names: [], drawn: 0, focus: function () { return focus; } };
+    // Library frames (the frame rulebook's: F.library) fold into one frame
+    // per run, as the terminal reads stacks, until the box is ticked.
+    var showLibrary = false, shown = null, isLib = {}, foldedOf = {};
+    /* The graph with each run of library frames folded into one node named
+     * "[k library frames] outermost", children of equal name merged. Values
+     * stay inclusive: a run's node holds its first frame's bytes. */
+    function foldLibrary(F) {
+      var lib = {};
+      (F.library || []).forEach(function (k) { lib[k] = 1; });
+      var m = Math.min(F.parent.length, F.name.length, F.value.length);
+      if (!(F.library && F.library.length) || !m) return F;
+      var parentN = [0], nameN = [F.name[0]], valueN = [F.value[0]], runOf = [null];
+      var map = new Int32Array(m), child = {};
+      for (var i = 1; i < m; i++) {
+        var p = F.parent[i];
+        if (p >= i) break;
+        var np = map[p], libHere = lib[F.name[i]] === 1;
+        if (libHere && runOf[np]) {
+          // Deeper in the same run: its bytes are in the run's already.
+          if (runOf[np].indexOf(F.names[F.name[i]]) < 0) runOf[np].push(F.names[F.name[i]]);
+          map[i] = np;
+          continue;
+        }
+        var key = np + '\u0000' + (libHere ? 'lib' : F.name[i]);
+        var c = child[key];
+        if (c == null) {
+          c = child[key] = parentN.length;
+          parentN.push(np); nameN.push(libHere ? -1 : F.name[i]); valueN.push(0); runOf.push(libHere ? [] : null);
+        }
+        valueN[c] += F.value[i];
+        if (libHere && runOf[c].indexOf(F.names[F.name[i]]) < 0) runOf[c].push(F.names[F.name[i]]);
+        map[i] = c;
+      }
+      var names = F.names.slice(), library = [], folded = {};
+      for (var j = 0; j < nameN.length; j++) {
+        if (nameN[j] !== -1) continue;
+        var run = runOf[j];
+        var lbl = run.length === 1 ? run[0] : '[' + run.length + ' library frames] ' + run[0];
+        nameN[j] = names.length; names.push(lbl); library.push(nameN[j]);
+        if (run.length > 1) folded[lbl] = run;
+      }
+      return { title: F.title, names: names, parent: parentN, name: nameN, value: valueN, library: library, folded: folded };
+    }
     /* Takes a flame graph (the model's form) as the one drawn: the page's own
      * at first, one computed for a clicked moment later (ML.showFlame). */
-    function load(F) {
+    function load(F1) {
+      shown = F1;
+      var F = showLibrary ? F1 : foldLibrary(F1);
       n = Math.min(F.parent.length, F.name.length, F.value.length);
       var names = F.names || [];
+      isLib = {};
+      (F.library || []).forEach(function (k) { isLib[names[k]] = 1; });
+      foldedOf = F.folded || {};
       parent = F.parent; value = F.value;
       label = new Array(n); depth = new Int32Array(n); kids = new Array(n); x0 = new Float64Array(n);
       for (var i = 0; i < n; i++) { label[i] = names[F.name[i]] || '?'; kids[i] = []; }
@@ -596,14 +648,19 @@
         for (var k = 1; k < n; k++) if (label[k].toLowerCase().indexOf(query) >= 0) matched[k] = 1;
       }
       ML.flame.nodes = n; ML.flame.names = label; ML.flame.title = F.title || ''; ML.flame.total = total;
+      ML.flame.libraryShown = showLibrary;
+      // For the browser test: library frames whose parent is one too (none while folded).
+      ML.flame.libraryRuns = function () {
+        var k = 0;
+        for (var i = 1; i < n; i++) if (isLib[label[i]] === 1 && isLib[label[parent[i]]] === 1) k++;
+        return k;
+      };
     }
     load(F0);
+    $('flame-library').addEventListener('change', function (e) { showLibrary = e.target.checked; load(shown); draw(); status(); });
 
-    /* Frames of libraries (and of Python itself) are drawn in cool colours, user code in warm ones. */
-    function isLibrary(s) {
-      var m = FRAME_RE.exec(s), file = m ? m[1] : s;
-      return /site-packages|dist-packages|\/torch\/|\/lib\/python\d|^</.test(file);
-    }
+    /* Library frames (the rulebook's, and folded runs) are drawn in cool colours, user code in warm ones. */
+    function isLibrary(s) { return isLib[s] === 1; }
     function hash(s) { var h = 2166136261; for (var i = 0; i < s.length; i++) { h ^= s.charCodeAt(i); h = Math.imul(h, 16777619); } return h >>> 0; }
     function color(node) {
       var s = label[node];
@@ -689,6 +746,8 @@
         tipLine('bytes', fmtBytes(value[node]) + '  (' + pct(value[node], total) + ' of all' + (focus ? ', ' + pct(value[node], value[focus]) + ' of zoom' : '') + ')'),
         tipLine('self', fmtBytes(selfB)),
         tipLine('depth', String(depth[node]))];
+      // A folded run lists its frames, outermost first.
+      (foldedOf[label[node]] || []).slice(0, 12).forEach(function (f, i) { lines.push(tipLine(i ? '' : 'folded', f, true)); });
       showTip(ev, lines);
     });
     canvas.addEventListener('mouseleave', function () { hover = -1; hideTip(); draw(); });

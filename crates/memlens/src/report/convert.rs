@@ -22,6 +22,38 @@ pub fn frame_label(snap: &Snapshot, id: FrameId) -> String {
     }
 }
 
+/// Whether a frame label (`file:line in function`, as [`frame_label`]
+/// writes it) is a library frame by the frame rulebook
+/// ([`crate::frames::classify`]): PyTorch's, another package's, the standard
+/// library's or memlens's own Python. The user's code, compiled code, native
+/// frames and pseudo-frames (`<backward pass>`) are not.
+pub fn is_library_label(label: &str) -> bool {
+    let Some((location, function)) = label.rsplit_once(" in ") else {
+        return false;
+    };
+    let Some((file, line)) = location.rsplit_once(':') else {
+        return false;
+    };
+    if line.parse::<u32>().is_err() {
+        return false;
+    }
+    use crate::frames::FrameKind;
+    matches!(
+        crate::frames::classify(file, function),
+        FrameKind::Torch | FrameKind::Library | FrameKind::Memlens
+    )
+}
+
+/// Indices of the library frames among `labels` ([`is_library_label`]).
+pub fn library_labels(labels: &[String]) -> Vec<u32> {
+    labels
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| is_library_label(l))
+        .map(|(i, _)| i as u32)
+        .collect()
+}
+
 /// The frames of a stack as labels, innermost first.
 pub fn stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
     snap.stack(stack)

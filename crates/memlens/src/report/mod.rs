@@ -40,8 +40,8 @@ mod views;
 
 pub use build::{from_diagnosis, TIMELINE_TOP_SITES};
 pub use convert::{
-    frame_label, pool_label, python_stack_labels, segment_map, settings_pairs, stack_labels,
-    FLAME_NATIVE_ONLY,
+    frame_label, is_library_label, library_labels, pool_label, python_stack_labels, segment_map,
+    settings_pairs, stack_labels, FLAME_NATIVE_ONLY,
 };
 pub use flame::{
     prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
@@ -68,7 +68,12 @@ impl ReportData {
             self.timeline = Some(downsample_timeline(t, DEFAULT_MAX_POINTS));
         }
         if let Some(f) = &self.flame {
-            self.flame = Some(prune_flame(f, DEFAULT_FLAME_MIN_FRACTION));
+            let mut f = prune_flame(f, DEFAULT_FLAME_MIN_FRACTION);
+            f.library = convert::library_labels(&f.names);
+            self.flame = Some(f);
+        }
+        if let Some(m) = &mut self.moments {
+            m.library = convert::library_labels(&m.frames);
         }
         if let Some(s) = &self.segments {
             self.segments = Some(cap_segments(

@@ -273,6 +273,11 @@ pub struct Flame {
     pub name: Vec<u32>,
     /// Inclusive bytes of each node.
     pub value: Vec<u64>,
+    /// Indices into `names` of library frames (PyTorch's, other packages',
+    /// the standard library's: [`super::convert::is_library_label`]), which
+    /// the page folds into one frame per run until asked to show them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub library: Vec<u32>,
 }
 
 /// State of a block in the segment map (the page's colour scheme).

@@ -59,6 +59,10 @@ pub struct Moments {
     pub segment_maps: Vec<SegmentMap>,
     /// The event of each saved segment map.
     pub segment_events: Vec<u64>,
+    /// Indices into `frames` of library frames, folded by the page as in
+    /// [`super::Flame::library`].
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub library: Vec<u32>,
 }
 
 /// What [`moments_of_pass`] needs besides the snapshot.
