@@ -31,8 +31,13 @@ pub struct LiveSite {
     pub path: Vec<String>,
     /// torch.compile's generated code ran inside the site.
     pub compiled: bool,
-    /// The stack of the largest block, innermost first.
+    /// The stack of the largest block, innermost first (native frames left
+    /// out: [`super::sites::stack_lines`]).
     pub stack: Vec<String>,
+    /// The PyTorch operators its native frames name, innermost first
+    /// ([`super::sites::native_ops`]; empty without C++ frames).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
     /// That stack's id: the `stack_id` of `memlens export`'s tables (join
     /// `frames` on it).
     pub stack_id: u32,
@@ -453,6 +458,7 @@ fn group(snap: &Snapshot, blocks: impl Iterator<Item = Grouped>, top: usize) -> 
                 path: site.path,
                 compiled: site.compiled,
                 stack: Vec::new(),
+                ops: Vec::new(),
                 stack_id: stack,
                 alloc_event,
                 bytes: 0,
@@ -476,6 +482,7 @@ fn group(snap: &Snapshot, blocks: impl Iterator<Item = Grouped>, top: usize) -> 
         .into_values()
         .map(|(mut live, _)| {
             live.stack = stack_lines(snap, live.stack_id);
+            live.ops = super::sites::native_ops(snap, live.stack_id);
             live
         })
         .collect();

@@ -44,6 +44,9 @@ pub struct SiteExcess {
     pub excess_bytes: u64,
     /// The site's stack, innermost first.
     pub stack: Vec<String>,
+    /// The PyTorch operators that allocated there (from C++ frames).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub ops: Vec<String>,
     /// The category of its memory (parameter, optimizer_state, ...).
     pub category: String,
 }
@@ -230,6 +233,7 @@ fn imbalance(peaks: &[(u32, &String, PeakReport, bool)]) -> Option<Imbalance> {
                     median_bytes: median,
                     excess_bytes: excess,
                     stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
+                    ops: top.map(|t| t.ops.clone()).unwrap_or_default(),
                     category: top
                         .map(|t| t.category.as_str().to_string())
                         .unwrap_or_default(),
@@ -256,7 +260,9 @@ fn suggest(rank: u32, excess: u64, site: Option<&SiteExcess>) -> String {
             format_bytes(excess)
         );
     };
-    let text = format!("{} {}", s.site, s.stack.join(" ")).to_ascii_lowercase();
+    // The Python frames say where from, the operators (of C++ frames) what
+    // allocated: a `clone` at a rank-0-only line is a copy.
+    let text = format!("{} {} {}", s.site, s.stack.join(" "), s.ops.join(" ")).to_ascii_lowercase();
     let has = |words: &[&str]| words.iter().any(|w| text.contains(w));
     if has(&[
         "ema", "teacher", "shadow", "swa", "average", "clone", "deepcopy", "copy",

@@ -64,31 +64,15 @@ pub fn stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
 
 /// The flame graph's one frame for a stack of native frames only (the
 /// autograd engine's threads record no Python frame).
-pub const FLAME_NATIVE_ONLY: &str = "<native frames only>";
+pub const FLAME_NATIVE_ONLY: &str = crate::analysis::sites::NATIVE_FRAMES_ONLY;
 
 /// The frames of a stack as the report shows them (the flame graph, the
-/// stacks of any moment, the segment map's), innermost first: the native
-/// frames (C, C++, CPython's own: what `stacks="all"`, PyTorch's default,
-/// interleaves; [`crate::frames::FrameKind::Native`]) are left out, as the
-/// terminal leaves them out of sites and as memory_viz filters them; else a
-/// stack's first frames kept would all be C++ and the user's line cut off.
-/// A stack of native frames only is one [`FLAME_NATIVE_ONLY`] frame, not
-/// "no stack".
+/// stacks of any moment, the segment map's), innermost first: the lines the
+/// terminal prints ([`crate::analysis::sites::stack_lines`]), native frames
+/// left out, else a stack's first frames kept would all be C++ and the
+/// user's line cut off.
 pub fn python_stack_labels(snap: &Snapshot, stack: StackId) -> Vec<String> {
-    let frames = snap.stack(stack);
-    let native = |id: FrameId| {
-        snap.frames
-            .get(id as usize)
-            .is_none_or(|f| crate::frames::is_native(snap.str(f.filename), snap.str(f.name)))
-    };
-    if !frames.is_empty() && frames.iter().all(|&f| native(f)) {
-        return vec![FLAME_NATIVE_ONLY.to_string()];
-    }
-    frames
-        .iter()
-        .filter(|&&f| !native(f))
-        .map(|&f| frame_label(snap, f))
-        .collect()
+    crate::analysis::sites::stack_lines(snap, stack)
 }
 
 /// The allocator settings as `(key, value)` pairs for [`super::Meta::settings`].

@@ -239,10 +239,51 @@ impl Site {
     }
 }
 
-/// A whole stack as lines `file:line in function`, innermost first.
+/// The PyTorch operators a stack's native frames name (`at::_ops::clone::call`
+/// -> `clone`), innermost first, each once: what allocated, where the Python
+/// frames say only where from (`stacks="all"` recordings; empty otherwise).
+pub fn native_ops(snap: &Snapshot, stack: StackId) -> Vec<String> {
+    let mut ops: Vec<String> = Vec::new();
+    for &f in snap.stack(stack) {
+        let fr = snap.frame(f);
+        let name = snap.str(fr.name);
+        let Some(rest) = name.split_once("at::_ops::").map(|(_, r)| r) else {
+            continue;
+        };
+        let op = rest.split("::").next().unwrap_or_default();
+        if !op.is_empty()
+            && crate::frames::is_native(snap.str(fr.filename), name)
+            && !ops.iter().any(|o| o == op)
+        {
+            ops.push(op.to_string());
+        }
+    }
+    ops
+}
+
+/// The one line of a stack that holds native frames only (the autograd
+/// engine's threads record no Python frame).
+pub const NATIVE_FRAMES_ONLY: &str = "<native frames only>";
+
+/// A whole stack as lines `file:line in function`, innermost first, by the
+/// frame rulebook: native frames (C, C++, CPython's own, which
+/// `stacks="all"`, PyTorch's default, interleaves:
+/// [`crate::frames::FrameKind::Native`]) are left out, as sites leave them
+/// out and memory_viz filters them; a stack of native frames only is the one
+/// line [`NATIVE_FRAMES_ONLY`]. Every stack memlens shows (the terminal's,
+/// the JSON's, the report's) is this one.
 pub fn stack_lines(snap: &Snapshot, stack: StackId) -> Vec<String> {
-    snap.stack(stack)
+    let frames = snap.stack(stack);
+    let native = |f: FrameId| {
+        let fr = snap.frame(f);
+        crate::frames::is_native(snap.str(fr.filename), snap.str(fr.name))
+    };
+    if !frames.is_empty() && frames.iter().all(|&f| native(f)) {
+        return vec![NATIVE_FRAMES_ONLY.to_string()];
+    }
+    frames
         .iter()
+        .filter(|&&f| !native(f))
         .map(|&f| {
             let fr = snap.frame(f);
             let name = snap.str(fr.name);
