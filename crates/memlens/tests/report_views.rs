@@ -347,3 +347,34 @@ fn the_report_marks_library_frames_by_the_frame_rulebook() {
         assert!(!is_library_label(label), "{label}");
     }
 }
+
+/// Issue 33: doctor's findings and the peak's groups show the same stacks
+/// as the report, native frames left out (the notebook's peak finding listed
+/// 53 C++ frames of 64); what those frames said is kept as the operators.
+#[test]
+fn finding_stacks_leave_native_frames_out_and_keep_the_operators() {
+    let snap = load(corpus("notebook.pickle.zst"));
+    let refs = vec![("notebook.pickle.zst".to_string(), &snap)];
+    let d = diagnose(&refs, &DoctorOptions::default());
+    let native = |l: &String| l.contains(".cpp:") || l.starts_with("??:") || l.starts_with(":0");
+    let peak = d
+        .findings
+        .iter()
+        .find(|f| f.kind == "peak")
+        .expect("peak finding");
+    assert!(
+        !peak.stack.is_empty() && !peak.stack.iter().any(native),
+        "{:?}",
+        peak.stack
+    );
+    assert!(
+        peak.stack.iter().any(|l| l.contains("/tmp/ipykernel_")),
+        "the cell's line: {:?}",
+        peak.stack
+    );
+    for l in &d.peak.live_at_peak {
+        assert!(!l.stack.iter().any(native), "{}: {:?}", l.site, l.stack);
+    }
+    let top = &d.peak.live_at_peak[0];
+    assert!(top.ops.iter().any(|o| o == "mm"), "{:?}", top.ops);
+}
