@@ -295,7 +295,7 @@
       p.hidden = false;
       p.appendChild(el('span', { text: 'Imbalance site (filled in the charts): ' }));
       p.appendChild(el('code', { text: R.imbalance_site }));
-      if (R.suggestion) p.appendChild(el('span', { text: ' — ' + R.suggestion }));
+      if (R.suggestion) { p.appendChild(document.createTextNode(' — ')); p.appendChild(richText(R.suggestion)); }
     }
     var S = R.series || [];
     var xmin = Infinity, xmax = -Infinity, ymax = 1;
