@@ -16,6 +16,14 @@ fn beside_resnet(device_json: &str) -> (tempfile::TempDir, String) {
     (dir, snap.to_string_lossy().into_owned())
 }
 
+/// `memlens doctor`'s text on `snap`, its lines joined by single spaces.
+fn doctor_text(snap: &str) -> String {
+    String::from_utf8_lossy(&run::memlens(&["doctor", snap, "--no-report"]).stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// The figures of a real H100 run (tests/gpu/RESULTS.md, 2026-11-27: a
 /// 1 GiB tensor, NVML and torch read at once): nvidia-smi's 2.07 GiB is
 /// PyTorch's 1 GiB, 614 MiB of CUDA context, 480 MiB the driver keeps and
@@ -35,11 +43,7 @@ fn doctor_reconciles_nvidia_smi_with_pytorch() {
     assert_eq!(d["outside_pytorch_bytes"], 1_713_373_184u64 - 1_073_741_824);
     assert_eq!(d["driver_bytes"], 85_520_809_984u64 - 85_017_493_504);
     assert_eq!(d["unexplained_bytes"], 9_240_576);
-    let text = String::from_utf8_lossy(&run::memlens(&["doctor", &snap, "--no-report"]).stdout)
-        .replace('\n', " ")
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text = doctor_text(&snap);
     assert!(
         text.contains("NVML counts 2.07 GiB used on cuda:0 = PyTorch reserved 1.00 GiB + 610.00 MiB outside PyTorch"),
         "{text}"
@@ -68,10 +72,7 @@ fn doctor_splits_what_is_outside_pytorch_at_the_start_of_recording() {
         d["outside_pytorch_since_start_bytes"],
         1_713_373_184i64 - 1_073_741_824 - 534_773_760
     );
-    let text = String::from_utf8_lossy(&run::memlens(&["doctor", &snap, "--no-report"]).stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text = doctor_text(&snap);
     assert!(
         text.contains("610.00 MiB outside PyTorch in this process (510.00 MiB when recording began: the CUDA context and libraries; 100.00 MiB since"),
         "{text}"
@@ -97,10 +98,7 @@ fn doctor_reconciles_nvidia_smi_s_own_figure_from_nvml_v2() {
     assert_eq!(d["driver_bytes"], 644_939_776u64);
     assert_eq!(d["driver_in_used"], false);
     assert_eq!(d["unexplained_bytes"], 1_441_595_392i64 - 1_432_354_816);
-    let text = String::from_utf8_lossy(&run::memlens(&["doctor", &snap, "--no-report"]).stdout)
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let text = doctor_text(&snap);
     assert!(
         text.contains("nvidia-smi shows 1.34 GiB used on cuda:0 = PyTorch reserved 112.00 MiB")
             && text.contains("+ 8.81 MiB unexplained; the driver reserves 615.06 MiB besides"),
