@@ -254,7 +254,8 @@
           if (n) a.appendChild(el('span', { class: 'count', text: String(n) }));
         }
         nav.appendChild(a);
-      } else {
+      } else if (!(id === 'overview' && D.ranks)) {
+        // (Ranks have their own section; the per-snapshot table is left out on purpose.)
         missing.push(SECTION_TITLES[id].toLowerCase());
       }
     });
