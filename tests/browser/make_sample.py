@@ -263,7 +263,7 @@ def main():
                     value.append(0)
                 value[c] += b
                 node = c
-        report["flame"] = {"title": "live at the peak (event %d)" % peak_i, "names": names,
+        report["flame"] = {"title": "live at event {:,} (the peak)".format(peak_i), "names": names,
                            "parent": parent, "name": name_ids, "value": value}
 
         # Timeline stacked by the top sites at the peak.

@@ -79,15 +79,19 @@
       if (idx == null || idx < 0 || idx >= events.length) return;
       var w = why(idx);
       var F = flameAt(idx, w);
-      if (ML.showFlame) ML.showFlame(F);
+      // At the peak the page holds the replay's exact graph (every block,
+      // with its stack): show it rather than the largest blocks kept here.
+      var exact = idx === tl.peak && D.flame && D.flame.value && D.flame.value[0] === T.allocated[idx];
+      if (ML.showFlame) ML.showFlame(exact ? D.flame : F);
       var S = segmentsAt(events[idx]);
       if (S && ML.showSegments) ML.showSegments(S);
       ML.momentIndex = idx;
       ML.charts.timeline.redraw(false);
       status.textContent = 'Shown below: event ' + ML.fmtInt(events[idx]) + (w ? ' (' + w + ')' : '') + ', ' + fb(T.allocated[idx]) + ' allocated; ' +
-        fb(F.kept) + ' in the ' + ML.fmtInt(allocs.length) + ' largest of ' + ML.fmtInt(M.total_allocs) + ' allocations, kept one by one' +
-        (F.rest ? ', ' + fb(F.rest) + ' in smaller ones' : '') + '.';
-      ML.moment = { index: idx, event: events[idx], flame: F.title, segments: S ? S.when : null, segmentEvent: S ? S.event : null };
+        (exact ? 'every block by its stack, as the replay left them.' :
+          fb(F.kept) + ' in the ' + ML.fmtInt(allocs.length) + ' largest of ' + ML.fmtInt(M.total_allocs) + ' allocations, kept one by one' +
+          (F.rest ? ', ' + fb(F.rest) + ' in smaller ones' : '') + '.');
+      ML.moment = { index: idx, event: events[idx], flame: exact ? D.flame.title : F.title, segments: S ? S.when : null, segmentEvent: S ? S.event : null, exact: !!exact };
     }
     ML.showMoment = show;
 

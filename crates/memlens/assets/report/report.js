@@ -335,6 +335,7 @@
           ctx.beginPath(); ctx.moveTo(px, u.bbox.top); ctx.lineTo(px, u.bbox.top + u.bbox.height); ctx.stroke();
           ctx.setLineDash([]);
           ctx.font = 'bold ' + Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
+          ctx.textAlign = 'left'; ctx.textBaseline = 'alphabetic';
           var label = 'peak ' + fmtBytes(R.ranks.filter(function (r) { return r.rank === s.rank; }).map(function (r) { return r.peak_allocated_bytes; })[0] || s.allocated[pk]);
           var tw = ctx.measureText(label).width;
           var lx = Math.max(u.bbox.left + 2, Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4));
@@ -446,6 +447,9 @@
         ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + h); ctx.stroke();
         ctx.setLineDash([]);
         ctx.font = 'bold ' + Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
+        // uPlot leaves its axes' alignment on the context (right, centre):
+        // the clamp below places the label's left end.
+        ctx.textAlign = 'left'; ctx.textBaseline = 'alphabetic';
         var tw = ctx.measureText(label).width;
         // Inside the plot at both edges: a peak at the far left or right keeps its label whole.
         var lx = Math.max(u.bbox.left + 4, Math.min(px + 4 * devicePixelRatio, u.bbox.left + u.bbox.width - tw - 4));

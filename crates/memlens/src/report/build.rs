@@ -129,13 +129,10 @@ pub fn from_diagnosis_in<'s>(
         },
     );
     data.timeline = Some(views.timeline);
-    if let Some(st) = &views.peak_state {
-        let mut fb = FlameBuilder::new(format!("live at the peak (event {})", st.index));
-        for b in st.live.iter().filter(|b| !b.pending_free) {
-            fb.add_innermost_first(&block_labels(snap, an, trace, b), b.size);
-        }
-        data.flame = Some(fb.finish());
-    }
+    data.flame = views
+        .peak_state
+        .as_ref()
+        .map(|st| peak_flame(snap, an, trace, st));
     data.moments = Some(views.moments);
     let (state, when, state_events) = match (views.oom_state, views.peak_state) {
         (Some((i, st, ev)), _) => (Some(st), format!("at the OOM (event {i})"), ev),
@@ -577,6 +574,24 @@ impl TimelineWalk<'_> {
             });
         }
     }
+}
+
+/// The flame graph of every block live at the peak (the replay's exact
+/// state), titled as the page titles a clicked moment.
+fn peak_flame(
+    snap: &Snapshot,
+    an: &Analysed<'_>,
+    trace: usize,
+    st: &ReplayState,
+) -> crate::report::Flame {
+    let mut fb = FlameBuilder::new(format!(
+        "live at event {} (the peak)",
+        crate::units::group_digits(st.index as u64)
+    ));
+    for b in st.live.iter().filter(|b| !b.pending_free) {
+        fb.add_innermost_first(&block_labels(snap, an, trace, b), b.size);
+    }
+    fb.finish()
 }
 
 /// The frames a live block is drawn under: its Python frames or, with none,

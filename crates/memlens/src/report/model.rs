@@ -263,7 +263,7 @@ pub struct TimelineSite {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Flame {
-    /// What the graph shows, e.g. "live at the peak (event 1234)".
+    /// What the graph shows, e.g. "live at event 1,234 (the peak)".
     pub title: String,
     /// String table of frame labels (`file:line in function`).
     pub names: Vec<String>,
