@@ -106,6 +106,45 @@ pub struct DeviceAccount {
     pub unexplained_bytes: i64,
 }
 
+/// What the driver keeps of a GPU's memory, and whether NVML's "used"
+/// figure counts it: NVML's v2 query gives it apart (`reserved`), outside
+/// "used", as nvidia-smi shows it; where only v1 answered, it is NVML's
+/// total less CUDA's, inside "used". The one rule of `doctor`'s account and
+/// `top`'s.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DriverPart {
+    /// What the driver keeps.
+    pub bytes: u64,
+    /// Whether NVML's "used" counts it (v1) or leaves it out (v2).
+    pub in_used: bool,
+}
+
+impl DriverPart {
+    /// From v2's `reserved` when NVML gave it, else from NVML's total less
+    /// CUDA's (`None` when CUDA's total is unknown too).
+    pub fn of(v2_reserved: Option<u64>, nvml_total: u64, cuda_total: Option<u64>) -> Option<Self> {
+        match v2_reserved {
+            Some(bytes) => Some(DriverPart {
+                bytes,
+                in_used: false,
+            }),
+            None => cuda_total.map(|c| DriverPart {
+                bytes: nvml_total.saturating_sub(c),
+                in_used: true,
+            }),
+        }
+    }
+
+    /// The bytes of it that NVML's "used" counts.
+    pub fn counted(self) -> u64 {
+        if self.in_used {
+            self.bytes
+        } else {
+            0
+        }
+    }
+}
+
 impl RecordedDevice {
     /// The reconciliation of the device's used memory, when NVML listed
     /// this process (memlens.record wrote its figures).
@@ -114,21 +153,13 @@ impl RecordedDevice {
         let reserved = self.reserved_memory?;
         let process = self.process_used_memory?;
         let others = self.other_processes_memory.unwrap_or(0);
-        let (driver, driver_in_used) = match self.nvml_reserved_memory {
-            Some(r) => (r, false),
-            None => (
-                self.nvml_total_memory
-                    .map_or(0, |t| t.saturating_sub(self.total_memory)),
-                true,
-            ),
-        };
-        let explained = i128::from(process)
-            + i128::from(others)
-            + if driver_in_used {
-                i128::from(driver)
-            } else {
-                0
-            };
+        // Without NVML's total, its total less CUDA's is taken as 0.
+        let driver = DriverPart::of(
+            self.nvml_reserved_memory,
+            self.nvml_total_memory.unwrap_or(self.total_memory),
+            Some(self.total_memory),
+        )?;
+        let explained = i128::from(process) + i128::from(others) + i128::from(driver.counted());
         let outside = process.saturating_sub(reserved);
         Some(DeviceAccount {
             device: self.device,
@@ -140,8 +171,8 @@ impl RecordedDevice {
                 .outside_pytorch_at_start
                 .map(|s| (i128::from(outside) - i128::from(s)) as i64),
             other_processes_bytes: others,
-            driver_bytes: driver,
-            driver_in_used,
+            driver_bytes: driver.bytes,
+            driver_in_used: driver.in_used,
             unexplained_bytes: (i128::from(used) - explained) as i64,
         })
     }

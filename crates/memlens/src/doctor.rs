@@ -323,26 +323,21 @@ fn device_finding(a: &crate::device_file::DeviceAccount) -> Finding {
     Finding {
         kind: "info".into(),
         severity: Severity::Info,
-        title: if a.driver_in_used {
+        title: {
+            // NVML v1 counts the driver's reserve in "used"; v2, as
+            // nvidia-smi, gives it apart.
+            let (who, driver, after) = if a.driver_in_used {
+                ("NVML counts", format!(" + {} kept by the driver", f(a.driver_bytes)), String::new())
+            } else {
+                ("nvidia-smi shows", String::new(), format!("; the driver reserves {} besides", f(a.driver_bytes)))
+            };
             format!(
-                "NVML counts {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
-                 processes + {} kept by the driver + {unexplained} unexplained",
+                "{who} {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
+                 processes{driver} + {unexplained} unexplained{after}",
                 f(a.nvidia_smi_used_bytes),
                 a.device,
                 f(a.pytorch_reserved_bytes),
                 f(a.other_processes_bytes),
-                f(a.driver_bytes),
-            )
-        } else {
-            // NVML v2, as nvidia-smi: the driver's reserve is not in "used".
-            format!(
-                "nvidia-smi shows {} used on cuda:{} = PyTorch reserved {} + {outside} + {} other \
-                 processes + {unexplained} unexplained; the driver reserves {} besides",
-                f(a.nvidia_smi_used_bytes),
-                a.device,
-                f(a.pytorch_reserved_bytes),
-                f(a.other_processes_bytes),
-                f(a.driver_bytes),
             )
         },
         site: None,

@@ -837,8 +837,8 @@
       ((pend + (om ? om.pending_free_bytes : 0)) ? fmtBytes(pend + (om ? om.pending_free_bytes : 0)) + ' pending free, ' : '') +
       fmtBytes(free + (om ? om.free_bytes : 0)) + ' free' + (om ? '' : ' (largest free block ' + fmtBytes(largestFree) + ')') + '. ' +
       (om ? 'The ' + fmtInt(segs.length) + ' largest drawn, one row each, in address order.' : 'One row per segment, in address order.');
-    if (S.omitted && S.omitted.count) {
-      var o = S.omitted, p = $('segments-omitted');
+    if (om) {
+      var o = om, p = $('segments-omitted');
       p.textContent = fmtInt(o.count) + ' smaller segments not drawn: ' + fmtBytes(o.bytes) + ' reserved, ' + fmtBytes(o.allocated_bytes) + ' allocated, ' +
         (o.pending_free_bytes ? fmtBytes(o.pending_free_bytes) + ' pending free, ' : '') + fmtBytes(o.free_bytes) + ' free.';
       p.hidden = false;

@@ -73,23 +73,17 @@ impl GpuSample {
     /// (v2), always; else when a publication gives CUDA's total, whose
     /// difference from NVML's total is the driver's part.
     fn account(&self) -> Option<GpuAccount> {
-        let (driver, driver_in_used) = match self.driver_reserved_bytes {
-            Some(reserved) => (reserved, false),
-            None => {
-                let cuda_total = self
-                    .processes
-                    .iter()
-                    .find_map(|p| p.torch.as_ref().and_then(|t| t.cuda_total_bytes))?;
-                (self.total_bytes.saturating_sub(cuda_total), true)
-            }
-        };
+        let cuda_total = self
+            .processes
+            .iter()
+            .find_map(|p| p.torch.as_ref().and_then(|t| t.cuda_total_bytes));
+        let driver = crate::device_file::DriverPart::of(
+            self.driver_reserved_bytes,
+            self.total_bytes,
+            cuda_total,
+        )?;
         let processes: u64 = self.processes.iter().filter_map(|p| p.used_bytes).sum();
-        let counted = i128::from(processes)
-            + if driver_in_used {
-                i128::from(driver)
-            } else {
-                0
-            };
+        let counted = i128::from(processes) + i128::from(driver.counted());
         Some(GpuAccount {
             processes_bytes: processes,
             pytorch_reserved_bytes: self
@@ -97,8 +91,8 @@ impl GpuSample {
                 .iter()
                 .filter_map(|p| p.torch.as_ref().map(|t| t.reserved_bytes))
                 .sum(),
-            driver_bytes: driver,
-            driver_in_used,
+            driver_bytes: driver.bytes,
+            driver_in_used: driver.in_used,
             unexplained_bytes: (i128::from(self.used_bytes) - counted) as i64,
         })
     }

@@ -252,13 +252,21 @@ fn states_not_kept(
     )
 }
 
+/// The file name of a path as the user gave it (either separator).
+fn file_name(path: &str) -> &str {
+    path.rsplit(['/', '\\']).next().unwrap_or(path)
+}
+
 /// The title of a job's ranks: the file name with its rank written as `*`
 /// (`ddp_ema.rank*.pickle.zst`), and how many ranks; no one rank's name.
 fn ranks_title(r: &RanksView) -> String {
-    let base = |f: &str| f.rsplit(['/', '\\']).next().unwrap_or(f).to_string();
-    let first = r.ranks.first().map(|l| base(&l.file)).unwrap_or_default();
+    let first = r
+        .ranks
+        .first()
+        .map(|l| file_name(&l.file))
+        .unwrap_or_default();
     // The part that differs between the ranks' names is the rank.
-    let job = match r.ranks.get(1).map(|l| base(&l.file)) {
+    let job = match r.ranks.get(1).map(|l| file_name(&l.file)) {
         Some(second) => {
             let (a, b): (Vec<char>, Vec<char>) =
                 (first.chars().collect(), second.chars().collect());
@@ -276,16 +284,14 @@ fn ranks_title(r: &RanksView) -> String {
             );
             format!("{start}*{end}")
         }
-        None => first,
+        None => first.to_string(),
     };
     format!("memlens report: {job}, {} ranks", r.ranks.len())
 }
 
 fn meta(snaps: &[(String, &Snapshot)], d: &Diagnosis) -> Meta {
     let files: Vec<String> = snaps.iter().map(|(n, _)| n.clone()).collect();
-    let last = files
-        .last()
-        .map_or("", |f| f.rsplit(['/', '\\']).next().unwrap_or(f.as_str()));
+    let last = files.last().map_or("", |f| file_name(f));
     let mut m = Meta::now(files.clone());
     m.title = if last.is_empty() {
         "memlens report".into()
@@ -444,7 +450,8 @@ impl<'a> TimelineWalk<'a> {
                 sites.push(TimelineSite {
                     site: l.site.clone(),
                     function: l.function.clone(),
-                    stack: python_stack_labels(snap, l.stack_id),
+                    // The peak's stack lines, as the report draws stacks.
+                    stack: l.stack.clone(),
                     category: category_of(&l.site),
                     peak_bytes: 0,
                 });
