@@ -29,8 +29,11 @@
 //! there as they were.
 //!
 //! `stack_id` is per file: join frames on (`file`, `stack_id`). Rows are
-//! written in batches of [`BATCH_ROWS`], so memory stays bounded by the
-//! snapshot being exported plus one batch, whatever the number of files.
+//! written in batches of [`BATCH_ROWS`], one at a time, so memory stays
+//! bounded by the snapshot being exported plus one batch, whatever the
+//! number of files (issue 34: at most half the file's size; on the 1 GB
+//! benchmark the export needs what reading it does, BENCHMARKS.md). The
+//! allocated sizes are kept as exceptions to a rule, not one per event.
 //!
 //! Speed (issue 17: 1 GB of snapshot at >= 200 MB/s): each batch is one
 //! Parquet row group whose columns are built from the events and encoded
@@ -45,6 +48,7 @@ use crate::analysis::categories::{event_phases, Phases};
 use crate::analysis::steps;
 use crate::error::{Error, Result};
 use crate::replay::{Delta, Replay, ReplayOptions};
+use crate::sim::rounding::round_size;
 use crate::snapshot::{Action, Block, BlockState, PoolKind, Segment, Snapshot, TraceEvent};
 use arrow_array::types::Int32Type;
 use arrow_array::{
@@ -63,8 +67,10 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-/// Rows per record batch (and per Parquet row group at most).
-pub const BATCH_ROWS: usize = 1 << 20;
+/// Rows per record batch and Parquet row group: small enough that a batch's
+/// columns, built side by side, add little to the snapshot's own memory
+/// (1 M rows added ~115 MB on 8 threads, ~280 MB with two batches at once).
+pub const BATCH_ROWS: usize = 1 << 18;
 
 /// Rows written to each table.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -162,14 +168,6 @@ type Column<'a> = Box<dyn Fn() -> ArrayRef + Send + Sync + 'a>;
 trait Sink {
     /// Takes one batch of `rows` rows, its columns in the schema's order.
     fn put(&mut self, rows: usize, columns: Vec<Column<'_>>) -> Result<()>;
-
-    /// Takes several batches at once (a sink may work on them side by side).
-    fn put_many(&mut self, batches: Vec<(usize, Vec<Column<'_>>)>) -> Result<()> {
-        for (rows, columns) in batches {
-            self.put(rows, columns)?;
-        }
-        Ok(())
-    }
 }
 
 /// The columns of each table that are not dictionary-encoded in Parquet:
@@ -254,57 +252,76 @@ impl Table {
 }
 
 impl Table {
-    /// Encodes `batches` as row groups, every column of every batch on its own
-    /// rayon task, and appends them to the file in order.
-    fn put_groups(&mut self, batches: Vec<(usize, Vec<Column<'_>>)>) -> Result<()> {
+    /// Encodes one batch of `rows` rows as a row group, every column on its
+    /// own rayon task, and appends it to the file.
+    fn put_group(&mut self, rows: usize, columns: Vec<Column<'_>>) -> Result<()> {
         let path = &self.path;
-        let fields = self.schema.fields().to_vec();
-        let mut tasks = Vec::new();
-        let mut rows = Vec::with_capacity(batches.len());
-        for (g, (n, columns)) in batches.into_iter().enumerate() {
-            let writers = self
-                .factory
-                .create_column_writers(self.groups + g)
+        let writers = self
+            .factory
+            .create_column_writers(self.groups)
+            .map_err(|e| parquet_err(path, e))?;
+        // Every field is a primitive or a dictionary: one leaf, one writer each.
+        let fields = self.schema.fields().iter().cloned();
+        let tasks: Vec<_> = columns.into_iter().zip(writers).zip(fields).collect();
+        let chunks: Vec<parquet::errors::Result<ArrowColumnChunk>> = on_encoders(|| {
+            tasks
+                .into_par_iter()
+                .map(|((build, mut w), field)| {
+                    let array = build();
+                    for leaf in compute_leaves(&field, &array)? {
+                        w.write(&leaf)?;
+                    }
+                    w.close()
+                })
+                .collect()
+        });
+        let mut group = self
+            .writer
+            .next_row_group()
+            .map_err(|e| parquet_err(path, e))?;
+        for c in chunks {
+            c.and_then(|c| c.append_to_row_group(&mut group))
                 .map_err(|e| parquet_err(path, e))?;
-            // Every field is a primitive or a dictionary: one leaf, one writer each.
-            tasks.extend(columns.into_iter().zip(writers).zip(fields.iter().cloned()));
-            rows.push(n);
         }
-        let chunks: Vec<parquet::errors::Result<ArrowColumnChunk>> = tasks
-            .into_par_iter()
-            .map(|((build, mut w), field)| {
-                let array = build();
-                for leaf in compute_leaves(&field, &array)? {
-                    w.write(&leaf)?;
-                }
-                w.close()
-            })
-            .collect();
-        let mut chunks = chunks.into_iter();
-        for n in rows {
-            let mut group = self
-                .writer
-                .next_row_group()
-                .map_err(|e| parquet_err(path, e))?;
-            for c in chunks.by_ref().take(fields.len()) {
-                c.and_then(|c| c.append_to_row_group(&mut group))
-                    .map_err(|e| parquet_err(path, e))?;
-            }
-            group.close().map_err(|e| parquet_err(path, e))?;
-            self.groups += 1;
-            self.rows += n as u64;
-        }
+        group.close().map_err(|e| parquet_err(path, e))?;
+        self.groups += 1;
+        self.rows += rows as u64;
         Ok(())
     }
 }
 
 impl Sink for Table {
     fn put(&mut self, rows: usize, columns: Vec<Column<'_>>) -> Result<()> {
-        self.put_groups(vec![(rows, columns)])
+        self.put_group(rows, columns)
     }
+}
 
-    fn put_many(&mut self, batches: Vec<(usize, Vec<Column<'_>>)>) -> Result<()> {
-        self.put_groups(batches)
+/// Threads that build and encode a batch's columns at most.
+///
+/// Eight keep a batch's twelve columns going (the slowest, the replay's,
+/// sets the pace), and each thread past them keeps a malloc arena of freed
+/// column buffers: sixteen threads added ~50 MB to exporting the 1 GB
+/// benchmark (a twentieth of the file) for no speed (BENCHMARKS.md).
+const ENCODING_THREADS: usize = 8;
+
+/// Runs `f` on a pool of at most [`ENCODING_THREADS`] threads (rayon's own
+/// pool when it is no larger, or when no pool can be made).
+fn on_encoders<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    static POOL: std::sync::OnceLock<Option<rayon::ThreadPool>> = std::sync::OnceLock::new();
+    let pool = POOL.get_or_init(|| {
+        let threads = rayon::current_num_threads();
+        (threads > ENCODING_THREADS)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(ENCODING_THREADS)
+                    .build()
+                    .ok()
+            })
+            .flatten()
+    });
+    match pool {
+        Some(pool) => pool.install(f),
+        None => f(),
     }
 }
 
@@ -431,23 +448,81 @@ fn step_starts(snap: &Snapshot, phases: &Phases, t: usize) -> Vec<usize> {
 }
 
 /// The allocated size of each event of the trace of `device` (see the
-/// module's documentation): the replay's block size on `alloc`,
-/// `free_requested` and `free_completed`, `None` elsewhere.
-fn allocated_sizes(snap: &Snapshot, device: u32, n: usize) -> Vec<Option<u64>> {
-    let mut sizes = vec![None; n];
-    let mut replay = Replay::new(snap, device, &ReplayOptions::default());
-    while let Some(step) = replay.step() {
-        let size = match step.delta {
-            Delta::Alloc { size, .. }
-            | Delta::FreeRequested { size, .. }
-            | Delta::FreeCompleted { size, .. } => size,
-            _ => continue,
-        };
-        if let Some(s) = sizes.get_mut(step.index) {
-            *s = Some(size);
+/// module's documentation), kept as the exceptions to a rule rather than one
+/// value an event: on a 1 GB trace a value per event was 208 MB, a fifth of
+/// the export's memory, and nearly every value is the rule's.
+///
+/// The rule: an `alloc`, `free_requested` or `free_completed` gets its
+/// request rounded as PyTorch's default settings round it, every other event
+/// nothing. The replay's block size differs from it where a remainder too
+/// small to split stays with the block, under other settings, and where the
+/// replay could not place the event (no size at all): those are kept.
+struct AllocatedSizes {
+    /// `(event index, replayed size)` where the replay differs from the
+    /// rule, in index order; `u64::MAX` for no size.
+    exceptions: Vec<(u32, u64)>,
+}
+
+impl AllocatedSizes {
+    const NONE: u64 = u64::MAX;
+
+    /// The rule's size for `e`.
+    fn rule(e: &TraceEvent) -> Option<u64> {
+        match e.action {
+            Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
+                Some(round_size(&crate::sim::AllocatorConfig::default(), e.size))
+            }
+            _ => None,
         }
     }
-    sizes
+
+    /// The sizes of the trace of `device` in `snap` (`events`), from one replay.
+    fn replay(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> AllocatedSizes {
+        let mut exceptions = Vec::new();
+        let mut keep = |index: usize, size: Option<u64>| {
+            let rule = events.get(index).and_then(Self::rule);
+            if size != rule {
+                exceptions.push((index as u32, size.unwrap_or(Self::NONE)));
+            }
+        };
+        // Events the replay steps over without a size, or never reaches,
+        // have none.
+        let mut next = 0;
+        let mut replay = Replay::new(snap, device, &ReplayOptions::default());
+        while let Some(step) = replay.step() {
+            for skipped in next..step.index {
+                keep(skipped, None);
+            }
+            let size = match step.delta {
+                Delta::Alloc { size, .. }
+                | Delta::FreeRequested { size, .. }
+                | Delta::FreeCompleted { size, .. } => Some(size),
+                _ => None,
+            };
+            keep(step.index, size);
+            next = next.max(step.index + 1);
+        }
+        for skipped in next..events.len() {
+            keep(skipped, None);
+        }
+        AllocatedSizes { exceptions }
+    }
+
+    /// The column of the events `ev`, the first at index `base`.
+    fn column(&self, base: usize, ev: &[TraceEvent]) -> UInt64Array {
+        let mut exceptions = self.exceptions[self
+            .exceptions
+            .partition_point(|&(i, _)| (i as usize) < base)..]
+            .iter()
+            .peekable();
+        UInt64Array::from_iter(ev.iter().enumerate().map(|(k, e)| {
+            match exceptions.next_if(|&&(i, _)| i as usize == base + k) {
+                Some(&(_, Self::NONE)) => None,
+                Some(&(_, size)) => Some(size),
+                None => Self::rule(e),
+            }
+        }))
+    }
 }
 
 /// The step of each event of `range` (`starts`: where each step begins).
@@ -464,12 +539,6 @@ fn steps_of(starts: &[usize], range: std::ops::Range<usize>) -> UInt32Array {
     }))
 }
 
-/// Batches handed to the sink at once: enough columns to keep every thread
-/// busy (11 columns a batch), few enough to bound memory (~100 MB a batch).
-fn batches_at_once() -> usize {
-    rayon::current_num_threads().div_ceil(8).clamp(1, 4)
-}
-
 fn write_events(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
     let snap = input.snap;
     let actions = Action::ALL.map(Action::as_str);
@@ -481,38 +550,28 @@ fn write_events(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
         // The replay runs as the first batch's `allocated_size` column.
         let sizes = std::sync::OnceLock::new();
         let device = trace.device;
-        let chunks: Vec<(usize, &[TraceEvent])> =
-            trace.events.chunks(BATCH_ROWS).enumerate().collect();
-        for group in chunks.chunks(batches_at_once()) {
-            let batches = group
-                .iter()
-                .map(|&(c, ev)| {
-                    let allocated: Column<'_> = Box::new({
-                        let sizes = &sizes;
-                        let (base, n) = (c * BATCH_ROWS, ev.len());
-                        let all = trace.events.len();
-                        move || {
-                            let sizes = sizes.get_or_init(|| allocated_sizes(snap, device, all));
-                            Arc::new(UInt64Array::from_iter(
-                                sizes[base..base + n].iter().copied(),
-                            ))
-                        }
-                    });
-                    let mut cols = event_columns(
-                        input,
-                        &actions,
-                        trace.device as i32,
-                        c * BATCH_ROWS,
-                        ev,
-                        &phases,
-                        &starts,
-                        t,
-                    );
-                    cols.push(allocated);
-                    (ev.len(), cols)
-                })
-                .collect();
-            sink.put_many(batches)?;
+        for (c, ev) in trace.events.chunks(BATCH_ROWS).enumerate() {
+            let base = c * BATCH_ROWS;
+            let allocated: Column<'_> = Box::new({
+                let sizes = &sizes;
+                let all = &trace.events;
+                move || {
+                    let sizes = sizes.get_or_init(|| AllocatedSizes::replay(snap, device, all));
+                    Arc::new(sizes.column(base, ev))
+                }
+            });
+            let mut cols = event_columns(
+                input,
+                &actions,
+                trace.device as i32,
+                base,
+                ev,
+                &phases,
+                &starts,
+                t,
+            );
+            cols.push(allocated);
+            sink.put(ev.len(), cols)?;
         }
     }
     Ok(())
