@@ -260,6 +260,17 @@ pub fn diagnose_in<'s>(
     findings.extend(peak_finding(&peak));
     findings.extend(caveat_findings(&summary, &peak));
     findings.extend(summary.capture_checks.iter().map(capture_finding));
+    // Whether recording stopped before the dump needs the blocks live at
+    // the trace's end: the replay beside the reader kept them.
+    findings.extend(
+        analysed
+            .fed_pass()
+            .and_then(|pass| {
+                crate::analysis::capture::recording_stopped(last, pass.device, pass.live_at_end()?)
+            })
+            .as_ref()
+            .map(capture_finding),
+    );
     let device = crate::device_file::of_device(&recorded, peak.device)
         .and_then(crate::device_file::RecordedDevice::account);
     findings.extend(device.as_ref().map(device_finding));

@@ -108,3 +108,73 @@ fn a_snapshot_without_its_trace_is_told_to_turn_recording_on() {
         .unwrap_or("")
         .contains("memlens.record()"));
 }
+
+/// Recording turned off before the dump (issue 35): the blocks live at the
+/// trace's end that the dump no longer holds are named, with the order to
+/// dump in; the whole trace of the same run raises nothing.
+#[test]
+fn recording_turned_off_before_the_dump_is_named() {
+    use memlens::analysis::capture::recording_stopped;
+    use memlens::replay::{Replay, ReplayOptions};
+    let live_at_end = |snap: &Snapshot| {
+        let device = snap.traces[0].device;
+        let mut replay = Replay::new(snap, device, &ReplayOptions::default());
+        replay.run_to(snap.traces[0].events.len());
+        let live: Vec<u64> = replay.live_blocks().iter().map(|b| b.addr).collect();
+        (device, live)
+    };
+    let mut snap = Snapshot::load(&common::fixture("gpt2_train.pickle.zst")).expect("reads");
+    let (device, live) = live_at_end(&snap);
+    assert!(recording_stopped(&snap, device, &live).is_none());
+    // Recording off after 60% of the steps' events; the dump at the end.
+    let keep = snap.traces[0].events.len() * 6 / 10;
+    snap.traces[0].events.truncate(keep);
+    let (device, live) = live_at_end(&snap);
+    let c = recording_stopped(&snap, device, &live).expect("named");
+    assert_eq!(c.check, "recording_stopped");
+    assert!(c.serious);
+    assert!(
+        c.problem.contains("blocks live at its last event are gone"),
+        "{}",
+        c.problem
+    );
+    assert!(c.fix.contains("_dump_snapshot(path)`, then"), "{}", c.fix);
+}
+
+/// No recording of the fixtures or the corpus (every one dumped with
+/// recording on, OOM handlers included) ends before its dump.
+#[test]
+fn no_recording_here_ends_before_its_dump() {
+    use memlens::analysis::capture::recording_stopped;
+    let mut judged = 0;
+    for dir in [
+        common::fixtures_dir(),
+        corpus(""),
+        corpus("oom"),
+        corpus("ranks"),
+        corpus("fit"),
+    ] {
+        for e in std::fs::read_dir(&dir).expect("lists") {
+            let p = e.expect("entry").path();
+            if !p.to_string_lossy().ends_with(".pickle.zst") {
+                continue;
+            }
+            let Ok(read) = memlens::replay::during_read::load(&p) else {
+                continue;
+            };
+            let Some(pass) = read.pass.as_ref().and_then(|p| p.get()) else {
+                continue;
+            };
+            let Some(live) = pass.live_at_end() else {
+                continue;
+            };
+            judged += 1;
+            let c = recording_stopped(&read.snap, pass.device, live);
+            assert!(c.is_none(), "{}: {c:#?}", p.display());
+        }
+    }
+    assert!(
+        judged > 30,
+        "only {judged} recordings replayed beside the reader"
+    );
+}

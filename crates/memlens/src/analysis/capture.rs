@@ -10,14 +10,16 @@ use serde::Serialize;
 /// One thing wrong with how a snapshot was recorded.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct CaptureCheck {
-    /// A stable name: `no_history`, `cpp_stacks` or `alloc_conf_not_applied`.
+    /// A stable name: `no_history`, `recording_stopped`, `cpp_stacks` or
+    /// `alloc_conf_not_applied`.
     pub check: String,
     /// What went wrong and what it costs, with the file's figures.
     pub problem: String,
     /// The change that fixes it, as code to paste.
     pub fix: String,
     /// Whether it hides what the analyses need (`no_history`,
-    /// `alloc_conf_not_applied`) rather than only costing time.
+    /// `recording_stopped`, `alloc_conf_not_applied`) rather than only
+    /// costing time.
     pub serious: bool,
 }
 
@@ -56,6 +58,52 @@ fn no_history(snap: &Snapshot) -> Option<CaptureCheck> {
         fix: "turn recording on before the steps to study: \
               `torch.cuda.memory._record_memory_history(max_entries=100_000)` (or wrap the loop in \
               `memlens.record()`), then dump"
+            .into(),
+        serious: true,
+    })
+}
+
+/// The trace ends before the dump: blocks live after the trace's last event
+/// (`live_at_end`: their addresses, sorted, from the replay of `device`'s
+/// trace) that the dump no longer holds were freed after the trace ended,
+/// with recording off. (A ring buffer that wrapped drops the oldest events,
+/// never the newest, so it cannot cause this.) `None` when every block live
+/// at the end is in the dump.
+pub fn recording_stopped(
+    snap: &Snapshot,
+    device: u32,
+    live_at_end: &[u64],
+) -> Option<CaptureCheck> {
+    let mut dumped: Vec<u64> = snap
+        .segments
+        .iter()
+        .filter(|s| s.device == device)
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state != crate::snapshot::BlockState::Inactive)
+        .map(|b| b.address)
+        .collect();
+    dumped.sort_unstable();
+    let gone = live_at_end
+        .iter()
+        .filter(|a| dumped.binary_search(a).is_err())
+        .count();
+    if gone == 0 {
+        return None;
+    }
+    Some(CaptureCheck {
+        check: "recording_stopped".into(),
+        problem: format!(
+            "the trace ends before the snapshot was taken: {gone} block{} live at its last event \
+             {} gone from the dump, freed after recording was turned off \
+             (`_record_memory_history(enabled=None)` before `_dump_snapshot`); what ran after \
+             that is not in the trace, so the peak, the timeline and growth between steps cover \
+             the recorded part only",
+            if gone == 1 { "" } else { "s" },
+            if gone == 1 { "is" } else { "are" },
+        ),
+        fix: "dump before turning recording off: `torch.cuda.memory._dump_snapshot(path)`, then \
+              `torch.cuda.memory._record_memory_history(enabled=None)` (memlens.record does both, \
+              in that order)"
             .into(),
         serious: true,
     })

@@ -163,6 +163,13 @@ impl PeakPass {
                 })
     }
 
+    /// The addresses of the blocks live after the last event, sorted, for a
+    /// pass replayed beside the reader from an empty allocator (`None` for
+    /// one replayed after the read, which does not keep them).
+    pub fn live_at_end(&self) -> Option<&[u64]> {
+        self.fed.then_some(self.live_at_end.as_slice())
+    }
+
     /// Allocated bytes after each event, in order.
     pub fn allocated(&self) -> &[u64] {
         &self.watched.allocated
