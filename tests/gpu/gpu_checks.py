@@ -330,6 +330,52 @@ def check_alloc_conf(out: str) -> None:
         report(ok, f"alloc_conf.{when}", f"{text.strip()!r} {p.stderr[-300:]!r}")
 
 
+def check_stopped(out: str) -> None:
+    """Recording stopped before the dump (issue 35's capture checks), as user
+    scripts stop it: `_record_memory_history(enabled=None)` (PyTorch empties
+    the trace: doctor names `no_history`) or `enabled="state"` (the trace
+    stops, the dump comes later: doctor names `recording_stopped`), each with
+    training after the stop; the same script dumping first gets neither."""
+    script = textwrap.dedent("""
+        import sys, torch
+        def step(xs):
+            x = torch.randn(256, 2048, device="cuda")
+            for _ in range(8):
+                x = torch.relu(x @ torch.randn(2048, 2048, device="cuda"))
+            xs.append(x.sum())
+        kept = []
+        torch.cuda.memory._record_memory_history(max_entries=100_000, stacks="python")
+        for _ in range(3):
+            step(kept)
+        how = sys.argv[2]
+        if how != "dumped_first":
+            torch.cuda.memory._record_memory_history(enabled=None if how == "none" else "state")
+        kept.clear()
+        for _ in range(3):
+            step([])
+        torch.cuda.memory._dump_snapshot(sys.argv[1])
+        print("EVENTS", sum(len(t) for t in torch.cuda.memory._snapshot()["device_traces"]))
+        torch.cuda.memory._record_memory_history(enabled=None)
+    """)
+    want = {"none": "no allocation history was recorded",
+            "state": "trace ends before the snapshot",
+            "dumped_first": None}
+    for how, title in want.items():
+        path = os.path.join(out, f"stopped_{how}.pickle")
+        p = subprocess.run([sys.executable, "-c", script, path, how],
+                           capture_output=True, text=True, timeout=120)
+        d = subprocess.run([sys.executable, "-m", "memlens", "doctor", "--no-report", "--json", path],
+                           capture_output=True, text=True)
+        try:
+            findings = json.loads(d.stdout)["diagnosis"]["findings"]
+        except Exception as e:  # noqa: BLE001
+            report(False, f"stopped.{how}", f"{e!r} {p.stderr[-300:]!r} {d.stderr[-300:]!r}")
+            continue
+        capture = [f["title"] for f in findings if f.get("kind") == "capture"]
+        ok = any(title in c for c in capture) if title else not capture
+        report(ok, f"stopped.{how}", f"{p.stdout.strip()}; capture findings: {[c[:90] for c in capture]}")
+
+
 def device_account(snapshot: str):
     """`memlens doctor --json`'s account of the device (``diagnosis.device``)
     for a snapshot memlens.record wrote, and what went wrong when there is none."""
@@ -466,7 +512,7 @@ def check_top(out: str) -> None:
 
 
 CHECKS = {"train": check_train, "leak": check_leak, "oom": check_oom, "marker": check_marker, "multi": check_multi,
-          "ring": check_ring, "alloc_conf": check_alloc_conf,
+          "ring": check_ring, "alloc_conf": check_alloc_conf, "stopped": check_stopped,
           "graphs": check_graphs, "cupy": check_cupy, "top": check_top}
 
 

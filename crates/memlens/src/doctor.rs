@@ -260,14 +260,8 @@ pub fn diagnose_in<'s>(
     findings.extend(peak_finding(&peak));
     findings.extend(caveat_findings(&summary, &peak));
     findings.extend(summary.capture_checks.iter().map(capture_finding));
-    // Whether recording stopped before the dump needs the blocks live at
-    // the trace's end: the replay beside the reader kept them.
     findings.extend(
-        analysed
-            .fed_pass()
-            .and_then(|pass| {
-                crate::analysis::capture::recording_stopped(last, pass.device, pass.live_at_end()?)
-            })
+        recording_stopped(last, analysed, peak.device)
             .as_ref()
             .map(capture_finding),
     );
@@ -667,6 +661,21 @@ fn peak_finding(peak: &PeakReport) -> Option<Finding> {
         stack: top.map(|t| t.stack.clone()).unwrap_or_default(),
         quote: Default::default(),
     })
+}
+
+/// Whether recording stopped before the dump, judged on the trace of the
+/// peak's device from the blocks its one replay left live at the end.
+fn recording_stopped(
+    snap: &Snapshot,
+    analysed: &crate::trace::Analysed,
+    device: u32,
+) -> Option<crate::analysis::capture::CaptureCheck> {
+    let trace = snap.traces.iter().position(|t| t.device == device)?;
+    if !snap.traces[trace].has_allocations() {
+        return None;
+    }
+    let pass = analysed.recorded().of(snap, trace);
+    crate::analysis::capture::recording_stopped(snap, device, pass.live_at_end())
 }
 
 /// A failure of the capture ([`crate::analysis::capture`]) with its fix: a

@@ -139,10 +139,12 @@ fn recording_turned_off_before_the_dump_is_named() {
         c.problem
     );
     assert!(c.fix.contains("_dump_snapshot(path)`, then"), "{}", c.fix);
+    assert!(c.problem.contains("enabled=\"state\""), "{}", c.problem);
 }
 
 /// No recording of the fixtures or the corpus (every one dumped with
-/// recording on, OOM handlers included) ends before its dump.
+/// recording on, OOM handlers and wrapped ring buffers included) ends
+/// before its dump.
 #[test]
 fn no_recording_here_ends_before_its_dump() {
     use memlens::analysis::capture::recording_stopped;
@@ -159,18 +161,21 @@ fn no_recording_here_ends_before_its_dump() {
             if !p.to_string_lossy().ends_with(".pickle.zst") {
                 continue;
             }
-            let Ok(read) = memlens::replay::during_read::load(&p) else {
+            let Ok(snap) = Snapshot::load(&p) else {
                 continue;
             };
-            let Some(pass) = read.pass.as_ref().and_then(|p| p.get()) else {
-                continue;
-            };
-            let Some(live) = pass.live_at_end() else {
-                continue;
-            };
-            judged += 1;
-            let c = recording_stopped(&read.snap, pass.device, live);
-            assert!(c.is_none(), "{}: {c:#?}", p.display());
+            for t in snap.traces.iter().filter(|t| t.has_allocations()) {
+                let mut replay = memlens::replay::Replay::new(
+                    &snap,
+                    t.device,
+                    &memlens::replay::ReplayOptions::default(),
+                );
+                replay.run_to(t.events.len());
+                let live: Vec<u64> = replay.live_blocks().iter().map(|b| b.addr).collect();
+                judged += 1;
+                let c = recording_stopped(&snap, t.device, &live);
+                assert!(c.is_none(), "{}: {c:#?}", p.display());
+            }
         }
     }
     assert!(

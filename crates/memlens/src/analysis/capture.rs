@@ -65,10 +65,12 @@ fn no_history(snap: &Snapshot) -> Option<CaptureCheck> {
 
 /// The trace ends before the dump: blocks live after the trace's last event
 /// (`live_at_end`: their addresses, sorted, from the replay of `device`'s
-/// trace) that the dump no longer holds were freed after the trace ended,
-/// with recording off. (A ring buffer that wrapped drops the oldest events,
-/// never the newest, so it cannot cause this.) `None` when every block live
-/// at the end is in the dump.
+/// trace) that the dump no longer holds were freed after the trace ended.
+/// On PyTorch 2.11 `_record_memory_history(enabled="state")` does this (it
+/// stops the trace and keeps it); `enabled=None` empties the trace instead
+/// (`no_history`). A ring buffer that wrapped drops the oldest events, never
+/// the newest, so it cannot cause this. `None` when every block live at the
+/// end is in the dump.
 pub fn recording_stopped(
     snap: &Snapshot,
     device: u32,
@@ -94,14 +96,14 @@ pub fn recording_stopped(
         check: "recording_stopped".into(),
         problem: format!(
             "the trace ends before the snapshot was taken: {gone} block{} live at its last event \
-             {} gone from the dump, freed after recording was turned off \
-             (`_record_memory_history(enabled=None)` before `_dump_snapshot`); what ran after \
-             that is not in the trace, so the peak, the timeline and growth between steps cover \
-             the recorded part only",
+             {} gone from the dump, freed after the trace stopped \
+             (`_record_memory_history(enabled=\"state\")` before `_dump_snapshot` keeps the \
+             state and stops the trace); what ran after that is not in the trace, so the peak, \
+             the timeline and growth between steps cover the recorded part only",
             if gone == 1 { "" } else { "s" },
             if gone == 1 { "is" } else { "are" },
         ),
-        fix: "dump before turning recording off: `torch.cuda.memory._dump_snapshot(path)`, then \
+        fix: "dump before stopping the trace: `torch.cuda.memory._dump_snapshot(path)`, then \
               `torch.cuda.memory._record_memory_history(enabled=None)` (memlens.record does both, \
               in that order)"
             .into(),

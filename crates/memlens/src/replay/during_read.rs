@@ -163,11 +163,9 @@ impl PeakPass {
                 })
     }
 
-    /// The addresses of the blocks live after the last event, sorted, for a
-    /// pass replayed beside the reader from an empty allocator (`None` for
-    /// one replayed after the read, which does not keep them).
-    pub fn live_at_end(&self) -> Option<&[u64]> {
-        self.fed.then_some(self.live_at_end.as_slice())
+    /// The addresses of the blocks live after the last event, sorted.
+    pub fn live_at_end(&self) -> &[u64] {
+        &self.live_at_end
     }
 
     /// Allocated bytes after each event, in order.
@@ -232,6 +230,7 @@ impl PeakPass {
         let live_at_peak = r
             .kept_live_blocks()
             .unwrap_or_else(|| watched.start_live.clone());
+        let live_at_end = r.live_blocks().iter().map(|b| b.addr).collect();
         PeakPass {
             device,
             events: r.position(),
@@ -242,7 +241,7 @@ impl PeakPass {
             free_of: Arc::new(Vec::new()),
             segments_made: Vec::new(),
             mapped: false,
-            live_at_end: Vec::new(),
+            live_at_end,
             fed: false,
             initial: kept,
             warnings: r.warnings().to_vec(),
