@@ -298,10 +298,11 @@ impl Sink for Table {
 
 /// Threads that build and encode a batch's columns at most.
 ///
-/// Eight keep a batch's twelve columns going (the slowest, the replay's,
-/// sets the pace), and each thread past them keeps a malloc arena of freed
-/// column buffers: sixteen threads added ~50 MB to exporting the 1 GB
-/// benchmark (a twentieth of the file) for no speed (BENCHMARKS.md).
+/// Eight keep most of a batch's twelve columns going (the slowest, the
+/// replay's, sets the pace), and each thread past them keeps a malloc arena
+/// of freed column buffers: on the GPU host sixteen threads held ~40 MB more
+/// exporting the 1 GB benchmark (0.51x the file against 0.47x) for ~15% more
+/// speed; both stay over 200 MB/s (BENCHMARKS.md).
 const ENCODING_THREADS: usize = 8;
 
 /// Runs `f` on a pool of at most [`ENCODING_THREADS`] threads (rayon's own
