@@ -248,10 +248,11 @@ class Snapshot:
 
         return write_report_text(self, others)
 
-    def show_report(self, *others: SnapshotLike, height: int = 900) -> Any:
+    def show_report(self, *others: SnapshotLike, height: int = 900, theme: Optional[str] = None) -> Any:
         """Shows the HTML report inline in a Jupyter notebook (an
         ``IPython.display.HTML`` of an ``<iframe srcdoc>``; no server, no
-        network). Needs IPython."""
+        network), in the notebook's theme (``theme="dark"`` or ``"light"``
+        forces one). Needs IPython."""
         from ._notebook import iframe_html
 
         try:
@@ -260,7 +261,7 @@ class Snapshot:
             raise ImportError(
                 "show_report() needs IPython (Jupyter); report_html() gives the page as text"
             ) from None
-        return HTML(iframe_html(self.report_html(*others), height))
+        return HTML(iframe_html(self.report_html(*others), height, theme))
 
     def _run(self, name: str, *others: SnapshotLike, **options: Any) -> Result:
         natives = [load(o)._native for o in others]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 import os
 import tempfile
+import uuid
 from typing import Any, Dict, List, Optional
 
 from . import _native
@@ -69,14 +70,51 @@ def summary_html(path: str, summary: Dict[str, Any], doctor: Dict[str, Any]) -> 
     )
 
 
-def iframe_html(report: str, height: int = 900) -> str:
+# Picks the notebook's theme for the report before it draws: JupyterLab and
+# Notebook 7 mark the page's body (data-jp-theme-light), VS Code its classes,
+# Colab the html element. It puts the page, told the theme in its <html
+# data-theme> (which the report reads), in a new iframe in place of the first.
+# Where the notebook runs no output scripts, or marks no theme, the report
+# follows the system's setting, as in a browser.
+_THEME_SCRIPT = """<script>(function () {
+  var f = document.getElementById('%s');
+  if (!f) return;
+  var b = document.body, jp = b.getAttribute('data-jp-theme-light'), t = null;
+  if (jp === 'true' || jp === 'false') t = jp === 'true' ? 'light' : 'dark';
+  else if (b.classList.contains('vscode-dark') || b.classList.contains('vscode-high-contrast')) t = 'dark';
+  else if (b.classList.contains('vscode-light')) t = 'light';
+  else if (document.documentElement.getAttribute('theme') === 'dark') t = 'dark';
+  if (!t) return;
+  // A new frame in its place: the first one's page is dropped before it
+  // draws, so the report draws once, in the notebook's theme.
+  var g = f.cloneNode(false);
+  g.srcdoc = f.srcdoc.replace('<html', '<html data-theme="' + t + '"');
+  f.replaceWith(g);
+})();</script>"""
+
+
+def themed(report: str, theme: str) -> str:
+    """The report page told to draw in ``theme`` (``"dark"`` or ``"light"``)
+    whatever the system's setting."""
+    if theme not in ("dark", "light"):
+        raise ValueError(f"theme must be 'dark', 'light' or None (the notebook's), not {theme!r}")
+    return report.replace("<html", f'<html data-theme="{theme}"', 1)
+
+
+def iframe_html(report: str, height: int = 900, theme: Optional[str] = None) -> str:
     """The report page inside an ``<iframe srcdoc>``: the page is
-    self-contained, so the notebook needs no server and no network."""
-    return (
-        f'<iframe srcdoc="{html.escape(report, quote=True)}" '
+    self-contained, so the notebook needs no server and no network. It
+    follows the notebook's theme (JupyterLab, Notebook 7, VS Code, Colab),
+    else the system's; ``theme`` (``"dark"`` or ``"light"``) forces one."""
+    if theme is not None:
+        report = themed(report, theme)
+    frame_id = f"memlens-report-{uuid.uuid4().hex[:12]}"
+    frame = (
+        f'<iframe id="{frame_id}" srcdoc="{html.escape(report, quote=True)}" '
         f'style="width:100%;height:{int(height)}px;border:1px solid #d0d7de;border-radius:8px" '
         'sandbox="allow-scripts" title="memlens report"></iframe>'
     )
+    return frame if theme is not None else frame + _THEME_SCRIPT % frame_id
 
 
 def write_report_text(snap: Any, others: tuple) -> str:

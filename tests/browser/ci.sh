@@ -82,3 +82,13 @@ if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
   if [ "$size" -ge 10000000 ]; then echo "FAIL: the 1 GB snapshot's report is $size bytes (limit 10 MB)" >&2; exit 1; fi
   MEMLENS_EXPECT=moments MEMLENS_MAX_LOAD_MS=3000 "$here/run.sh" "$out/large-1gb.html" "workloads.py:148" "$out/large-1gb.png"
 fi
+
+# The report shown in a notebook (`snap.show_report()`'s iframe and script)
+# follows the notebook's theme against the system's: JupyterLab dark on a
+# light system, JupyterLab light on a dark one, VS Code's dark; a page that
+# marks no theme keeps the system's.
+for host_case in jupyterlab-dark:light:dark jupyterlab-light:dark:light vscode-dark:light:dark plain:dark:dark plain:light:light; do
+  host=${host_case%%:*}; rest=${host_case#*:}; system=${rest%%:*}; want=${rest#*:}
+  python3 "$here/notebook_frame.py" "$out/clean.html" "$out/nb-$host-$system.html" "$host"
+  (cd "$here" && node jupyter_theme.mjs "$out/nb-$host-$system.html" "$system" "$want")
+done

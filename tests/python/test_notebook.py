@@ -41,9 +41,18 @@ def test_report_inline_is_the_whole_self_contained_page(fixtures_dir):
     )
     assert data["oom"]["requested_bytes"] == 1000 << 20
     frame = iframe_html(page, height=700)
-    assert frame.startswith("<iframe srcdoc=") and "height:700px" in frame
-    # The page is escaped into the attribute: no raw tag closes the iframe early.
-    assert "</script>" not in frame
+    assert frame.startswith('<iframe id="memlens-report-') and "height:700px" in frame
+    # The page is escaped into the attribute: no raw tag closes the iframe
+    # early; the one script after it picks the notebook's theme.
+    iframe, script = frame.split("</iframe>")
+    assert "</script>" not in iframe and "<script" not in iframe
+    assert script.count("</script>") == 1 and "data-jp-theme-light" in script
+    # A forced theme needs no script: the page is told in its <html> tag.
+    dark = iframe_html(page, theme="dark")
+    assert "<script" not in dark.split("</iframe>")[1]
+    assert 'data-theme="dark"' in html.unescape(dark)
+    with pytest.raises(ValueError):
+        iframe_html(page, theme="blue")
     ipython = pytest.importorskip("IPython.display")
     shown = snap.show_report()
     assert isinstance(shown, ipython.HTML) and "memlens-data" in html.unescape(shown.data)

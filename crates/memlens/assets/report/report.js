@@ -16,7 +16,14 @@
     temporary: '#edc948', input: '#76b7b2', other: '#9c755f'
   };
   var STATE_NAMES = ['allocated', 'pending free', 'free'];
-  var DARK = !!(window.matchMedia && window.matchMedia('(prefers-color-scheme: dark)').matches);
+  /* The theme: the one the page was given (`<html data-theme>`: memlens sets
+   * it when it shows the report in a notebook, from the notebook's theme),
+   * else the system's. The style sheet reads the attribute. */
+  var ROOT = document.documentElement;
+  var DARK = ROOT.getAttribute('data-theme')
+    ? ROOT.getAttribute('data-theme') === 'dark'
+    : !!(window.matchMedia && window.matchMedia('(prefers-color-scheme: dark)').matches);
+  ROOT.setAttribute('data-theme', DARK ? 'dark' : 'light');
   var FREE_COLOR = DARK ? '#2b323b' : '#e8ecf0';
   var FREE_EDGE = DARK ? '#46505c' : '#c3cad2';
   var INK = DARK ? '#e6edf3' : '#1f2328';
