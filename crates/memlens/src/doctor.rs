@@ -670,11 +670,15 @@ fn recording_stopped(
     analysed: &crate::trace::Analysed,
     device: u32,
 ) -> Option<crate::analysis::capture::CaptureCheck> {
-    let trace = snap.traces.iter().position(|t| t.device == device)?;
-    if !snap.traces[trace].has_allocations() {
+    // A trace of `snapshot` or `oom` entries only has nothing to replay.
+    if !snap
+        .traces
+        .iter()
+        .any(|t| t.device == device && t.has_allocations())
+    {
         return None;
     }
-    let pass = analysed.recorded().of(snap, trace);
+    let pass = analysed.recorded().of_device(snap, device)?;
     crate::analysis::capture::recording_stopped(snap, device, pass.live_at_end())
 }
 

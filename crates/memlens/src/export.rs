@@ -459,6 +459,8 @@ fn step_starts(snap: &Snapshot, phases: &Phases, t: usize) -> Vec<usize> {
 /// small to split stays with the block, under other settings, and where the
 /// replay could not place the event (no size at all): those are kept.
 struct AllocatedSizes {
+    /// The settings the rule rounds by (PyTorch's defaults).
+    rounding: crate::sim::AllocatorConfig,
     /// `(event index, replayed size)` where the replay differs from the
     /// rule, in index order; `u64::MAX` for no size.
     exceptions: Vec<(u32, u64)>,
@@ -468,20 +470,22 @@ impl AllocatedSizes {
     const NONE: u64 = u64::MAX;
 
     /// The rule's size for `e`.
-    fn rule(e: &TraceEvent) -> Option<u64> {
+    fn rule(rounding: &crate::sim::AllocatorConfig, e: &TraceEvent) -> Option<u64> {
         match e.action {
             Action::Alloc | Action::FreeRequested | Action::FreeCompleted => {
-                Some(round_size(&crate::sim::AllocatorConfig::default(), e.size))
+                Some(round_size(rounding, e.size))
             }
             _ => None,
         }
     }
 
-    /// The sizes of the trace of `device` in `snap` (`events`), from one replay.
-    fn replay(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> AllocatedSizes {
+    /// The sizes of the trace of `device` in `snap`, from one replay.
+    fn replay(snap: &Snapshot, device: u32) -> AllocatedSizes {
+        let events = snap.device_trace(device);
+        let rounding = crate::sim::AllocatorConfig::default();
         let mut exceptions = Vec::new();
         let mut keep = |index: usize, size: Option<u64>| {
-            let rule = events.get(index).and_then(Self::rule);
+            let rule = events.get(index).and_then(|e| Self::rule(&rounding, e));
             if size != rule {
                 exceptions.push((index as u32, size.unwrap_or(Self::NONE)));
             }
@@ -506,7 +510,10 @@ impl AllocatedSizes {
         for skipped in next..events.len() {
             keep(skipped, None);
         }
-        AllocatedSizes { exceptions }
+        AllocatedSizes {
+            rounding,
+            exceptions,
+        }
     }
 
     /// The column of the events `ev`, the first at index `base`.
@@ -520,7 +527,7 @@ impl AllocatedSizes {
             match exceptions.next_if(|&&(i, _)| i as usize == base + k) {
                 Some(&(_, Self::NONE)) => None,
                 Some(&(_, size)) => Some(size),
-                None => Self::rule(e),
+                None => Self::rule(&self.rounding, e),
             }
         }))
     }
@@ -555,9 +562,8 @@ fn write_events(sink: &mut dyn Sink, input: &ExportInput<'_>) -> Result<()> {
             let base = c * BATCH_ROWS;
             let allocated: Column<'_> = Box::new({
                 let sizes = &sizes;
-                let all = &trace.events;
                 move || {
-                    let sizes = sizes.get_or_init(|| AllocatedSizes::replay(snap, device, all));
+                    let sizes = sizes.get_or_init(|| AllocatedSizes::replay(snap, device));
                     Arc::new(sizes.column(base, ev))
                 }
             });
