@@ -843,7 +843,12 @@ fn diagnose_group<'s>(
 /// One diagnosis of several parts: their findings (each title prefixed with
 /// the part's label, an imbalance first), the fields of the rank closest to
 /// an OOM (or of the first run).
-fn combine(parts: Vec<Part>, kind: &str, reason: String, ranks: Option<RanksReport>) -> Diagnosis {
+pub(crate) fn combine(
+    parts: Vec<Part>,
+    kind: &str,
+    reason: String,
+    ranks: Option<RanksReport>,
+) -> Diagnosis {
     let main = ranks
         .as_ref()
         .and_then(|r| r.closest_to_oom)

@@ -35,6 +35,7 @@ pub mod fit;
 pub mod frames;
 pub mod holders;
 pub mod input;
+pub mod job;
 pub mod live;
 pub mod oom;
 pub mod pickle;

@@ -69,22 +69,9 @@ fn spinner(msg: &str) -> indicatif::ProgressBar {
 /// Runs `memlens doctor`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let pb = spinner("reading snapshots");
-    let read = if args.snapshots.is_empty() {
-        super::ReadForPeak {
-            snaps: vec![(
-                memlens::example::EXAMPLE_NAME.to_string(),
-                memlens::Snapshot::example(),
-            )],
-            passes: Vec::new(),
-        }
-    } else {
-        super::load_all_for_peak(&args.snapshots)?
-    };
-    let snaps = &read.snaps;
-    pb.set_message("replaying and diagnosing");
     let opts = DoctorOptions {
         device_memory: args.device_memory,
-        source_roots: args.source_root,
+        source_roots: args.source_root.clone(),
         ranks: args.ranks,
     };
     // The report goes where asked; by default beside the input, never over
@@ -105,25 +92,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             }
         }
     };
-    let named = super::named(snaps);
-    // One analysed trace per snapshot, with its replay beside the reader,
-    // for the diagnosis and then the report.
-    let set = AnalysedSet::with_passes(&named, read.passes.clone());
-    let mut doc = doctor_doc_in(&set, &named, &opts, None)?;
-    // A bad file beside the snapshots costs only what it would have added.
-    for w in &doc.warnings {
-        pb.suspend(|| eprintln!("memlens: warning: {w}"));
-    }
-    // The report is written after the diagnosis, so that a folder the user
-    // cannot write still gets the verdict (then exit 2: the report promised
-    // was not written).
-    let mut not_written = None;
-    if let Some(p) = &report {
-        match memlens::report::write_report_in(&set, &named, &doc.diagnosis, p) {
-            Ok(()) => doc.report = Some(p.display().to_string()),
-            Err(e) => not_written = Some(e),
-        }
-    }
+    let (doc, names, not_written) = match job_ranks(&args)? {
+        Some(ranks) => job(&ranks, &opts, report.as_deref(), &pb)?,
+        None => together(&args, &opts, report.as_deref(), &pb)?,
+    };
     pb.finish_and_clear();
     if let Some(p) = skipped {
         eprintln!(
@@ -132,7 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         );
     }
     output::print(&doc, args.json, |d| {
-        let names: Vec<&str> = snaps.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = names.iter().map(String::as_str).collect();
         let mut text = render::doctor::text(&d.diagnosis, &names, args.verbose);
         if let Some(p) = &d.report {
             text.push_str(&format!("\nReport: {p}\n"));
@@ -146,4 +118,136 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(output::USAGE);
     }
     Ok(output::OK)
+}
+
+/// What a way of diagnosing gives: the document, the files' names, and the
+/// error that kept the report from being written.
+type Diagnosed = (
+    memlens::render::documents::DoctorDoc,
+    Vec<String>,
+    Option<memlens::Error>,
+);
+
+/// The ranks of a job too large to read at once: every input names its rank
+/// and together they are more than [`JOB_READ_AT_ONCE`] bytes (or more than
+/// [`JOB_RANKS_AT_ONCE`] ranks). `MEMLENS_RANK_BY_RANK=1` takes this path for
+/// any ranks named so (tests).
+fn job_ranks(args: &Args) -> anyhow::Result<Option<Vec<memlens::job::RankFiles>>> {
+    if args.snapshots.is_empty() || args.ranks {
+        return Ok(None);
+    }
+    let files: Vec<PathBuf> = memlens::input::expand_found(&args.snapshots)?
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    let Some(ranks) = memlens::job::ranks_by_name(&files) else {
+        return Ok(None);
+    };
+    let forced = std::env::var("MEMLENS_RANK_BY_RANK").is_ok_and(|v| v == "1");
+    let bytes: u64 = files
+        .iter()
+        .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+        .sum();
+    let large = bytes > JOB_READ_AT_ONCE || ranks.len() > JOB_RANKS_AT_ONCE;
+    Ok((forced || large).then_some(ranks))
+}
+
+/// Inputs above this many bytes in all are read rank by rank.
+const JOB_READ_AT_ONCE: u64 = 4 << 30;
+/// More ranks than this are read rank by rank.
+const JOB_RANKS_AT_ONCE: usize = 16;
+/// The memory the ranks read at once may hold (the rest of 8 GB is the
+/// outcomes kept, the report's rank read again and the allocator's slack).
+const JOB_MEMORY_BUDGET: u64 = 5 << 30;
+
+/// Diagnoses a job rank by rank ([`memlens::job`]); the report shows the
+/// main rank, read again, beside every rank's series.
+fn job(
+    ranks: &[memlens::job::RankFiles],
+    opts: &DoctorOptions,
+    report: Option<&std::path::Path>,
+    pb: &indicatif::ProgressBar,
+) -> anyhow::Result<Diagnosed> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let workers = memlens::job::workers_for(ranks, cores, JOB_MEMORY_BUDGET);
+    pb.set_message(format!(
+        "reading {} ranks, {workers} at a time",
+        ranks.len()
+    ));
+    let finished = std::sync::atomic::AtomicUsize::new(0);
+    let job = memlens::job::diagnose_job(ranks, opts, workers, || {
+        let n = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        pb.set_message(format!("read {n} of {} ranks", ranks.len()));
+    })?;
+    let mut doc = memlens::render::documents::DoctorDoc {
+        findings: job.diagnosis.findings.clone(),
+        report: None,
+        ranks: job.diagnosis.ranks.as_ref().map(|r| r.ranks.clone()),
+        diagnosis: job.diagnosis,
+        warnings: job.warnings,
+    };
+    for w in &doc.warnings {
+        pb.suspend(|| eprintln!("memlens: warning: {w}"));
+    }
+    let names: Vec<String> = doc
+        .diagnosis
+        .parts
+        .iter()
+        .flat_map(|p| p.files.iter().cloned())
+        .collect();
+    let mut not_written = None;
+    if let Some(p) = report {
+        pb.set_message("writing the report");
+        let read = super::load_all_for_peak(&job.main_files)?;
+        let named = super::named(&read.snaps);
+        let set = AnalysedSet::with_passes(&named, read.passes.clone());
+        match memlens::report::write_job_report(&set, &named, &doc.diagnosis, job.ranks_view, p) {
+            Ok(()) => doc.report = Some(p.display().to_string()),
+            Err(e) => not_written = Some(e),
+        }
+    }
+    Ok((doc, names, not_written))
+}
+
+/// Reads every input, then diagnoses them together.
+fn together(
+    args: &Args,
+    opts: &DoctorOptions,
+    report: Option<&std::path::Path>,
+    pb: &indicatif::ProgressBar,
+) -> anyhow::Result<Diagnosed> {
+    let read = if args.snapshots.is_empty() {
+        super::ReadForPeak {
+            snaps: vec![(
+                memlens::example::EXAMPLE_NAME.to_string(),
+                memlens::Snapshot::example(),
+            )],
+            passes: Vec::new(),
+        }
+    } else {
+        super::load_all_for_peak(&args.snapshots)?
+    };
+    let snaps = &read.snaps;
+    pb.set_message("replaying and diagnosing");
+    let named = super::named(snaps);
+    // One analysed trace per snapshot, with its replay beside the reader,
+    // for the diagnosis and then the report.
+    let set = AnalysedSet::with_passes(&named, read.passes.clone());
+    let mut doc = doctor_doc_in(&set, &named, opts, None)?;
+    // A bad file beside the snapshots costs only what it would have added.
+    for w in &doc.warnings {
+        pb.suspend(|| eprintln!("memlens: warning: {w}"));
+    }
+    // The report is written after the diagnosis, so that a folder the user
+    // cannot write still gets the verdict (then exit 2: the report promised
+    // was not written).
+    let mut not_written = None;
+    if let Some(p) = report {
+        match memlens::report::write_report_in(&set, &named, &doc.diagnosis, p) {
+            Ok(()) => doc.report = Some(p.display().to_string()),
+            Err(e) => not_written = Some(e),
+        }
+    }
+    let names = snaps.iter().map(|(n, _)| n.clone()).collect();
+    Ok((doc, names, not_written))
 }

@@ -136,6 +136,15 @@ pub(crate) fn base_name(name: &str) -> &str {
     name.rsplit(['/', '\\']).next().unwrap_or(name)
 }
 
+/// Why `members` processes were taken as the ranks of one job (`why`: the
+/// rule that said so, as [`NAMED_RANKS`]).
+pub fn ranks_reason(members: usize, why: &str) -> String {
+    format!("{members} processes of one job ({why}): analysed as ranks, side by side")
+}
+
+/// The grouping's first rule, in the words of [`ranks_reason`].
+pub const NAMED_RANKS: &str = "rank<N> in their names";
+
 /// The rank a file name states: `rank` (any case) followed by an optional
 /// `_` or `-` and digits, not preceded by a letter (`frank3` is no rank).
 pub fn rank_in_name(name: &str) -> Option<u32> {
@@ -472,7 +481,7 @@ fn reason(groups: &[Group], facts: &[Facts], force: bool, named: bool) -> String
                 let why = if force {
                     "--ranks"
                 } else if named {
-                    "rank<N> in their names"
+                    NAMED_RANKS
                 } else if g.members.windows(2).all(|w| {
                     let s = |m: &Member| {
                         m.files.iter().filter_map(|&f| facts[f].span).reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)))
@@ -483,10 +492,7 @@ fn reason(groups: &[Group], facts: &[Facts], force: bool, named: bool) -> String
                 } else {
                     "one program, on different devices"
                 };
-                format!(
-                    "{} processes of one job ({why}): analysed as ranks, side by side",
-                    g.members.len()
-                )
+                ranks_reason(g.members.len(), why)
             }
         },
         many if ab_runs(many, facts) => format!(

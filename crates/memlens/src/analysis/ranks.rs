@@ -129,33 +129,49 @@ pub fn compare_runs_in<'s>(
         Some(an) => peak_analysed(an, usize::MAX),
         None => peak(s, usize::MAX),
     };
-    let oomed = |s: &Snapshot| {
-        s.traces
-            .iter()
-            .flat_map(|t| &t.events)
-            .any(|e| e.action == Action::Oom)
-    };
     let peaks: Vec<(u32, &String, PeakReport, bool)> = ranks
         .iter()
         .filter_map(|(r, files)| {
-            let oom = files.iter().any(|(_, s)| oomed(s));
-            let (file, peak) = files
-                .iter()
-                .map(|(f, s)| (f, peak_of(s)))
-                // The highest peak; of equal ones, the latest file.
-                .fold(
-                    None,
-                    |best: Option<(&String, PeakReport)>, (f, p)| match best {
-                        Some((bf, bp)) if bp.peak_allocated_bytes > p.peak_allocated_bytes => {
-                            Some((bf, bp))
-                        }
-                        _ => Some((f, p)),
-                    },
-                )?;
+            let oom = files.iter().any(|(_, s)| holds_oom(s));
+            let (file, peak) = highest_peak(files.iter().map(|(f, s)| (f, peak_of(s))))?;
             Some((*r, file, peak, oom))
         })
         .collect();
     compare_peaks(&peaks, device_memory)
+}
+
+/// Whether any trace of `snap` holds an OOM.
+pub fn holds_oom(snap: &Snapshot) -> bool {
+    snap.traces
+        .iter()
+        .flat_map(|t| &t.events)
+        .any(|e| e.action == Action::Oom)
+}
+
+/// Of one rank's snapshots (oldest first) and their peaks, the one with the
+/// highest allocated peak; of equal ones, the latest.
+pub fn highest_peak<F>(
+    peaks: impl IntoIterator<Item = (F, PeakReport)>,
+) -> Option<(F, PeakReport)> {
+    peaks.into_iter().fold(None, |best, (f, p)| match best {
+        Some((bf, bp)) if bp.peak_allocated_bytes > p.peak_allocated_bytes => Some((bf, bp)),
+        _ => Some((f, p)),
+    })
+}
+
+/// Compares ranks from what each left behind: (rank, the file of its
+/// highest peak, that peak, whether any of its snapshots holds an OOM). The
+/// same report [`compare_runs_in`] gives, for ranks read one at a time
+/// ([`crate::job`]).
+pub fn compare_rank_peaks(
+    peaks: &[(u32, String, PeakReport, bool)],
+    device_memory: Option<u64>,
+) -> RanksReport {
+    let borrowed: Vec<(u32, &String, PeakReport, bool)> = peaks
+        .iter()
+        .map(|(r, f, p, o)| (*r, f, p.clone(), *o))
+        .collect();
+    compare_peaks(&borrowed, device_memory)
 }
 
 fn compare_peaks(

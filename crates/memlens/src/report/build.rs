@@ -44,7 +44,20 @@ pub fn from_diagnosis_in<'s>(
     d: &Diagnosis,
 ) -> ReportData {
     let ranks = super::ranks::ranks_view(set, snaps, d);
+    from_diagnosis_with_ranks(set, snaps, d, ranks)
+}
+
+/// [`from_diagnosis_in`] with the ranks section made beforehand: a job read
+/// rank by rank ([`crate::job`]) holds only its main rank's snapshots in
+/// `snaps`.
+pub fn from_diagnosis_with_ranks<'s>(
+    set: &AnalysedSet<'s>,
+    snaps: &[(String, &'s Snapshot)],
+    d: &Diagnosis,
+    ranks: Option<RanksView>,
+) -> ReportData {
     let mut meta = meta(snaps, d);
+    let has_ranks = ranks.is_some();
     if let Some(r) = &ranks {
         meta.title = ranks_title(r);
     }
@@ -62,7 +75,9 @@ pub fn from_diagnosis_in<'s>(
             .then(|| super::views::overview(set, snaps, d))
             .flatten(),
         ranks,
-        shown_file: (snaps.len() > 1).then(|| d.files.last().cloned()).flatten(),
+        shown_file: (snaps.len() > 1 || has_ranks)
+            .then(|| d.files.last().cloned())
+            .flatten(),
         ..ReportData::default()
     };
     // The snapshot the diagnosis's peak describes: with several ranks or

@@ -53,6 +53,7 @@ pub use model::{
     SegmentRow, Severity, Stat, Timeline, TimelineSite, Tune, TuneRow, XUnit,
 };
 pub use moments::{Moments, MAX_KEPT_ALLOCS, MAX_STACK_FRAMES, MOMENT_SEGMENT_MAPS};
+pub use ranks::{job_rank_series, ranks_view_of};
 pub use segments::{
     cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS, MAX_BLOCK_STACK_FRAMES,
 };
@@ -135,8 +136,34 @@ pub fn write_report_in<'s>(
     diagnosis: &crate::doctor::Diagnosis,
     path: &std::path::Path,
 ) -> crate::Result<()> {
-    use std::path::Path;
     let html = render_html(&build::from_diagnosis_in(set, snaps, diagnosis).bounded());
+    write_html(&html, path)
+}
+
+/// Writes the report of a job read rank by rank ([`crate::job`]): `snaps`
+/// are its main rank's snapshots (its timeline, peak and segments are
+/// shown), `ranks` the side-by-side section made from every rank.
+pub fn write_job_report<'s>(
+    set: &crate::analysis::peak::AnalysedSet<'s>,
+    snaps: &[(String, &'s crate::Snapshot)],
+    diagnosis: &crate::doctor::Diagnosis,
+    ranks: model::RanksView,
+    path: &std::path::Path,
+) -> crate::Result<()> {
+    let mut data = build::from_diagnosis_with_ranks(set, snaps, diagnosis, Some(ranks));
+    // Every rank's files, not only those read again for the main rank.
+    data.meta.files = diagnosis
+        .parts
+        .iter()
+        .flat_map(|p| p.files.iter().cloned())
+        .collect();
+    write_html(&render_html(&data.bounded()), path)
+}
+
+/// Writes `html` to `path` through a temporary file beside it, so that a
+/// failed write leaves what was there.
+fn write_html(html: &str, path: &std::path::Path) -> crate::Result<()> {
+    use std::path::Path;
     let dir = path
         .parent()
         .filter(|p| !p.as_os_str().is_empty())

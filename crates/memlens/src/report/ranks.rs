@@ -25,7 +25,7 @@ pub fn ranks_view<'s>(
         .as_ref()
         .and_then(|i| i.sites.first())
         .map(|s| s.site.clone());
-    let mut series: Vec<RankSeries> = r
+    let series: Vec<RankSeries> = r
         .ranks
         .iter()
         .filter_map(|row| {
@@ -34,14 +34,43 @@ pub fn ranks_view<'s>(
                 Some(l) => l.recorded().of_device(snap, row.device),
                 None => RecordedPasses::default().of_device(snap, row.device),
             };
-            Some(rank_series(
-                row.rank,
-                snap,
-                pass.as_deref(),
-                site.as_deref(),
-            ))
+            let sites: Vec<&str> = site.as_deref().into_iter().collect();
+            let (mut series, mut by_site) = rank_series(row.rank, snap, pass.as_deref(), &sites);
+            series.site_bytes = by_site.pop().unwrap_or_else(|| vec![0; series.event.len()]);
+            Some(series)
         })
         .collect();
+    Some(ranks_view_of(d, site, series))
+}
+
+/// One rank of a job read rank by rank ([`crate::job`]): its series, and
+/// the bytes over time of each of `sites` (the imbalance site is known only
+/// once every rank is read, so each rank keeps those of its own heaviest
+/// sites at its peak).
+pub fn job_rank_series<'s>(
+    set: &AnalysedSet<'s>,
+    snap: &'s Snapshot,
+    rank: u32,
+    device: u32,
+    sites: &[&str],
+) -> (RankSeries, Vec<Vec<u64>>) {
+    let pass = match set.later(snap) {
+        Some(l) => l.recorded().of_device(snap, device),
+        None => RecordedPasses::default().of_device(snap, device),
+    };
+    rank_series(rank, snap, pass.as_deref(), sites)
+}
+
+/// The ranks section from each rank's series (the imbalance site's bytes in
+/// `site_bytes`, where known).
+pub fn ranks_view_of(
+    d: &Diagnosis,
+    site: Option<String>,
+    mut series: Vec<RankSeries>,
+) -> RanksView {
+    let Some(r) = d.ranks.as_ref() else {
+        return RanksView::default();
+    };
     // A shared axis: seconds from the first event of any rank, when the
     // traces have times; else event indices of each rank.
     let t0 = series
@@ -58,7 +87,7 @@ pub fn ranks_view<'s>(
         };
         s.time_us.clear();
     }
-    Some(RanksView {
+    RanksView {
         reason: d
             .inputs
             .as_ref()
@@ -83,55 +112,65 @@ pub fn ranks_view<'s>(
         imbalance_site: site,
         suggestion: r.imbalance.as_ref().map(|i| i.suggestion.clone()),
         series,
-    })
+    }
 }
 
-/// One rank's allocated and reserved bytes (and the imbalance site's) over
-/// its trace, as the maxima of at most [`RANK_POINTS`] buckets of events: a
-/// walk over the trace with the totals and block sizes of its one replay
-/// (`pass`; `None`: no trace).
+/// One rank's allocated and reserved bytes over its trace, and the bytes
+/// live at each of `sites`, as the maxima of at most [`RANK_POINTS`] buckets
+/// of events: a walk over the trace with the totals and block sizes of its
+/// one replay (`pass`; `None`: no trace). `site_bytes` is left empty.
 fn rank_series(
     rank: u32,
     snap: &Snapshot,
     pass: Option<&PeakPass>,
-    site: Option<&str>,
-) -> RankSeries {
+    sites: &[&str],
+) -> (RankSeries, Vec<Vec<u64>>) {
     let mut out = RankSeries {
         rank,
         ..RankSeries::default()
     };
+    let mut by_site: Vec<Vec<u64>> = vec![Vec::new(); sites.len()];
     let Some(pass) = pass else {
-        return out;
+        return (out, by_site);
     };
     let index = SiteIndex::new(snap);
-    let mut matches: HashMap<StackId, bool> = HashMap::default();
-    let mut is_site = |stack: StackId| {
-        *matches
-            .entry(stack)
-            .or_insert_with(|| site.is_some_and(|s| Site::of(snap, &index, stack).site == s))
+    // The site (of `sites`) each stack allocates at.
+    let mut site_of: HashMap<StackId, Option<usize>> = HashMap::default();
+    let mut which = |stack: StackId| {
+        *site_of.entry(stack).or_insert_with(|| {
+            if sites.is_empty() {
+                return None;
+            }
+            let at = Site::of(snap, &index, stack).site;
+            sites.iter().position(|s| *s == at)
+        })
     };
     let events = snap.device_trace(pass.device);
     let n = events.len().max(1);
     let per = n.div_ceil(RANK_POINTS).max(1);
-    // The site's blocks, live, by address (until the first free).
-    let mut live: HashMap<u64, u64> = HashMap::default();
-    let (mut site_bytes, mut peak_alloc) = (0u64, 0u64);
-    let mut bucket: Option<(i64, u64, u64, u64, u64)> = None; // time, event, alloc, reserved, site
+    // The sites' blocks, live, by address (until the first free): their site and size.
+    let mut live: HashMap<u64, (usize, u64)> = HashMap::default();
+    let mut site_bytes = vec![0u64; sites.len()];
+    let mut site_max = vec![0u64; sites.len()];
+    let mut peak_alloc = 0u64;
+    let mut bucket: Option<(i64, u64, u64, u64)> = None; // time, event, alloc, reserved
     for ((i, e), (allocated, reserved)) in events.iter().enumerate().zip(pass.totals()) {
         match e.action {
-            Action::Alloc if is_site(e.stack) => {
-                let size = pass.watched.block_size(&pass.config, i, e);
-                site_bytes += size;
-                live.insert(e.addr, size);
+            Action::Alloc => {
+                if let Some(k) = which(e.stack) {
+                    let size = pass.watched.block_size(&pass.config, i, e);
+                    site_bytes[k] += size;
+                    live.insert(e.addr, (k, size));
+                }
             }
             Action::FreeRequested | Action::FreeCompleted => {
-                if let Some(size) = live.remove(&e.addr) {
-                    site_bytes = site_bytes.saturating_sub(size);
+                if let Some((k, size)) = live.remove(&e.addr) {
+                    site_bytes[k] = site_bytes[k].saturating_sub(size);
                 }
             }
             _ => {}
         }
-        let b = bucket.get_or_insert((e.time_us, i as u64, 0, 0, 0));
+        let b = bucket.get_or_insert((e.time_us, i as u64, 0, 0));
         if allocated >= b.2 {
             // The bucket's point sits at its highest allocated moment.
             b.0 = e.time_us;
@@ -139,26 +178,37 @@ fn rank_series(
         }
         b.2 = b.2.max(allocated);
         b.3 = b.3.max(reserved);
-        b.4 = b.4.max(site_bytes);
+        for (m, &now) in site_max.iter_mut().zip(&site_bytes) {
+            *m = (*m).max(now);
+        }
         if allocated > peak_alloc {
             peak_alloc = allocated;
             out.peak_point = out.event.len();
         }
         if (i + 1) % per == 0 {
-            flush(&mut out, bucket.take());
+            flush(&mut out, &mut by_site, &mut site_max, bucket.take());
         }
     }
-    flush(&mut out, bucket.take());
+    flush(&mut out, &mut by_site, &mut site_max, bucket.take());
     out.peak_point = out.peak_point.min(out.event.len().saturating_sub(1));
-    out
+    (out, by_site)
 }
 
-fn flush(out: &mut RankSeries, b: Option<(i64, u64, u64, u64, u64)>) {
-    if let Some((t, e, a, r, s)) = b {
+fn flush(
+    out: &mut RankSeries,
+    by_site: &mut [Vec<u64>],
+    site_max: &mut [u64],
+    b: Option<(i64, u64, u64, u64)>,
+) {
+    if let Some((t, e, a, r)) = b {
         out.time_us.push(t);
         out.event.push(e);
         out.allocated.push(a);
         out.reserved.push(r);
-        out.site_bytes.push(s);
+        for (series, max) in by_site.iter_mut().zip(site_max.iter_mut()) {
+            series.push(*max);
+            // The next bucket starts from the bytes live now, not this maximum.
+            *max = 0;
+        }
     }
 }
