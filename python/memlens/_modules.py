@@ -45,7 +45,13 @@ class ModuleScopes:
                 if open_scopes:
                     open_scopes.pop().__exit__(None, None, None)
 
-            self._handles.append(module.register_forward_pre_hook(pre))
+            try:
+                # prepend: the scope opens before hooks registered earlier
+                # run, so that what they allocate for this module (FSDP's
+                # all-gather of its parameters) is named by it.
+                self._handles.append(module.register_forward_pre_hook(pre, prepend=True))
+            except TypeError:  # torch < 2.0
+                self._handles.append(module.register_forward_pre_hook(pre))
             try:
                 # always_call: the scope closes even when forward raises (an OOM).
                 self._handles.append(module.register_forward_hook(post, always_call=True))

@@ -133,6 +133,10 @@ pub struct Diagnosis {
     /// The ranks side by side, when the inputs are the ranks of one job.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ranks: Option<RanksReport>,
+    /// What FSDP holds at the peak (gathered parameters by module, its
+    /// collectives' buffers), when the peak holds anything of FSDP's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fsdp: Option<crate::analysis::fsdp::FsdpReport>,
     /// The device's used memory reconciled with PyTorch's, from the figures
     /// `memlens.record` wrote beside the last snapshot ([`crate::device_file`]).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -269,6 +273,11 @@ pub fn diagnose_in<'s>(
         .and_then(crate::device_file::RecordedDevice::account);
     findings.extend(device.as_ref().map(device_finding));
     findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
+    let fsdp = live_at_peak
+        .as_ref()
+        .and_then(|live| crate::analysis::fsdp::fsdp_of_live(analysed, live.trace, &live.blocks));
+    findings.extend(fsdp.as_ref().map(fsdp_finding));
+    findings.sort_by_key(|f| std::cmp::Reverse(f.severity));
     let modules = live_at_peak.map(|live| {
         let finder = crate::source::SourceFinder::with_env(opts.source_roots.clone());
         crate::analysis::modules::modules_of_live(
@@ -292,8 +301,83 @@ pub fn diagnose_in<'s>(
         files: snaps.iter().map(|(n, _)| n.clone()).collect(),
         inputs: None,
         ranks: None,
+        fsdp,
         device,
         parts: Vec::new(),
+    }
+}
+
+/// The `fsdp` finding: a warning when more FSDP units hold their gathered
+/// parameters at the peak than computing and prefetching need (resharding
+/// after forward is off), with what resharding would free; else what FSDP
+/// holds there, by module, for information.
+fn fsdp_finding(r: &crate::analysis::fsdp::FsdpReport) -> Finding {
+    let f = crate::units::format_bytes;
+    let units: Vec<String> = r
+        .gathered_units
+        .iter()
+        .map(|u| format!("{} {}", u.module, f(u.bytes)))
+        .collect();
+    let modules = crate::analysis::fsdp::module_list(&r.gathered_units);
+    let mut evidence = vec![format!(
+        "gathered parameters of {} unit(s) live at the peak, {} in all: {}",
+        r.gathered_units.len(),
+        f(r.gathered_bytes),
+        if units.is_empty() {
+            "none".into()
+        } else {
+            units.join(", ")
+        }
+    )];
+    evidence.push(format!(
+        "all-gather buffers {}, reduce-scatter buffers {}",
+        f(r.all_gather_buffer_bytes),
+        f(r.reduce_scatter_bytes)
+    ));
+    if !r.reshard_after_forward_off {
+        return Finding {
+            kind: "fsdp".into(),
+            severity: Severity::Info,
+            title: format!(
+                "FSDP at the peak: gathered parameters {} ({}), reduce-scatter buffers {}, all-gather buffers {}",
+                f(r.gathered_bytes),
+                if units.is_empty() { "no unit".into() } else { modules },
+                f(r.reduce_scatter_bytes),
+                f(r.all_gather_buffer_bytes)
+            ),
+            bytes: Some(r.gathered_bytes + r.reduce_scatter_bytes + r.all_gather_buffer_bytes),
+            evidence,
+            ..Finding::default()
+        };
+    }
+    // What resharding frees: all but the two largest units' gathered parameters.
+    let mut sizes: Vec<u64> = r.gathered_units.iter().map(|u| u.bytes).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    let kept: u64 = sizes.iter().take(crate::analysis::fsdp::UNITS_NEEDED).sum();
+    let freed = r.gathered_bytes.saturating_sub(kept);
+    let in_forward = r.gathered_units.iter().filter(|u| u.in_forward).count();
+    evidence.push(format!(
+        "{in_forward} of them gathered in their module's forward and still held: FSDP reshards a unit after its forward only with reshard_after_forward=True"
+    ));
+    Finding {
+        kind: "fsdp".into(),
+        severity: Severity::Warning,
+        title: format!(
+            "FSDP: {} units hold their gathered parameters at the peak ({}: {modules}): resharding after forward is off",
+            r.gathered_units.len(),
+            f(r.gathered_bytes)
+        ),
+        bytes: Some(freed),
+        suggestion: Some(format!(
+            "reshard after forward: `fully_shard(module, reshard_after_forward=True)` (FSDP2's default; FSDP1: \
+             `sharding_strategy=ShardingStrategy.FULL_SHARD`, not `SHARD_GRAD_OP`) frees each unit's gathered \
+             parameters after its forward and gathers them again in backward (one more all-gather a unit): \
+             up to {} less at the peak, all but the {} units computing and prefetched",
+            f(freed),
+            crate::analysis::fsdp::UNITS_NEEDED
+        )),
+        evidence,
+        ..Finding::default()
     }
 }
 

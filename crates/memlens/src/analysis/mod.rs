@@ -3,6 +3,7 @@
 pub mod capture;
 pub mod check;
 pub mod diff;
+pub mod fsdp;
 pub mod inputs;
 pub mod leaks;
 pub mod lines;

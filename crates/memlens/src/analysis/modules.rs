@@ -185,6 +185,21 @@ pub fn modules_of_live(
     }
 }
 
+/// The innermost module scope (`memlens.record(model=...)`) open at each of
+/// `times` on `device`, by qualified name; `None` where none was open or the
+/// snapshot has no module scopes.
+pub fn innermost_module_at(snap: &Snapshot, device: u32, times: &[i64]) -> Vec<Option<String>> {
+    let scopes = ScopeTimeline::new(snap, device);
+    let mut order: Vec<usize> = (0..times.len()).collect();
+    order.sort_by_key(|&i| times[i]);
+    let mut out = vec![None; times.len()];
+    let mut sweep = scopes.sweep();
+    for i in order {
+        out[i] = sweep.open_at(times[i]).pop().map(|(name, _)| name);
+    }
+    out
+}
+
 /// A tree under construction.
 #[derive(Default)]
 struct Node {
