@@ -6,7 +6,7 @@
 //! parameters by module; with FSDP2's default it does not, and the default's
 //! real peak is lower by no more than the warning said resharding frees.
 
-use memlens::analysis::fsdp::{module_list, FsdpRole, GatheredUnit};
+use memlens::analysis::fsdp::{module_list, units_in_trace, FsdpRole, GatheredUnit};
 use memlens::doctor::{diagnose, DoctorOptions, Severity};
 use memlens::Snapshot;
 use std::path::PathBuf;
@@ -109,6 +109,29 @@ fn the_default_holds_one_block_and_raises_no_warning() {
         .findings
         .iter()
         .any(|f| f.severity > Severity::Info && f.kind == "fsdp"));
+}
+
+#[test]
+fn backward_gathers_take_their_blocks_names_in_reverse() {
+    let path = corpus("fsdp_default.rank0.pickle.zst");
+    let snap = Snapshot::load(&path).expect("loads");
+    let names: Vec<String> = units_in_trace(&snap, 0)
+        .into_iter()
+        .map(|(_, n)| n)
+        .collect();
+    // Each step: the root and blocks 0-7 in forward, then blocks 7-0 gathered again.
+    let forward: Vec<String> = std::iter::once("FSDPNet".to_string())
+        .chain((0..8).map(|k| format!("blocks.{k}")))
+        .collect();
+    let backward: Vec<String> = (0..8)
+        .rev()
+        .map(|k| format!("blocks.{k} (gathered again in backward)"))
+        .collect();
+    let step: Vec<String> = forward.into_iter().chain(backward).collect();
+    assert!(names.len() >= step.len(), "{names:?}");
+    for (k, chunk) in names.chunks(step.len()).enumerate() {
+        assert_eq!(chunk, &step[..chunk.len()], "step {k}");
+    }
 }
 
 #[test]

@@ -5,14 +5,16 @@
 //! allocation, in `torch/distributed/fsdp/` ([`role_of`]):
 //!
 //! - **gathered parameters**: a unit's parameters made whole by its
-//!   all-gather (FSDP2: `FSDPParam.alloc_all_gather_outputs`; FSDP1: the
-//!   padded unsharded flat parameter). They should live while the unit
+//!   all-gather (FSDP2: `FSDPParam.init_all_gather_outputs` in the first
+//!   iteration, `alloc_all_gather_outputs` after; FSDP1: the padded
+//!   unsharded flat parameter). They should live while the unit
 //!   computes: with `reshard_after_forward=True` (FSDP2's default, FSDP1's
 //!   `FULL_SHARD`) they are freed after the unit's forward and gathered again
 //!   in its backward, so at any moment one unit holds them and, prefetching,
 //!   the next one.
 //! - **all-gather buffers**: the collective's own input and output
-//!   (`foreach_all_gather`), freed once copied out.
+//!   (`foreach_all_gather`) and the copy-out's temporaries, freed once
+//!   copied out.
 //! - **reduce-scatter buffers**: gradients on their way to their shards
 //!   (`foreach_reduce`, FSDP1's `_reduce_grad`).
 //!
@@ -54,10 +56,15 @@ pub fn role_of(snap: &Snapshot, stack: StackId) -> Option<FsdpRole> {
             continue;
         }
         let role = match snap.str(frame.name) {
+            // FSDP2 allocates a unit's gathered parameters in its first
+            // iteration (`init_*`), then again after each reshard (`alloc_*`).
             "alloc_all_gather_outputs"
+            | "init_all_gather_outputs"
             | "init_unsharded_param"
             | "_alloc_padded_unsharded_flat_param" => FsdpRole::GatheredParameters,
-            "foreach_all_gather" | "_all_gather_flat_param" => FsdpRole::AllGatherBuffer,
+            "foreach_all_gather" | "foreach_all_gather_copy_out" | "_all_gather_flat_param" => {
+                FsdpRole::AllGatherBuffer
+            }
             "foreach_reduce" | "foreach_reduce_scatter_copy_in" | "_reduce_grad" => {
                 FsdpRole::ReduceScatterBuffer
             }
@@ -145,23 +152,21 @@ pub fn fsdp_of_live(an: &Analysed, trace: usize, live: &[LiveBlock]) -> Option<F
         units[k].1 += b.size;
         units[k].2 += 1;
     }
-    let times: Vec<i64> = units
-        .iter()
-        .map(|u| t.events.get(u.0 as usize).map_or(0, |e| e.time_us))
-        .collect();
-    let modules = innermost_module_at(snap, t.device, &times);
+    let names = unit_names(snap, t, &unit_start);
     let gathered_units: Vec<GatheredUnit> = units
         .iter()
-        .zip(modules)
-        .map(|(&(start, bytes, blocks), module)| GatheredUnit {
-            in_forward: module.is_some(),
-            module: module.unwrap_or_else(|| match start {
-                u32::MAX => "unit gathered before the recording".into(),
-                s => format!("a unit gathered outside any module's forward (event {s})"),
-            }),
-            bytes,
-            blocks,
-            gathered_at_event: (start != u32::MAX).then_some(start),
+        .map(|&(start, bytes, blocks)| {
+            let (module, in_forward) = names
+                .get(&start)
+                .cloned()
+                .unwrap_or_else(|| ("a unit gathered before the recording".into(), false));
+            GatheredUnit {
+                in_forward,
+                module,
+                bytes,
+                blocks,
+                gathered_at_event: (start != u32::MAX).then_some(start),
+            }
         })
         .collect();
     Some(FsdpReport {
@@ -175,6 +180,81 @@ pub fn fsdp_of_live(an: &Analysed, trace: usize, live: &[LiveBlock]) -> Option<F
             .copied()
             .unwrap_or(0),
     })
+}
+
+/// Every unit of gathered parameters in trace `trace`, in order: its first
+/// event and its name ([`unit_names`]).
+pub fn units_in_trace(snap: &Snapshot, trace: usize) -> Vec<(u32, String)> {
+    let Some(t) = snap.traces.get(trace) else {
+        return Vec::new();
+    };
+    let mut roles: HashMap<StackId, Option<FsdpRole>> = HashMap::new();
+    let mut role = |stack: StackId| *roles.entry(stack).or_insert_with(|| role_of(snap, stack));
+    let starts = unit_starts(&t.events, &mut role);
+    let mut units: Vec<(u32, String)> = unit_names(snap, t, &starts)
+        .into_iter()
+        .map(|(start, (name, _))| (start, name))
+        .collect();
+    units.sort_unstable();
+    units
+}
+
+/// Each unit's name, by its first event, and whether it was gathered in a
+/// module's forward. A unit gathered in its module's forward is named by
+/// the module's scope. One gathered outside any scope is, in a step, a unit
+/// gathered again for its backward, which runs the forward's units in
+/// reverse: it takes the name of the latest unit of the step's forward with
+/// the same parameter sizes not yet matched (`blocks.7 (gathered again in
+/// backward)`); without one, its event.
+fn unit_names(
+    snap: &Snapshot,
+    t: &crate::snapshot::DeviceTrace,
+    unit_start: &HashMap<u32, u32>,
+) -> HashMap<u32, (String, bool)> {
+    let mut sizes: std::collections::BTreeMap<u32, Vec<u64>> = std::collections::BTreeMap::new();
+    for (&alloc, &start) in unit_start {
+        let size = t.events.get(alloc as usize).map_or(0, |e| e.size);
+        sizes.entry(start).or_default().push(size);
+    }
+    // The map gave the allocations in no order: a unit's sizes, sorted.
+    for v in sizes.values_mut() {
+        v.sort_unstable();
+    }
+    let starts: Vec<u32> = sizes.keys().copied().collect();
+    let times: Vec<i64> = starts
+        .iter()
+        .map(|&s| t.events.get(s as usize).map_or(0, |e| e.time_us))
+        .collect();
+    let modules = innermost_module_at(snap, t.device, &times);
+    let mut names = HashMap::new();
+    // The step's forward units not yet gathered again: (sizes, name).
+    let mut forward: Vec<(&Vec<u64>, String)> = Vec::new();
+    let mut in_backward = false;
+    for (start, module) in starts.iter().zip(modules) {
+        let Some(signature) = sizes.get(start) else {
+            continue;
+        };
+        match module {
+            Some(m) => {
+                if in_backward {
+                    // A forward after a backward: the next step.
+                    forward.clear();
+                    in_backward = false;
+                }
+                forward.push((signature, m.clone()));
+                names.insert(*start, (m, true));
+            }
+            None => {
+                in_backward = true;
+                let name = match forward.iter().rposition(|(sig, _)| *sig == signature) {
+                    Some(k) => format!("{} (gathered again in backward)", forward.remove(k).1),
+                    None => format!("a unit gathered outside any module's forward (event {start})"),
+                };
+                names.insert(*start, (name, false));
+            }
+        }
+    }
+    names
 }
 
 /// For each gathered-parameter `alloc` event, the event starting its unit:
