@@ -95,6 +95,64 @@ fn four_ranks_read_two_at_a_time_match_and_keep_rank_order() {
 }
 
 #[test]
+fn ranks_given_as_periodic_snapshots_match_and_take_their_highest_peak() {
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let corpus_file = |name: &str| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/corpus")
+            .join(name)
+    };
+    // Two ranks, each a series of periodic snapshots (memlens.record(every=2)):
+    // rank 0 the clean run, rank 1 the planted leak.
+    let mut files = Vec::new();
+    for (rank, run) in [(0, "clean"), (1, "leak_losses")] {
+        for step in ["step2.", "step4.", ""] {
+            let dst = dir.path().join(format!("job.rank{rank}.{step}pickle.zst"));
+            std::fs::copy(corpus_file(&format!("{run}.{step}pickle.zst")), &dst).expect("copied");
+            files.push(dst);
+        }
+    }
+    let [(a, b), (va, vb)] = both_ways(&files, 2);
+    assert_eq!(a, b, "the diagnosis differs");
+    assert_eq!(va, vb, "the report's ranks section differs");
+    // Each rank's row is its highest peak over its snapshots.
+    for (rank, row) in b["ranks"]["ranks"]
+        .as_array()
+        .expect("rows")
+        .iter()
+        .enumerate()
+    {
+        let peaks: Vec<u64> = b["parts"][rank]["files"]
+            .as_array()
+            .expect("files")
+            .iter()
+            .map(|f| {
+                let s = Snapshot::load(std::path::Path::new(f.as_str().expect("a path")))
+                    .expect("loads");
+                memlens::analysis::peak::peak(&s, 1).peak_allocated_bytes
+            })
+            .collect();
+        assert_eq!(peaks.len(), 3, "the rank's three snapshots, together");
+        // ... and the run's max_memory_allocated(), from the GPU.
+        let run = ["clean", "leak_losses"][rank];
+        let truth: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(corpus_file(&format!("{run}.truth.json"))).expect("truth"),
+        )
+        .expect("truth json");
+        assert_eq!(
+            row["peak_allocated_bytes"].as_u64(),
+            truth["memory_stats"]["allocated_bytes.all.peak"].as_u64(),
+            "rank {rank}: the GPU's peak"
+        );
+        assert_eq!(
+            row["peak_allocated_bytes"].as_u64(),
+            peaks.iter().max().copied(),
+            "rank {rank}"
+        );
+    }
+}
+
+#[test]
 fn only_files_that_all_name_ranks_are_a_job() {
     let p = |s: &str| PathBuf::from(s);
     assert_eq!(ranks_by_name(&[p("a.rank0.pickle"), p("b.pickle")]), None);
