@@ -61,7 +61,8 @@ def worker(rank, world, out, job, reshard, port):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     x = torch.randn(4, 512, D, device="cuda")
     torch.cuda.reset_peak_memory_stats()
-    path = os.path.join(out, f"{job}.rank{rank}.pickle")
+    # memlens names each rank's file itself (JOB.rank<R>.pickle).
+    path = os.path.join(out, f"{job}.pickle")
     memlens.start(path, model=model)
     for _ in range(STEPS):
         loss = model(x).float().pow(2).mean()
