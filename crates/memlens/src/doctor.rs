@@ -1005,16 +1005,33 @@ fn imbalance_finding(r: &RanksReport) -> Option<Finding> {
                 .join(", "),
             format_bytes(im.median_peak_bytes)
         ))
-        .chain(im.sites.iter().take(5).map(|s| {
-            format!(
-                "{}: {} on rank {} vs median {} ({})",
-                s.site,
-                format_bytes(s.bytes),
-                im.rank,
-                format_bytes(s.median_bytes),
-                s.category
-            )
-        }))
+        .chain(std::iter::once(format!(
+            "{} site(s) explain {} of the {} gap ({:.0}%); by category: {}",
+            im.explaining_sites,
+            format_bytes(im.explained_bytes),
+            format_bytes(im.excess_bytes),
+            100.0 * im.explained_bytes as f64 / im.excess_bytes.max(1) as f64,
+            im.by_category
+                .iter()
+                .map(|(c, b)| format!("{c} {}", format_bytes(*b)))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )))
+        .chain(
+            im.sites
+                .iter()
+                .take(im.explaining_sites.clamp(1, 10))
+                .map(|s| {
+                    format!(
+                        "{}: {} on rank {} vs median {} ({})",
+                        s.site,
+                        format_bytes(s.bytes),
+                        im.rank,
+                        format_bytes(s.median_bytes),
+                        s.category
+                    )
+                }),
+        )
         .collect(),
         stack: top.map(|s| s.stack.clone()).unwrap_or_default(),
         quote: Default::default(),

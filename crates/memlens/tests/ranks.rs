@@ -67,6 +67,18 @@ fn each_ranks_peak_is_exact_and_the_planted_copy_is_found_in_either_order() {
             site.excess_bytes
         );
         assert!(im.suggestion.contains("EMA"), "{}", im.suggestion);
+        // The sites listed first explain at least 90% of the gap, and no
+        // fewer would.
+        assert!(im.explaining_sites >= 1 && im.explaining_sites <= im.sites.len());
+        assert!(im.explained_bytes as f64 >= 0.9 * im.excess_bytes as f64);
+        let fewer: u64 = im.sites[..im.explaining_sites - 1]
+            .iter()
+            .map(|s| s.excess_bytes)
+            .sum();
+        assert!((fewer as f64) < 0.9 * im.excess_bytes as f64);
+        let by_category: u64 = im.by_category.iter().map(|c| c.1).sum();
+        let by_site: u64 = im.sites.iter().map(|s| s.excess_bytes).sum();
+        assert_eq!(by_category, by_site, "categories split the sites' excess");
     }
 }
 

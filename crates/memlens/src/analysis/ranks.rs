@@ -62,6 +62,14 @@ pub struct Imbalance {
     pub median_peak_bytes: u64,
     /// The sites of the excess, largest first.
     pub sites: Vec<SiteExcess>,
+    /// How many of `sites`, from the first, explain at least 90% of the
+    /// excess together (all of them when they do not).
+    pub explaining_sites: usize,
+    /// Their excess, together.
+    pub explained_bytes: u64,
+    /// The excess of `sites` by category (parameter, optimizer_state, ...),
+    /// largest first.
+    pub by_category: Vec<(String, u64)>,
     /// What to change, for the known patterns.
     pub suggestion: String,
 }
@@ -84,6 +92,8 @@ pub struct RanksReport {
 const MIN_EXCESS_BYTES: u64 = 32 << 20;
 /// ... and this share of it.
 const MIN_EXCESS_SHARE: f64 = 0.05;
+/// The share of the heaviest rank's excess the sites it lists first explain.
+const EXPLAINED_SHARE: f64 = 0.9;
 /// Sites whose excess is smaller are noise of timing between ranks.
 const MIN_SITE_EXCESS: u64 = 1 << 20;
 
@@ -259,11 +269,32 @@ fn imbalance(peaks: &[(u32, &String, PeakReport, bool)]) -> Option<Imbalance> {
         .collect();
     sites.sort_by(|a, b| (b.excess_bytes, &a.site).cmp(&(a.excess_bytes, &b.site)));
     let suggestion = suggest(*rank, excess, sites.first());
+    // The fewest sites, largest first, that explain 90% of the gap.
+    let (mut explaining_sites, mut explained_bytes) = (0, 0u64);
+    for s in &sites {
+        if explained_bytes as f64 >= EXPLAINED_SHARE * excess as f64 {
+            break;
+        }
+        explaining_sites += 1;
+        explained_bytes += s.excess_bytes;
+    }
+    let mut by_category: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in &sites {
+        *by_category.entry(s.category.as_str()).or_default() += s.excess_bytes;
+    }
+    let mut by_category: Vec<(String, u64)> = by_category
+        .into_iter()
+        .map(|(c, b)| (c.to_string(), b))
+        .collect();
+    by_category.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     Some(Imbalance {
         rank: *rank,
         excess_bytes: excess,
         median_peak_bytes: median_peak,
         sites,
+        explaining_sites,
+        explained_bytes,
+        by_category,
         suggestion,
     })
 }
