@@ -183,7 +183,8 @@ pub fn fsdp_of_live(an: &Analysed, trace: usize, live: &[LiveBlock]) -> Option<F
 }
 
 /// Every unit of gathered parameters in trace `trace`, in order: its first
-/// event and its name ([`unit_names`]).
+/// event and its name (a module, or the forward unit it was gathered again
+/// for, as the step's backward runs the forward's units in reverse).
 pub fn units_in_trace(snap: &Snapshot, trace: usize) -> Vec<(u32, String)> {
     let Some(t) = snap.traces.get(trace) else {
         return Vec::new();
