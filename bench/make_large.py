@@ -52,9 +52,10 @@ def cleanup(trace, t0):
     return out
 
 
-def main():
-    src, dst, target_mb = sys.argv[1], sys.argv[2], float(sys.argv[3])
-    snap = load(src)
+def tiled(snap, target_mb):
+    """The trace of `snap` repeated, with shifted times, until the pickle
+    reaches about target_mb; every repetition but the last ends as
+    `empty_cache()` after `del model` would. Returns (events, copies)."""
     trace = snap["device_traces"][0]
     probe = io.BytesIO()
     pickle.dump(snap, probe, protocol=4)
@@ -68,6 +69,13 @@ def main():
         out.extend(dict(e, time_us=e["time_us"] + shift) for e in trace)
         if k + 1 < copies:
             out.extend(dict(e, time_us=e["time_us"] + shift) for e in tail)
+    return out, copies
+
+
+def main():
+    src, dst, target_mb = sys.argv[1], sys.argv[2], float(sys.argv[3])
+    snap = load(src)
+    out, copies = tiled(snap, target_mb)
     snap["device_traces"][0] = out
     with open(dst, "wb") as f:
         pickle.dump(snap, f, protocol=4)

@@ -19,7 +19,7 @@ about the time of copying them.
 import json, os, pickle, struct, sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_large import cleanup, load  # noqa: E402
+from make_large import load, tiled  # noqa: E402
 
 MIB = 1 << 20
 # The size the pickle is written with: a multiple of 2 MiB (a segment of
@@ -34,22 +34,6 @@ def size_of(rank, heavy):
     """The buffer of `rank`: 12-32 MiB, varied (from 10 MiB a request gets a
     segment of its own size); the heavy rank's 512 MiB."""
     return HEAVY if rank == heavy else ((rank * 37) % 11 + 6) * 2 * MIB
-
-
-def tiled(snap, target_mb):
-    """The trace of `snap` repeated to about target_mb, as make_large.py does."""
-    trace = snap["device_traces"][0]
-    per_copy = len(pickle.dumps(snap, protocol=4))
-    copies = max(1, round(target_mb * 1e6 / per_copy))
-    span = trace[-1]["time_us"] - trace[0]["time_us"] + 1000
-    tail = cleanup(trace, trace[-1]["time_us"])
-    out = []
-    for k in range(copies):
-        shift = k * (span + len(tail) + 1000)
-        out.extend(dict(e, time_us=e["time_us"] + shift) for e in trace)
-        if k + 1 < copies:
-            out.extend(dict(e, time_us=e["time_us"] + shift) for e in tail)
-    return out
 
 
 def planted(trace, size):
@@ -83,7 +67,7 @@ def main():
     with open(stats_path) as f:
         base_peak = json.load(f)["memory_stats"]["allocated_bytes.all.peak"]
     snap = load(src)
-    snap["device_traces"][0] = planted(tiled(snap, target_mb), SENTINEL)
+    snap["device_traces"][0] = planted(tiled(snap, target_mb)[0], SENTINEL)
     data = bytearray(pickle.dumps(snap, protocol=4))
     del snap
     needle = b"J" + struct.pack("<i", SENTINEL)

@@ -149,6 +149,15 @@ pub struct Diagnosis {
 }
 
 impl Diagnosis {
+    /// Fills the source of its findings ([`annotate_findings`]) from its
+    /// leaks and its parts' leaks, annotated already.
+    pub fn annotate_findings(&mut self, sources: &crate::source::SourceFinder) {
+        let leaks: Vec<&LeakReport> = std::iter::once(&self.leaks)
+            .chain(self.parts.iter().map(|p| &p.diagnosis.leaks))
+            .collect();
+        annotate_findings(&mut self.findings, &leaks, sources);
+    }
+
     /// The verdict in one sentence, as the terminal and the report both
     /// print it: a healthy run is told so plainly.
     pub fn verdict(&self) -> String {

@@ -14,7 +14,7 @@
 
 use crate::analysis::inputs::{group, rank_in_name, ranks_reason, NAMED_RANKS};
 use crate::analysis::peak::{peak_analysed, AnalysedSet, PeakReport};
-use crate::analysis::ranks::{compare_rank_peaks, highest_peak, holds_oom};
+use crate::analysis::ranks::{bytes_by_site, compare_rank_peaks, highest_peak, holds_oom};
 use crate::doctor::{diagnose_in, DoctorOptions, Part};
 use crate::replay::during_read::load;
 use crate::report::{job_rank_series, RankSeries, RanksView};
@@ -126,11 +126,7 @@ pub fn diagnose_rank(rank: &RankFiles, opts: &DoctorOptions) -> crate::Result<Ra
 
 /// The sites with the most bytes live at `peak`, heaviest first.
 fn heaviest_sites(peak: &PeakReport) -> Vec<String> {
-    let mut by_site: BTreeMap<&str, u64> = BTreeMap::new();
-    for s in &peak.live_at_peak {
-        *by_site.entry(s.site.as_str()).or_default() += s.bytes;
-    }
-    let mut sites: Vec<(&str, u64)> = by_site.into_iter().collect();
+    let mut sites: Vec<(&str, u64)> = bytes_by_site(peak).into_iter().collect();
     sites.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
     sites
         .into_iter()
@@ -254,13 +250,7 @@ fn combine_ranks(outcomes: Vec<RankOutcome>, opts: &DoctorOptions) -> JobDiagnos
     }
     let reason = ranks_reason(parts.len(), NAMED_RANKS);
     let mut diagnosis = crate::doctor::combine(parts, "ranks", reason, Some(report));
-    let leaks: Vec<&crate::analysis::leaks::LeakReport> = std::iter::once(&diagnosis.leaks)
-        .chain(diagnosis.parts.iter().map(|p| &p.diagnosis.leaks))
-        .collect();
-    let sources = SourceFinder::with_env(opts.source_roots.clone());
-    let mut findings = std::mem::take(&mut diagnosis.findings);
-    crate::doctor::annotate_findings(&mut findings, &leaks, &sources);
-    diagnosis.findings = findings;
+    diagnosis.annotate_findings(&SourceFinder::with_env(opts.source_roots.clone()));
     let ranks_view = crate::report::ranks_view_of(&diagnosis, site, series);
     warnings.sort();
     warnings.dedup();

@@ -179,13 +179,7 @@ fn job(
         let n = finished.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
         pb.set_message(format!("read {n} of {} ranks", ranks.len()));
     })?;
-    let mut doc = memlens::render::documents::DoctorDoc {
-        findings: job.diagnosis.findings.clone(),
-        report: None,
-        ranks: job.diagnosis.ranks.as_ref().map(|r| r.ranks.clone()),
-        diagnosis: job.diagnosis,
-        warnings: job.warnings,
-    };
+    let mut doc = memlens::render::documents::DoctorDoc::new(job.diagnosis, job.warnings);
     for w in &doc.warnings {
         pb.suspend(|| eprintln!("memlens: warning: {w}"));
     }

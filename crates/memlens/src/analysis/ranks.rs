@@ -147,7 +147,9 @@ pub fn compare_runs_in<'s>(
             Some((*r, file, peak, oom))
         })
         .collect();
-    compare_peaks(&peaks, device_memory)
+    let borrowed: Vec<(u32, &String, &PeakReport, bool)> =
+        peaks.iter().map(|(r, f, p, o)| (*r, *f, p, *o)).collect();
+    compare_peaks(&borrowed, device_memory)
 }
 
 /// Whether any trace of `snap` holds an OOM.
@@ -177,15 +179,13 @@ pub fn compare_rank_peaks(
     peaks: &[(u32, String, PeakReport, bool)],
     device_memory: Option<u64>,
 ) -> RanksReport {
-    let borrowed: Vec<(u32, &String, PeakReport, bool)> = peaks
-        .iter()
-        .map(|(r, f, p, o)| (*r, f, p.clone(), *o))
-        .collect();
+    let borrowed: Vec<(u32, &String, &PeakReport, bool)> =
+        peaks.iter().map(|(r, f, p, o)| (*r, f, p, *o)).collect();
     compare_peaks(&borrowed, device_memory)
 }
 
 fn compare_peaks(
-    peaks: &[(u32, &String, PeakReport, bool)],
+    peaks: &[(u32, &String, &PeakReport, bool)],
     device_memory: Option<u64>,
 ) -> RanksReport {
     let mut rows: Vec<RankRow> = peaks
@@ -214,16 +214,9 @@ fn compare_peaks(
     }
 }
 
-fn imbalance(peaks: &[(u32, &String, PeakReport, bool)]) -> Option<Imbalance> {
+fn imbalance(peaks: &[(u32, &String, &PeakReport, bool)]) -> Option<Imbalance> {
     if peaks.len() < 2 {
         return None;
-    }
-    fn by_site(p: &PeakReport) -> BTreeMap<&str, u64> {
-        let mut m: BTreeMap<&str, u64> = BTreeMap::new();
-        for s in &p.live_at_peak {
-            *m.entry(s.site.as_str()).or_default() += s.bytes;
-        }
-        m
     }
     let median_peak = lower_median(peaks.iter().map(|p| p.2.peak_allocated_bytes).collect());
     // The heaviest rank; ties go to the lowest rank, whatever the file order.
@@ -235,8 +228,8 @@ fn imbalance(peaks: &[(u32, &String, PeakReport, bool)]) -> Option<Imbalance> {
         return None;
     }
     // Bytes live at each rank's peak, by site.
-    let maps: Vec<BTreeMap<&str, u64>> = peaks.iter().map(|p| by_site(&p.2)).collect();
-    let heavy_map = by_site(heavy);
+    let maps: Vec<BTreeMap<&str, u64>> = peaks.iter().map(|p| bytes_by_site(p.2)).collect();
+    let heavy_map = bytes_by_site(heavy);
     let mut sites: Vec<SiteExcess> = heavy_map
         .iter()
         .filter_map(|(site, &bytes)| {
@@ -297,6 +290,15 @@ fn imbalance(peaks: &[(u32, &String, PeakReport, bool)]) -> Option<Imbalance> {
         by_category,
         suggestion,
     })
+}
+
+/// Bytes live at the peak of `p`, by site.
+pub fn bytes_by_site(p: &PeakReport) -> BTreeMap<&str, u64> {
+    let mut m: BTreeMap<&str, u64> = BTreeMap::new();
+    for s in &p.live_at_peak {
+        *m.entry(s.site.as_str()).or_default() += s.bytes;
+    }
+    m
 }
 
 /// The fix for the known patterns, read from the site's stack and category.

@@ -158,10 +158,7 @@ pub fn doctor_doc_in<'s>(
     for part in &mut diagnosis.parts {
         part.diagnosis.leaks.annotate(&sources, &run);
     }
-    let leaks: Vec<&crate::analysis::leaks::LeakReport> = std::iter::once(&diagnosis.leaks)
-        .chain(diagnosis.parts.iter().map(|p| &p.diagnosis.leaks))
-        .collect();
-    crate::doctor::annotate_findings(&mut diagnosis.findings, &leaks, &sources);
+    diagnosis.annotate_findings(&sources);
     let report = match report {
         Some(path) => {
             crate::report::write_report_in(set, snaps, &diagnosis, path)?;
@@ -169,13 +166,23 @@ pub fn doctor_doc_in<'s>(
         }
         None => None,
     };
-    Ok(DoctorDoc {
-        findings: diagnosis.findings.clone(),
-        report,
-        ranks: diagnosis.ranks.as_ref().map(|r| r.ranks.clone()),
-        diagnosis,
-        warnings: run.holders.warnings,
-    })
+    let mut doc = DoctorDoc::new(diagnosis, run.holders.warnings);
+    doc.report = report;
+    Ok(doc)
+}
+
+impl DoctorDoc {
+    /// The document of `diagnosis` (its findings and ranks at the top level,
+    /// as the contract has them), with no report yet.
+    pub fn new(diagnosis: Diagnosis, warnings: Vec<String>) -> DoctorDoc {
+        DoctorDoc {
+            findings: diagnosis.findings.clone(),
+            report: None,
+            ranks: diagnosis.ranks.as_ref().map(|r| r.ranks.clone()),
+            diagnosis,
+            warnings,
+        }
+    }
 }
 
 /// `memlens report --json`: the path written.
