@@ -63,3 +63,65 @@ fn fit_with_one_batch_size_per_probe_missing_is_a_usage_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("one per probe"), "{err}");
 }
+
+#[test]
+fn fit_checkpoint_predicts_the_recorded_run_with_a_module_checkpointed() {
+    let rec = probe("checkpoint/hf_gpt2.pickle.zst");
+    let out = run::memlens(&["fit", &rec, "--checkpoint", "GPT2Block", "--limit", "1GiB"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("GPT2Block under activation checkpointing"),
+        "{text}"
+    );
+    assert!(text.contains("as recorded: peak allocated"), "{text}");
+    assert!(text.contains("does not fit under 1.00 GiB"), "{text}");
+    assert!(text.contains("checkpointed: peak allocated"), "{text}");
+    assert!(text.contains("fits under 1.00 GiB"), "{text}");
+    let out = run::memlens(&["fit", &rec, "--checkpoint", "GPT2Block", "--json"]);
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let peak = |k: &str| doc[k]["peak_allocated_bytes"].as_u64().unwrap_or(0);
+    assert!(
+        peak("predicted") > 0 && peak("predicted") < peak("recorded"),
+        "{doc}"
+    );
+    assert_eq!(doc["basis"]["calls"], 18, "6 blocks, 3 steps");
+    assert!(doc["limit_bytes"].is_null());
+}
+
+#[test]
+fn fit_checkpoint_refuses_what_it_cannot_ground() {
+    let rec = probe("checkpoint/vit.pickle.zst");
+    // A module that never ran: the classes that did are listed.
+    let out = run::memlens(&["fit", &rec, "--checkpoint", "GPT2Block"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no module `GPT2Block`") && err.contains("EncoderBlock"),
+        "{err}"
+    );
+    // No module scopes: how to record them.
+    let out = run::memlens(&["fit", &probe("gpt.b2.pickle.zst"), "--checkpoint", "Block"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("model=model"), "{err}");
+    // Two changes at once are not built.
+    let out = run::memlens(&["fit", &rec, "--checkpoint", "EncoderBlock", "--batch", "32"]);
+    assert_eq!(out.status.code(), Some(2));
+    // --checkpoint and --recorded-batch conflict.
+    let out = run::memlens(&[
+        "fit",
+        &rec,
+        &rec,
+        "--checkpoint",
+        "EncoderBlock",
+        "--recorded-batch",
+        "2,4",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+}

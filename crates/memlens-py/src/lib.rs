@@ -252,11 +252,12 @@ fn explain_oom_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     .map_err(to_py_err)
 }
 
-/// `memlens fit` on the probes at `paths` (snapshots of one run at the
-/// batch sizes `batches`, in order): the JSON document the CLI's `--json`
-/// prints (the same library call).
+/// `memlens fit` on the recordings at `paths`: the probes (snapshots of
+/// one run at the batch sizes `batches`, in order), or with `checkpoint`
+/// one recording with that module checkpointed. The JSON document the
+/// CLI's `--json` prints (the same library call).
 #[pyfunction]
-#[pyo3(signature = (paths, batches, batch = None, limit = None, config = None))]
+#[pyo3(signature = (paths, batches, batch = None, limit = None, config = None, checkpoint = None))]
 fn fit_json(
     py: Python<'_>,
     paths: Vec<PathBuf>,
@@ -264,13 +265,15 @@ fn fit_json(
     batch: Option<u32>,
     limit: Option<u64>,
     config: Option<String>,
+    checkpoint: Option<String>,
 ) -> PyResult<String> {
     py.detach(|| {
         let snaps = paths
             .iter()
             .map(|p| Ok((p.display().to_string(), Snapshot::load(p)?)))
             .collect::<memlens::Result<Vec<_>>>()?;
-        let probes = memlens::fit::probes::probes(&snaps, &batches)?;
+        let recordings: Vec<(&str, &Snapshot)> =
+            snaps.iter().map(|(n, s)| (n.as_str(), s)).collect();
         let opts = memlens::fit::FitOptions {
             batch,
             limit,
@@ -280,7 +283,7 @@ fn fit_json(
                 .transpose()
                 .map_err(|e| memlens::Error::usage(format!("config: {e}")))?,
         };
-        let report = memlens::fit::fit(&probes, &opts)?;
+        let report = memlens::fit::answer(&recordings, &batches, checkpoint.as_deref(), &opts)?;
         serde_json::to_string(&report).map_err(|e| memlens::Error::usage(e.to_string()))
     })
     .map_err(to_py_err)

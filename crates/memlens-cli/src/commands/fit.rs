@@ -1,8 +1,9 @@
-//! `memlens fit`: a training run at another batch size, from two probes.
+//! `memlens fit`: a training run at another batch size, from two probes, or
+//! with a module under activation checkpointing, from one recording.
 
 use crate::output;
 use anyhow::Context;
-use memlens::fit::{fit, probes::probes, FitOptions};
+use memlens::fit::{answer, FitOptions};
 use memlens::render;
 use memlens::sim::AllocatorConfig;
 use memlens::units::parse_size;
@@ -11,17 +12,30 @@ use std::path::PathBuf;
 /// Arguments of `memlens fit`.
 #[derive(clap::Args, Debug)]
 #[command(
-    after_help = "Example:\n  memlens fit b2.pickle.zst b4.pickle.zst --recorded-batch 2,4 --batch 32 --limit 70GiB\n\n\
+    after_help = "Examples:\n  memlens fit b2.pickle.zst b4.pickle.zst --recorded-batch 2,4 --batch 32 --limit 70GiB\n  \
+                  memlens fit run.pickle.zst --checkpoint GPT2Block --limit 70GiB\n\n\
                   Each probe is a snapshot of the same run (same code, same number of steps) recorded\n\
-                  from the start of the process, at its own batch size."
+                  from the start of the process, at its own batch size. --checkpoint needs one such\n\
+                  recording made with memlens.record(..., model=model), which names the modules."
 )]
 pub struct Args {
-    /// The two probes: snapshots of the run at two batch sizes.
+    /// The two probes: snapshots of the run at two batch sizes (one
+    /// recording with --checkpoint).
     #[arg(required = true, value_name = "PROBE")]
     pub probes: Vec<PathBuf>,
     /// The probes' batch sizes, in the same order, e.g. `2,4`.
-    #[arg(long, value_name = "A,B", value_delimiter = ',', required = true)]
+    #[arg(
+        long,
+        value_name = "A,B",
+        value_delimiter = ',',
+        required_unless_present = "checkpoint"
+    )]
     pub recorded_batch: Vec<u32>,
+    /// Predict the recorded run with every call of this module under
+    /// activation checkpointing (torch.utils.checkpoint): a class such as
+    /// `GPT2Block`, or an instance such as `transformer.h.3`.
+    #[arg(long, value_name = "MODULE", conflicts_with = "recorded_batch")]
+    pub checkpoint: Option<String>,
     /// The batch size to predict.
     #[arg(long, value_name = "N")]
     pub batch: Option<u32>,
@@ -42,7 +56,6 @@ pub struct Args {
 /// Runs `memlens fit`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
     let snaps = super::load_all(&args.probes)?;
-    let probes = probes(&snaps, &args.recorded_batch)?;
     let opts = FitOptions {
         batch: args.batch,
         limit: args
@@ -58,7 +71,14 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             .transpose()
             .context("--config")?,
     };
-    let report = fit(&probes, &opts)?;
-    output::print(&report, args.json, render::fit::text)?;
+    let recordings: Vec<(&str, &memlens::Snapshot)> =
+        snaps.iter().map(|(n, s)| (n.as_str(), s)).collect();
+    let report = answer(
+        &recordings,
+        &args.recorded_batch,
+        args.checkpoint.as_deref(),
+        &opts,
+    )?;
+    output::print(&report, args.json, render::fit::answer_text)?;
     Ok(output::OK)
 }

@@ -115,10 +115,16 @@ struct OomAsk {
 /// `fit`'s question.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 struct FitAsk {
-    /// Two snapshots of the same run at two batch sizes.
+    /// Two snapshots of the same run at two batch sizes (one recording with
+    /// `checkpoint`).
     probes: Vec<String>,
-    /// The probes' batch sizes, in order.
+    /// The probes' batch sizes, in order (none with `checkpoint`).
+    #[serde(default)]
     recorded_batch: Vec<u32>,
+    /// A module to predict under activation checkpointing (a class such as
+    /// `GPT2Block`, or an instance such as `transformer.h.3`), from one
+    /// recording made with `memlens.record(model=...)`.
+    checkpoint: Option<String>,
     /// The batch size to predict.
     batch: Option<u32>,
     /// Bytes the allocator may reserve, e.g. `70GiB` (the CLI's `--limit`).
@@ -246,7 +252,7 @@ impl Server {
     }
 
     #[tool(
-        description = "Will the run fit at another batch size (memlens fit): from two probes at two batch sizes, the predicted peak and the largest batch under a limit."
+        description = "Will the run fit at another batch size (memlens fit): from two probes at two batch sizes, the predicted peak and the largest batch under a limit; or, with checkpoint, the recorded run with that module under activation checkpointing."
     )]
     async fn fit(&self, Parameters(p): Parameters<FitAsk>) -> CallToolResult {
         let limit = p
@@ -258,6 +264,7 @@ impl Server {
         let q = limit.map(|limit| Question::Fit {
             probes: p.probes,
             recorded_batch: p.recorded_batch,
+            checkpoint: p.checkpoint,
             batch: p.batch,
             limit,
             config: p.config,

@@ -200,6 +200,61 @@ pub fn innermost_module_at(snap: &Snapshot, device: u32, times: &[i64]) -> Vec<O
     out
 }
 
+/// One call of a module's `forward`, from the scope `memlens.record(model=...)`
+/// opened around it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ModuleCall {
+    /// The instance's qualified name (`transformer.h.3`; the root's is empty).
+    pub qualname: String,
+    /// Its class, when the scope named one.
+    pub class: Option<String>,
+    /// When the scope opened and closed, epoch microseconds.
+    pub start_us: i64,
+    /// When it closed (`i64::MAX`: never, the trace stopped inside it).
+    pub end_us: i64,
+    /// Module calls open around it (0: called from outside any module).
+    pub depth: usize,
+}
+
+/// Every module call on `device`, in the order they began; empty when the
+/// snapshot has no module scopes. A scope closed out of order closes the
+/// ones opened inside it, as the sweep of [`innermost_module_at`] does.
+pub fn module_calls(snap: &Snapshot, device: u32) -> Vec<ModuleCall> {
+    let scopes = ScopeTimeline::new(snap, device);
+    let mut calls: Vec<ModuleCall> = Vec::new();
+    // Open calls: (index into calls, scope name as the timeline keys it).
+    let mut open: Vec<(usize, &str)> = Vec::new();
+    for (t, start, name, class) in &scopes.marks {
+        if *start {
+            let qualname = if class.as_deref() == Some(name.as_str()) && !name.contains('.') {
+                // The timeline names the root by its class; a root scope's
+                // qualified name is empty (a child named like its class is
+                // told apart by its parent being open).
+                if open.is_empty() {
+                    String::new()
+                } else {
+                    name.clone()
+                }
+            } else {
+                name.clone()
+            };
+            open.push((calls.len(), name.as_str()));
+            calls.push(ModuleCall {
+                qualname,
+                class: class.clone(),
+                start_us: *t,
+                end_us: i64::MAX,
+                depth: open.len() - 1,
+            });
+        } else if let Some(k) = open.iter().rposition(|(_, n)| *n == name.as_str()) {
+            for (i, _) in open.drain(k..) {
+                calls[i].end_us = *t;
+            }
+        }
+    }
+    calls
+}
+
 /// A tree under construction.
 #[derive(Default)]
 struct Node {

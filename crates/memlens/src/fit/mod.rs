@@ -14,14 +14,19 @@
 //! rising and falling ([`AddressOrder`]): the prediction is the higher peak,
 //! and a batch fits only when it fits both ways.
 //!
-//! Not yet: changes other than the batch (checkpointing, precision, the
-//! optimizer, the sequence length), one probe and an OOM snapshot, a model
-//! with no recording. Those are refused, not guessed.
+//! Activation checkpointing of a module is predicted from one recording
+//! with its module scopes ([`checkpoint`], [`fit_checkpoint`]).
+//!
+//! Not yet: the other changes (precision, the optimizer, the sequence
+//! length), checkpointing and a batch change together, an OOM snapshot as a
+//! probe, a model with no recording. Those are refused, not guessed.
 
+pub mod checkpoint;
 pub mod probes;
 
 use crate::replay::config::recorded_config;
 use crate::replay::simulate::{simulate_ops_in, SimulateOptions};
+use crate::sim::program::Op;
 use crate::sim::{AddressOrder, AllocatorConfig};
 use probes::{Probe, ScaledRun};
 use serde::Serialize;
@@ -181,6 +186,178 @@ fn extrapolation_warning(batch: u32, probe: u32) -> Option<String> {
     })
 }
 
+/// Peak allocated and reserved bytes of the program `ops` under `config`,
+/// with no limit: the higher of the runs under both address orders, each
+/// figure on its own (real addresses mix both orders: on the ViT at batch 32
+/// one order gave the GPU's reserved peak and the other came nearer its
+/// allocated).
+pub fn program_peaks(
+    ops: &[Op],
+    device: u32,
+    config: &AllocatorConfig,
+) -> crate::Result<(u64, u64)> {
+    let mut peaks = (0, 0);
+    for order in ADDRESS_ORDERS {
+        let r = simulate_program(ops, device, config, None, order)?;
+        peaks.0 = peaks.0.max(r.peak_allocated_bytes);
+        peaks.1 = peaks.1.max(r.peak_reserved_bytes);
+    }
+    Ok(peaks)
+}
+
+/// Whether the program `ops` completes with at most `limit` bytes reserved,
+/// whichever way CUDA lays out the segments.
+pub fn program_fits(
+    ops: &[Op],
+    device: u32,
+    config: &AllocatorConfig,
+    limit: u64,
+) -> crate::Result<bool> {
+    for order in ADDRESS_ORDERS {
+        if simulate_program(ops, device, config, Some(limit), order)?
+            .first_oom
+            .is_some()
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+fn simulate_program(
+    ops: &[Op],
+    device: u32,
+    config: &AllocatorConfig,
+    cap: Option<u64>,
+    order: AddressOrder,
+) -> crate::Result<crate::replay::simulate::SimulationResult> {
+    let opts = SimulateOptions {
+        config: config.clone(),
+        device_memory: None,
+        overhead: Some(0),
+        allowed_memory_maximum: cap,
+    };
+    simulate_ops_in(ops, device, &opts, order)
+}
+
+/// Peaks of a run, as recorded or as predicted, and whether it fits.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RunPeaks {
+    /// `allocated_bytes.all.peak` the run reaches.
+    pub peak_allocated_bytes: u64,
+    /// `reserved_bytes.all.peak` the run reaches (no limit).
+    pub peak_reserved_bytes: u64,
+    /// Whether it runs under the limit (`None`: no limit given).
+    pub fits: Option<bool>,
+}
+
+/// `memlens fit --checkpoint`'s answer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CheckpointReport {
+    /// The run as recorded, replayed through the same model.
+    pub recorded: RunPeaks,
+    /// The run with the module checkpointed.
+    pub predicted: RunPeaks,
+    /// The limit, in bytes the allocator may reserve.
+    pub limit_bytes: Option<u64>,
+    /// How the prediction was made.
+    pub method: String,
+    /// What the rewrite changed.
+    pub basis: checkpoint::CheckpointBasis,
+    /// The allocator settings predicted under (`PYTORCH_CUDA_ALLOC_CONF`).
+    pub config: String,
+    /// Caveats.
+    pub warnings: Vec<String>,
+}
+
+/// `memlens fit`'s answer: a batch size predicted from two probes, or the
+/// recorded run with a module checkpointed.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum FitAnswer {
+    /// From two probes ([`fit`]).
+    Batch(FitReport),
+    /// From one recording ([`fit_checkpoint`]).
+    Checkpoint(CheckpointReport),
+}
+
+/// `memlens fit` on named `recordings`: with `checkpoint` (a module), one
+/// recording with that module checkpointed; else the probes, at
+/// `recorded_batch`, predicted under `opts` (every front calls this).
+pub fn answer(
+    recordings: &[(&str, &crate::snapshot::Snapshot)],
+    recorded_batch: &[u32],
+    checkpoint: Option<&str>,
+    opts: &FitOptions,
+) -> crate::Result<FitAnswer> {
+    let Some(module) = checkpoint else {
+        let probes = probes::probes(recordings, recorded_batch)?;
+        return Ok(FitAnswer::Batch(fit(&probes, opts)?));
+    };
+    match recordings {
+        [(name, snap)] if recorded_batch.is_empty() => Ok(FitAnswer::Checkpoint(fit_checkpoint(
+            name, snap, module, opts,
+        )?)),
+        [_] => Err(crate::Error::usage(
+            "a checkpointing prediction is made from one recording at its own batch: no recorded \
+             batch sizes with it",
+        )),
+        _ => Err(crate::Error::usage(format!(
+            "a checkpointing prediction is made from one recording: got {}",
+            recordings.len()
+        ))),
+    }
+}
+
+/// Predicts the run recorded in `snap` (named `name`) with every call of
+/// `module` under activation checkpointing, under `opts`' limit and
+/// settings (`opts.batch` must be unset: one recording, one batch).
+pub fn fit_checkpoint(
+    name: &str,
+    snap: &crate::snapshot::Snapshot,
+    module: &str,
+    opts: &FitOptions,
+) -> crate::Result<CheckpointReport> {
+    if opts.batch.is_some() {
+        return Err(crate::Error::usage(
+            "--checkpoint predicts the recorded batch; with --batch too, that needs two probes \
+             and is not built yet: predict one change at a time",
+        ));
+    }
+    let run = checkpoint::checkpointed_run(name, snap, module)?;
+    let config = opts
+        .config
+        .clone()
+        .unwrap_or_else(|| recorded_config(&snap.settings));
+    let device = snap.first_traced_device();
+    let peaks_of = |ops: &[Op]| -> crate::Result<RunPeaks> {
+        let (a, r) = program_peaks(ops, device, &config)?;
+        Ok(RunPeaks {
+            peak_allocated_bytes: a,
+            peak_reserved_bytes: r,
+            fits: opts
+                .limit
+                .map(|l| program_fits(ops, device, &config, l))
+                .transpose()?,
+        })
+    };
+    Ok(CheckpointReport {
+        recorded: peaks_of(&run.recorded)?,
+        predicted: peaks_of(&run.checkpointed)?,
+        limit_bytes: opts.limit,
+        method: "the recorded run rewritten as non-reentrant torch.utils.checkpoint runs it: \
+                 the tensors each call kept for the backward freed when the module that holds \
+                 them returns (the call's output kept), its forward run again where the backward \
+                 reaches it; replayed through \
+                 the allocator model with new segments at rising and at falling addresses, the \
+                 higher peak taken"
+            .into(),
+        basis: run.basis,
+        config: config.to_conf_string(),
+        warnings: Vec::new(),
+    })
+}
+
 /// The run, the settings and the limit: a prediction at any batch.
 struct Model<'a> {
     run: &'a ScaledRun,
@@ -190,36 +367,17 @@ struct Model<'a> {
 }
 
 impl Model<'_> {
-    /// Peak allocated and reserved bytes at `batch`, with no limit: the
-    /// higher of the runs under both address orders, each figure on its own
-    /// (real addresses mix both orders: on the ViT at batch 32 one order
-    /// gave the GPU's reserved peak and the other came nearer its allocated).
+    /// Peak allocated and reserved bytes at `batch`, with no limit.
     fn peaks(&self, batch: u32) -> crate::Result<(u64, u64)> {
-        let mut peaks = (0, 0);
-        for order in ADDRESS_ORDERS {
-            let r = self.simulate(batch, None, order)?;
-            peaks.0 = peaks.0.max(r.peak_allocated_bytes);
-            peaks.1 = peaks.1.max(r.peak_reserved_bytes);
-        }
-        Ok(peaks)
+        program_peaks(&self.run.ops_at(batch), self.device, self.config)
     }
 
     /// Whether the run at `batch` completes under the limit, whichever way
     /// CUDA lays out the segments.
     fn fits(&self, batch: u32) -> crate::Result<Option<bool>> {
-        let Some(limit) = self.limit else {
-            return Ok(None);
-        };
-        for order in ADDRESS_ORDERS {
-            if self
-                .simulate(batch, Some(limit), order)?
-                .first_oom
-                .is_some()
-            {
-                return Ok(Some(false));
-            }
-        }
-        Ok(Some(true))
+        self.limit
+            .map(|limit| program_fits(&self.run.ops_at(batch), self.device, self.config, limit))
+            .transpose()
     }
 
     fn predict(&self, batch: u32) -> crate::Result<Prediction> {
@@ -255,20 +413,5 @@ impl Model<'_> {
             }
         }
         Ok(Some(lo))
-    }
-
-    fn simulate(
-        &self,
-        batch: u32,
-        cap: Option<u64>,
-        order: AddressOrder,
-    ) -> crate::Result<crate::replay::simulate::SimulationResult> {
-        let opts = SimulateOptions {
-            config: self.config.clone(),
-            device_memory: None,
-            overhead: Some(0),
-            allowed_memory_maximum: cap,
-        };
-        simulate_ops_in(&self.run.ops_at(batch), self.device, &opts, order)
     }
 }

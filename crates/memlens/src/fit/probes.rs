@@ -56,10 +56,10 @@ impl Presence {
 }
 
 /// The probes of `snaps` (each named) at `batches`, in the same order: one
-/// batch size per probe, else a usage error (both fronts, CLI and Python,
-/// take their probes from here).
+/// batch size per probe, else a usage error (every front, CLI, Python and
+/// MCP, takes its probes from here).
 pub fn probes<'s>(
-    snaps: &'s [(String, Snapshot)],
+    snaps: &[(&'s str, &'s Snapshot)],
     batches: &[u32],
 ) -> crate::Result<Vec<Probe<'s>>> {
     if batches.len() != snaps.len() {
@@ -72,11 +72,7 @@ pub fn probes<'s>(
     Ok(snaps
         .iter()
         .zip(batches)
-        .map(|((name, snap), &batch)| Probe {
-            name: name.as_str(),
-            snap,
-            batch,
-        })
+        .map(|(&(name, snap), &batch)| Probe { name, snap, batch })
         .collect())
 }
 
@@ -115,13 +111,17 @@ pub struct ScaledRun {
 
 /// The events of a probe as operations: what was allocated (with its stack,
 /// to pair), freed, and where `empty_cache()` was called.
-struct Recorded {
+pub(crate) struct Recorded {
     /// (operation, stack of the allocation it makes or frees)
-    ops: Vec<(Op, Option<StackId>)>,
+    pub(crate) ops: Vec<(Op, Option<StackId>)>,
+    /// The trace event each operation came from, in the same order.
+    pub(crate) events: Vec<usize>,
 }
 
 impl Recorded {
-    fn of(p: &Probe<'_>) -> crate::Result<Recorded> {
+    /// The operations of `p`'s trace; an error when it cannot stand for its
+    /// run (no trace, a trace that began late, an OOM in it).
+    pub(crate) fn of(p: &Probe<'_>) -> crate::Result<Recorded> {
         let snap = p.snap;
         let device = snap.first_traced_device();
         let events = snap.device_trace(device);
@@ -142,6 +142,7 @@ impl Recorded {
         }
         let mut empty_cache_at = pass.watched.empty_cache_at.iter().copied().peekable();
         let mut ops = Vec::with_capacity(events.len());
+        let mut at = Vec::with_capacity(events.len());
         // The stack of the allocation live at each address, for its frees.
         let mut stack_at: HashMap<u64, StackId> = HashMap::new();
         for (i, e) in events.iter().enumerate() {
@@ -180,8 +181,9 @@ impl Recorded {
                 _ => continue,
             };
             ops.push(op);
+            at.push(i);
         }
-        Ok(Recorded { ops })
+        Ok(Recorded { ops, events: at })
     }
 }
 

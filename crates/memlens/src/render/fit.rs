@@ -1,6 +1,6 @@
 //! The terminal text of `memlens fit`.
 
-use crate::fit::{FitReport, Prediction};
+use crate::fit::{CheckpointReport, FitAnswer, FitReport, Prediction, RunPeaks};
 use crate::units::format_bytes;
 
 /// The text `memlens fit` prints.
@@ -58,6 +58,73 @@ fn line(p: &Prediction, limit: Option<&str>) -> String {
     format!(
         "  batch {}: peak allocated {}, peak reserved {}{verdict}\n",
         p.batch,
+        format_bytes(p.peak_allocated_bytes),
+        format_bytes(p.peak_reserved_bytes)
+    )
+}
+
+/// The text of either answer of `memlens fit`.
+pub fn answer_text(a: &FitAnswer) -> String {
+    match a {
+        FitAnswer::Batch(r) => text(r),
+        FitAnswer::Checkpoint(r) => checkpoint_text(r),
+    }
+}
+
+/// The text `memlens fit --checkpoint` prints.
+pub fn checkpoint_text(r: &CheckpointReport) -> String {
+    let b = &r.basis;
+    let limit = r.limit_bytes.map(format_bytes);
+    let mut out = format!(
+        "fit: {} under activation checkpointing, from the recorded run\n  {} calls checkpointed: \
+         {} tensors ({} in all) freed when their call returns instead of in the backward; {} \
+         allocations added by recomputing each call's forward in the backward\n",
+        b.module,
+        b.calls,
+        b.saved_tensors,
+        format_bytes(b.saved_bytes),
+        b.recomputed_allocations
+    );
+    if b.calls_without_saved > 0 {
+        out.push_str(&format!(
+            "  {} calls left as they ran (nothing kept for a backward: eval or no_grad)\n",
+            b.calls_without_saved
+        ));
+    }
+    out.push_str(&peaks_line("as recorded", &r.recorded, limit.as_deref()));
+    out.push_str(&peaks_line("checkpointed", &r.predicted, limit.as_deref()));
+    out.push_str(&format!(
+        "  saves {} allocated, {} reserved at the peak\n",
+        format_bytes(
+            r.recorded
+                .peak_allocated_bytes
+                .saturating_sub(r.predicted.peak_allocated_bytes)
+        ),
+        format_bytes(
+            r.recorded
+                .peak_reserved_bytes
+                .saturating_sub(r.predicted.peak_reserved_bytes)
+        )
+    ));
+    for w in &r.warnings {
+        out.push_str(&format!("  note: {w}\n"));
+    }
+    if r.config.is_empty() {
+        out.push_str("  allocator settings: PyTorch's defaults, as recorded\n");
+    } else {
+        out.push_str(&format!("  allocator settings: {}\n", r.config));
+    }
+    out
+}
+
+fn peaks_line(what: &str, p: &RunPeaks, limit: Option<&str>) -> String {
+    let verdict = match (p.fits, limit) {
+        (Some(true), Some(l)) => format!(": fits under {l}"),
+        (Some(false), Some(l)) => format!(": does not fit under {l}"),
+        _ => String::new(),
+    };
+    format!(
+        "  {what}: peak allocated {}, peak reserved {}{verdict}\n",
         format_bytes(p.peak_allocated_bytes),
         format_bytes(p.peak_reserved_bytes)
     )

@@ -65,12 +65,16 @@ pub enum Question {
         /// total and the cap), as `--message`.
         message: Option<String>,
     },
-    /// `memlens fit PROBE PROBE --recorded-batch A,B`.
+    /// `memlens fit PROBE PROBE --recorded-batch A,B` or `memlens fit REC
+    /// --checkpoint MODULE`.
     Fit {
-        /// The probes: snapshots of the run at two batch sizes.
+        /// The probes: snapshots of the run at two batch sizes (one
+        /// recording with `checkpoint`).
         probes: Vec<String>,
         /// Their batch sizes, in order.
         recorded_batch: Vec<u32>,
+        /// The module to checkpoint.
+        checkpoint: Option<String>,
         /// The batch size to predict.
         batch: Option<u32>,
         /// Bytes the allocator may reserve.
@@ -439,11 +443,19 @@ fn many_document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Valu
         },
         Question::Fit {
             recorded_batch,
+            checkpoint,
             batch,
             limit,
             config,
             ..
-        } => fit_document(&snaps, recorded_batch, *batch, *limit, config.as_deref()),
+        } => fit_document(
+            &snaps,
+            recorded_batch,
+            checkpoint.as_deref(),
+            *batch,
+            *limit,
+            config.as_deref(),
+        ),
         Question::Ranks { .. } => {
             let doc = documents::doctor_doc(&snaps, &doctor_options(None), None)?;
             let imbalance: Vec<&crate::doctor::Finding> = doc
@@ -466,30 +478,15 @@ fn many_document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Valu
     }
 }
 
-/// `memlens fit`'s document over the probes `snaps`.
+/// `memlens fit`'s document over the recordings `snaps`.
 fn fit_document(
     snaps: &[(String, &Snapshot)],
     recorded_batch: &[u32],
+    checkpoint: Option<&str>,
     batch: Option<u32>,
     limit: Option<u64>,
     config: Option<&str>,
 ) -> Result<Value> {
-    if recorded_batch.len() != snaps.len() {
-        return Err(Error::usage(format!(
-            "{} batch sizes for {} probes: give one per probe, e.g. recorded_batch [2, 4]",
-            recorded_batch.len(),
-            snaps.len()
-        )));
-    }
-    let probes: Vec<crate::fit::probes::Probe<'_>> = snaps
-        .iter()
-        .zip(recorded_batch)
-        .map(|((name, snap), &batch)| crate::fit::probes::Probe {
-            name: name.as_str(),
-            snap,
-            batch,
-        })
-        .collect();
     let config = config
         .map(crate::sim::AllocatorConfig::parse)
         .transpose()
@@ -499,7 +496,13 @@ fn fit_document(
         limit,
         config,
     };
-    to_doc(&crate::fit::fit(&probes, &opts)?)
+    let recordings: Vec<(&str, &Snapshot)> = snaps.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+    to_doc(&crate::fit::answer(
+        &recordings,
+        recorded_batch,
+        checkpoint,
+        &opts,
+    )?)
 }
 
 fn doctor_options(device_memory: Option<u64>) -> DoctorOptions {
