@@ -16,7 +16,10 @@ What it does:
   allocation (not of every free: memlens names sites by where memory was
   allocated, and free stacks were 60% of a dump's frames), Python stacks only
   (C++ stacks make dumps slow) and a bounded ring buffer (see *max_entries*
-  below); ``context="all"`` keeps free stacks too;
+  below); ``context="all"`` keeps free stacks too, but on torch 2.11 it
+  breaks Hugging Face gradient checkpointing (the recomputation fails with
+  ``SystemError: ... returned NULL without setting an exception``; measured,
+  tests/gpu/RESULTS.md), which ``"alloc"`` does not;
 * every ``every`` calls of :func:`step` writes ``<dir>/snapshot.step{K}.pickle``
   (for ``memlens leaks`` across snapshots), and ``<dir>/snapshot.pickle`` at the
   end. A periodic snapshot holds the whole allocator state but only the trace
