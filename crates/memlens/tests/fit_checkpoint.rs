@@ -89,3 +89,50 @@ fn checkpointing_predictions_are_within_ten_percent_of_the_gpu() {
     eprintln!("worst {:.1}%", worst * 100.0);
     assert!(failures.is_empty(), "{failures:#?}");
 }
+
+/// doctor's peak finding names the repeated block and what checkpointing it
+/// does, with `fit --checkpoint`'s own figures (so the GPU check above
+/// covers it), on every recording that names its modules.
+#[test]
+fn doctor_suggests_checkpointing_the_repeated_block_with_fit_s_figures() {
+    use memlens::doctor::{diagnose, DoctorOptions};
+    use memlens::units::format_bytes;
+    let t = truth();
+    for w in MEASURED {
+        let snap = recording(w);
+        let block = t["workloads"][w]["checkpointed"]["block"]
+            .as_str()
+            .expect("block");
+        let d = diagnose(&[(w.to_string(), &snap)], &DoctorOptions::default());
+        let peak = d
+            .findings
+            .iter()
+            .find(|f| f.kind == "peak")
+            .expect("peak finding");
+        let fix = peak
+            .suggestion
+            .as_deref()
+            .unwrap_or_else(|| panic!("{w}: no suggestion"));
+        let r = fit_checkpoint(w, &snap, block, &FitOptions::default()).expect("fit");
+        assert!(
+            fix.starts_with(&format!("Checkpoint {block} ")),
+            "{w}: {fix}"
+        );
+        assert!(
+            fix.contains(&format!(
+                "to {} allocated",
+                format_bytes(r.predicted.peak_allocated_bytes)
+            )),
+            "{w}: {fix}"
+        );
+    }
+    // A recording without module scopes gets no such advice.
+    let plain = Snapshot::load(&corpus().join("../gpt.b4.pickle.zst")).expect("reads");
+    let d = diagnose(&[("gpt.b4".to_string(), &plain)], &DoctorOptions::default());
+    let peak = d
+        .findings
+        .iter()
+        .find(|f| f.kind == "peak")
+        .expect("peak finding");
+    assert!(peak.suggestion.is_none(), "{:?}", peak.suggestion);
+}

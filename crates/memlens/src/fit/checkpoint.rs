@@ -260,6 +260,47 @@ fn output_of(
         .min_by_key(|&i| life.free_of(i))
 }
 
+/// The module a user would checkpoint in the run recorded in `snap`, with
+/// its number of instances: of the classes with several instances whose
+/// names end in an index (`blocks.3`, `transformer.h.3`, `layer1.0`,
+/// `encoder_layer_3`), containers (`Sequential`, `ModuleList`) aside, the
+/// outermost, then the one with the most instances. `None` without module
+/// scopes or repeated layers.
+pub fn repeated_block(snap: &Snapshot) -> Option<(String, usize)> {
+    const CONTAINERS: [&str; 3] = ["Sequential", "ModuleList", "ModuleDict"];
+    let calls = module_calls(snap, snap.first_traced_device());
+    // class -> (depth, instances)
+    let mut classes: HashMap<&str, (usize, std::collections::BTreeSet<&str>)> = HashMap::new();
+    for c in &calls {
+        let Some(class) = c.class.as_deref().filter(|c| !CONTAINERS.contains(c)) else {
+            continue;
+        };
+        if !ends_in_an_index(&c.qualname) {
+            continue;
+        }
+        let depth = c.qualname.split('.').count();
+        let entry = classes.entry(class).or_insert((depth, Default::default()));
+        entry.0 = entry.0.min(depth);
+        entry.1.insert(c.qualname.as_str());
+    }
+    classes
+        .into_iter()
+        .filter(|(_, (_, instances))| instances.len() >= 2)
+        .min_by_key(|&(class, (depth, ref instances))| {
+            (depth, std::cmp::Reverse(instances.len()), class)
+        })
+        .map(|(class, (_, instances))| (class.to_string(), instances.len()))
+}
+
+/// Whether a module's qualified name ends in a container's index: `h.3`,
+/// `encoder_layer_3` (not `conv1`, an attribute that happens to end in a
+/// digit).
+fn ends_in_an_index(qualname: &str) -> bool {
+    let last = qualname.rsplit('.').next().unwrap_or(qualname);
+    let digits = last.trim_end_matches(|c: char| c.is_ascii_digit());
+    digits.len() < last.len() && (digits.is_empty() || digits.ends_with('_'))
+}
+
 /// Tensor names the rewrite makes up for recomputed tensors (recorded ones
 /// are addresses, far below).
 const FRESH_IDS: u64 = 1 << 63;
@@ -445,6 +486,22 @@ mod tests {
         assert!(matches!(re[3], Op::Alloc { id, size: 300, .. } if id > FRESH_IDS));
         assert!(matches!(re[4], Op::Free { id } if id > FRESH_IDS));
         assert_eq!(re.len(), 5);
+    }
+
+    #[test]
+    fn a_container_index_ends_the_names_of_repeated_layers() {
+        for name in [
+            "blocks.3",
+            "transformer.h.11",
+            "layer1.0",
+            "encoder.layers.encoder_layer_3",
+            "7",
+        ] {
+            assert!(ends_in_an_index(name), "{name}");
+        }
+        for name in ["conv1", "layer1", "bn2", "blocks", "", "mlp.fc1"] {
+            assert!(!ends_in_an_index(name), "{name}");
+        }
     }
 
     #[test]
