@@ -236,13 +236,23 @@ pub fn diagnose_in<'s>(
     // neither and takes a third.
     let own = AnalysedLater::new();
     let later = set.later(last).unwrap_or(&own);
-    let (analysed, (peak, live_at_peak), summary, leaks) = std::thread::scope(|scope| {
-        let replay = scope.spawn(|| peak_and_live_later(last, later, 20));
-        let summary = scope.spawn(|| summarize_with(last, later.pending()));
-        let analysed = later.build(last);
-        let leaks = leaks::find_analysed(snaps, analysed);
-        (analysed, joined(replay), joined(summary), leaks)
-    });
+    let (analysed, (peak, live_at_peak), summary, leaks, checkpointing) =
+        std::thread::scope(|scope| {
+            let replay = scope.spawn(|| peak_and_live_later(last, later, 20));
+            let summary = scope.spawn(|| summarize_with(last, later.pending()));
+            // Its own replay and simulations, beside the rest (only on
+            // recordings that name their modules).
+            let checkpointing = scope.spawn(|| checkpoint_advice(last));
+            let analysed = later.build(last);
+            let leaks = leaks::find_analysed(snaps, analysed);
+            (
+                analysed,
+                joined(replay),
+                joined(summary),
+                leaks,
+                joined(checkpointing),
+            )
+        });
     let oom = oom_event(last, &summary);
     let fragmented = fragmentation_slack(&peak).is_some();
     // One replay of the run under its recorded settings serves the OOM
@@ -270,7 +280,7 @@ pub fn diagnose_in<'s>(
         tune.as_ref(),
         oom_report.as_ref(),
     ));
-    findings.extend(peak_finding(&peak, checkpoint_advice(last).as_deref()));
+    findings.extend(peak_finding(&peak, checkpointing.as_deref()));
     findings.extend(caveat_findings(&summary, &peak));
     findings.extend(summary.capture_checks.iter().map(capture_finding));
     findings.extend(
@@ -691,9 +701,10 @@ fn fragmentation_finding(
 /// The peak finding: the peak and its largest holder, always when anything
 /// was allocated.
 /// Trace events past which doctor does not simulate checkpointing on its
-/// own (`memlens fit --checkpoint` still does): the rewrite and its four
-/// runs through the allocator model cost about as much as the read.
-const CHECKPOINT_ADVICE_MAX_EVENTS: usize = 2_000_000;
+/// own (`memlens fit --checkpoint` still does): the rewrite's replay and its
+/// four runs through the allocator model (~7 M operations a second) would
+/// outlast the rest of doctor on a larger trace.
+const CHECKPOINT_ADVICE_MAX_EVENTS: usize = 1_000_000;
 
 /// What checkpointing the run's repeated block would do to its peak, from
 /// `memlens fit --checkpoint` (the same prediction, held to the GPU on four

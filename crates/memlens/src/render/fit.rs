@@ -38,23 +38,12 @@ pub fn text(r: &FitReport) -> String {
         (Some(l), None, _) => out.push_str(&format!("  not even batch 1 fits under {l}\n")),
         _ => {}
     }
-    for w in &r.warnings {
-        out.push_str(&format!("  note: {w}\n"));
-    }
-    if b.config.is_empty() {
-        out.push_str("  allocator settings: PyTorch's defaults, as recorded\n");
-    } else {
-        out.push_str(&format!("  allocator settings: {}\n", b.config));
-    }
+    push_notes(&mut out, &r.warnings, &b.config);
     out
 }
 
 fn line(p: &Prediction, limit: Option<&str>) -> String {
-    let verdict = match (p.fits, limit) {
-        (Some(true), Some(l)) => format!(": fits under {l}"),
-        (Some(false), Some(l)) => format!(": does not fit under {l}"),
-        _ => String::new(),
-    };
+    let verdict = verdict(p.fits, limit);
     format!(
         "  batch {}: peak allocated {}, peak reserved {}{verdict}\n",
         p.batch,
@@ -77,8 +66,9 @@ pub fn checkpoint_text(r: &CheckpointReport) -> String {
     let limit = r.limit_bytes.map(format_bytes);
     let mut out = format!(
         "fit: {} under activation checkpointing, from the recorded run\n  {} calls checkpointed: \
-         {} tensors ({} in all) freed when their call returns instead of in the backward; {} \
-         allocations added by recomputing each call's forward in the backward\n",
+         {} tensors ({} over all calls) no longer kept for the backward, released when \
+         the module holding them returns; {} allocations added by recomputing each call's \
+         forward in the backward\n",
         b.module,
         b.calls,
         b.saved_tensors,
@@ -106,26 +96,36 @@ pub fn checkpoint_text(r: &CheckpointReport) -> String {
                 .saturating_sub(r.predicted.peak_reserved_bytes)
         )
     ));
-    for w in &r.warnings {
-        out.push_str(&format!("  note: {w}\n"));
-    }
-    if r.config.is_empty() {
-        out.push_str("  allocator settings: PyTorch's defaults, as recorded\n");
-    } else {
-        out.push_str(&format!("  allocator settings: {}\n", r.config));
-    }
+    push_notes(&mut out, &r.warnings, &r.config);
     out
 }
 
 fn peaks_line(what: &str, p: &RunPeaks, limit: Option<&str>) -> String {
-    let verdict = match (p.fits, limit) {
-        (Some(true), Some(l)) => format!(": fits under {l}"),
-        (Some(false), Some(l)) => format!(": does not fit under {l}"),
-        _ => String::new(),
-    };
+    let verdict = verdict(p.fits, limit);
     format!(
         "  {what}: peak allocated {}, peak reserved {}{verdict}\n",
         format_bytes(p.peak_allocated_bytes),
         format_bytes(p.peak_reserved_bytes)
     )
+}
+
+/// ": fits under 24.00 GiB", ": does not fit under ...", or nothing without a limit.
+fn verdict(fits: Option<bool>, limit: Option<&str>) -> String {
+    match (fits, limit) {
+        (Some(true), Some(l)) => format!(": fits under {l}"),
+        (Some(false), Some(l)) => format!(": does not fit under {l}"),
+        _ => String::new(),
+    }
+}
+
+/// The caveats and the allocator settings, the last lines of either answer.
+fn push_notes(out: &mut String, warnings: &[String], config: &str) {
+    for w in warnings {
+        out.push_str(&format!("  note: {w}\n"));
+    }
+    if config.is_empty() {
+        out.push_str("  allocator settings: PyTorch's defaults, as recorded\n");
+    } else {
+        out.push_str(&format!("  allocator settings: {config}\n"));
+    }
 }
