@@ -15,6 +15,9 @@ steps), three processes of their own, so that none inherits another's cache:
   under `torch.utils.checkpoint.checkpoint(..., use_reentrant=False)`: for a
   transformers model through its own `gradient_checkpointing_enable()` (which
   also turns the KV cache off in training), else by wrapping each instance.
+- `record_late` (LATE_ONLY=1, instead of the three above): the step recorded
+  as `memlens.record(model=...)` records it, from once the model is built
+  (`context="alloc"`, `stacks="python"`), to `<workload>.late.pickle.gz`;
 - `checkpointed_record` (workloads named in RECORD_CHECKPOINTED): the
   checkpointed run recorded with its module scopes, to compare the rewrite's
   operations with the real ones.
@@ -88,7 +91,10 @@ def worker(workload, batch, mode, out):
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
     model, make_opt, make, loss = parts(workload)
     result = {"workload": workload, "batch": batch, "mode": mode, "block": BLOCKS[workload]}
-    if mode in ("record", "checkpointed_record"):
+    if mode == "record_late":
+        # As memlens.record(model=model) starts: once the model is built.
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, context="alloc", stacks="python")
+    if mode in ("record", "checkpointed_record", "record_late"):
         scopes = module_scopes(torch, model)
     if mode.startswith("checkpointed"):
         result["blocks_checkpointed"] = checkpoint_blocks(model, BLOCKS[workload])
@@ -109,7 +115,7 @@ def worker(workload, batch, mode, out):
         result["ok"] = False
     result["max_allocated"] = torch.cuda.max_memory_allocated()
     result["max_reserved"] = torch.cuda.max_memory_reserved()
-    if mode in ("record", "checkpointed_record"):
+    if mode in ("record", "checkpointed_record", "record_late"):
         scopes.remove()
         raw = out + ".raw"
         torch.cuda.memory._dump_snapshot(raw)
@@ -137,6 +143,15 @@ def main(out_dir, workloads, batch):
     for w in workloads:
         t0 = time.time()
         rec = {}
+        if os.environ.get("LATE_ONLY"):
+            # Only the recording as memlens.record(model=...) makes it (the
+            # truth of the other runs does not depend on it).
+            rec["record_late"] = run(w, batch, "record_late", os.path.join(out_dir, f"{w}.late.pickle.gz"))
+            truth["workloads"][w] = rec
+            with open(os.path.join(out_dir, "checkpoint_truth.json"), "w") as f:
+                json.dump(truth, f, indent=1)
+            print(w, json.dumps(rec)[:600], flush=True)
+            continue
         rec["record"] = run(w, batch, "record", os.path.join(out_dir, f"{w}.pickle.gz"))
         rec["plain"] = run(w, batch, "plain")
         rec["checkpointed"] = run(w, batch, "checkpointed")

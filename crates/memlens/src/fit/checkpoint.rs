@@ -25,6 +25,10 @@
 //!   until their recorded frees, the rest of what it makes is freed at its
 //!   end.
 //!
+//! A trace may begin after the allocator did (`memlens.record(model=...)`
+//! starts once the model is built): the blocks live before it, rebuilt from
+//! the dump, open the rewritten run.
+//!
 //! A call whose tensors nothing outlives (eval, `no_grad`) is left as it ran.
 //! Tensors the call makes that outlive the forward but are freed only in a
 //! later step (a cache) are not activations and stay.
@@ -77,7 +81,7 @@ pub fn checkpointed_run(
         snap,
         batch: 1,
     };
-    let rec = Recorded::of(&probe)?;
+    let rec = Recorded::of_late_start(&probe)?;
     let device = snap.first_traced_device();
     let calls = module_calls(snap, device);
     if calls.is_empty() {
@@ -100,7 +104,11 @@ pub fn checkpointed_run(
     }
     let ops: Vec<Op> = rec.ops.iter().map(|&(op, _)| op).collect();
     let run = Recording {
-        times: rec.events.iter().map(|&i| events[i].time_us).collect(),
+        times: rec
+            .events
+            .iter()
+            .map(|&i| events.get(i).map_or(i64::MIN, |e| e.time_us))
+            .collect(),
         life: Lifetimes::of(&ops),
         ops: &ops,
         calls: &calls,

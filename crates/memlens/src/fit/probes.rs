@@ -109,6 +109,9 @@ pub struct ScaledRun {
     pub unpaired_operations: usize,
 }
 
+/// The event of an operation that stands for a block live before the trace.
+pub(crate) const BEFORE_TRACE: usize = usize::MAX;
+
 /// The events of a probe as operations: what was allocated (with its stack,
 /// to pair), freed, and where `empty_cache()` was called.
 pub(crate) struct Recorded {
@@ -122,6 +125,19 @@ impl Recorded {
     /// The operations of `p`'s trace; an error when it cannot stand for its
     /// run (no trace, a trace that began late, an OOM in it).
     pub(crate) fn of(p: &Probe<'_>) -> crate::Result<Recorded> {
+        Recorded::read(p, false)
+    }
+
+    /// [`Recorded::of`] for a trace that may begin after the allocator did
+    /// (`memlens.record(model=...)` starts once the model is built): the
+    /// blocks live before its first event, rebuilt from the dump, come first
+    /// as allocations (their event is [`BEFORE_TRACE`]), so that what the
+    /// trace frees of them is freed and the peaks count them.
+    pub(crate) fn of_late_start(p: &Probe<'_>) -> crate::Result<Recorded> {
+        Recorded::read(p, true)
+    }
+
+    fn read(p: &Probe<'_>, late_start: bool) -> crate::Result<Recorded> {
         let snap = p.snap;
         let device = snap.first_traced_device();
         let events = snap.device_trace(device);
@@ -137,12 +153,30 @@ impl Recorded {
             .position(|t| t.device == device && !t.events.is_empty())
             .unwrap_or(0);
         let pass = RecordedPasses::default().of(snap, trace);
-        if !pass.initial().is_empty() {
+        if !late_start && !pass.initial().is_empty() {
             return Err(probe_error(p, &initial::late_start("fit needs each probe recorded from the start of the process, before the model is built")));
         }
         let mut empty_cache_at = pass.watched.empty_cache_at.iter().copied().peekable();
         let mut ops = Vec::with_capacity(events.len());
         let mut at = Vec::with_capacity(events.len());
+        for b in &pass.initial().blocks {
+            let id = b.addr;
+            let stream = snap.stream(b.stream) as u64;
+            ops.push((
+                Op::Alloc {
+                    id,
+                    size: b.requested,
+                    stream,
+                    tag: 0,
+                },
+                None,
+            ));
+            at.push(BEFORE_TRACE);
+            if b.pending {
+                ops.push((Op::FreeRequested { id }, None));
+                at.push(BEFORE_TRACE);
+            }
+        }
         // The stack of the allocation live at each address, for its frees.
         let mut stack_at: HashMap<u64, StackId> = HashMap::new();
         for (i, e) in events.iter().enumerate() {
