@@ -239,6 +239,28 @@ def _check_alloc_conf_applied(torch: Any) -> None:
     )
 
 
+def _check_context_with_checkpointing(context: str, model: Any) -> None:
+    """Warns once when free stacks (``context="all"``) are recorded for a
+    Hugging Face model with gradient checkpointing on: on torch 2.11 the
+    recomputation then fails (``SystemError: ... returned NULL without
+    setting an exception``; measured, tests/gpu/RESULTS.md), while
+    ``context="alloc"`` runs."""
+    if context != "all" or model is None:
+        return
+    try:
+        on = bool(getattr(model, "is_gradient_checkpointing", False))
+    except Exception:  # noqa: BLE001 - a check, never a failure
+        return
+    if on:
+        _warn_once(
+            "context-checkpointing",
+            "memlens: context=\"all\" records a stack at every free, and with gradient checkpointing "
+            "on, PyTorch's recording of those stacks breaks the recomputation (torch 2.11: "
+            "SystemError: ... returned NULL without setting an exception); record with the default "
+            "context=\"alloc\", which names every allocation site the same way",
+        )
+
+
 def _trace_entries(torch: Any, devices: List[int]) -> int:
     """Allocator trace events so far, from the cumulative counters (3 per
     allocation, 1 per segment allocated or freed)."""
@@ -360,6 +382,7 @@ class Recorder:
         if init is not None:
             init()  # the allocator must exist before observers attach; makes no context
         _check_alloc_conf_applied(torch)
+        _check_context_with_checkpointing(self.context, self.model)
         # The CUDA context and the libraries loaded so far: what is outside
         # PyTorch before the run adds NCCL buffers, workspaces, graphs.
         self._outside_at_start = outside_pytorch(torch)

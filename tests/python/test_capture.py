@@ -788,3 +788,24 @@ def test_what_is_outside_pytorch_when_recording_begins_goes_in_the_device_file(g
     row = doc["devices"][0]
     assert row["outside_pytorch_at_start"] == 600 * MIB
     assert row["process_used_memory"] - row["reserved_memory"] == 700 * MIB
+
+
+def test_free_stacks_with_hf_gradient_checkpointing_warn_at_start(gpu, tmp_path):
+    class CheckpointedModel:
+        is_gradient_checkpointing = True
+
+        def named_modules(self):
+            return []
+
+    with pytest.warns(memlens.MemlensWarning, match='context="alloc"'):
+        with memlens.record(tmp_path / "a", context="all", model=CheckpointedModel(),
+                            leak_check=False, publish=False):
+            gpu.alloc(MIB)
+            memlens.step()
+    # The default context, or no checkpointing: nothing said.
+    memlens._capture._warned.discard("context-checkpointing")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", memlens.MemlensWarning)
+        with memlens.record(tmp_path / "b", model=CheckpointedModel(), leak_check=False, publish=False):
+            gpu.alloc(MIB)
+            memlens.step()
