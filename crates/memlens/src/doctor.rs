@@ -240,9 +240,9 @@ pub fn diagnose_in<'s>(
         std::thread::scope(|scope| {
             let replay = scope.spawn(|| peak_and_live_later(last, later, 20));
             let summary = scope.spawn(|| summarize_with(last, later.pending()));
-            // Its own replay and simulations, beside the rest (only on
-            // recordings that name their modules).
-            let checkpointing = scope.spawn(|| checkpoint_advice(last));
+            // Its simulations beside the rest (only on recordings that name
+            // their modules), on the peak's replay of the trace.
+            let checkpointing = scope.spawn(|| checkpoint_advice(last, later.recorded()));
             let analysed = later.build(last);
             let leaks = leaks::find_analysed(snaps, analysed);
             (
@@ -711,15 +711,19 @@ const CHECKPOINT_ADVICE_MAX_EVENTS: usize = 1_000_000;
 /// models): a sentence for the peak finding when it lowers the allocated
 /// peak by a tenth or more. `None` without module scopes (the recording
 /// must name the modules), without a repeated block, or where fit cannot
-/// stand the run for its step (a trace that began late, an OOM in it).
-fn checkpoint_advice(snap: &Snapshot) -> Option<String> {
+/// stand the run for its step (an OOM in it). The trace's one replay is
+/// `passes`' (the peak's), not one of its own.
+fn checkpoint_advice(
+    snap: &Snapshot,
+    passes: &crate::replay::during_read::RecordedPasses,
+) -> Option<String> {
     if snap.event_count() > CHECKPOINT_ADVICE_MAX_EVENTS {
         return None;
     }
     let (module, instances) = crate::fit::checkpoint::repeated_block(snap)?;
     let name = "the recording";
-    let r =
-        crate::fit::fit_checkpoint(name, snap, &module, &crate::fit::FitOptions::default()).ok()?;
+    let opts = crate::fit::FitOptions::default();
+    let r = crate::fit::fit_checkpoint_with(name, snap, &module, &opts, passes).ok()?;
     let (before, after) = (
         r.recorded.peak_allocated_bytes,
         r.predicted.peak_allocated_bytes,

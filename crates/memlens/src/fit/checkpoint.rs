@@ -35,6 +35,7 @@
 
 use super::probes::{Probe, Recorded};
 use crate::analysis::modules::{module_calls, ModuleCall};
+use crate::replay::during_read::RecordedPasses;
 use crate::sim::program::Op;
 use crate::snapshot::Snapshot;
 use hashbrown::HashMap;
@@ -70,18 +71,20 @@ pub struct CheckpointBasis {
 
 /// Rewrites the run recorded in `snap` (`name`, for messages) for
 /// checkpointing every call of `module` (a class name such as `GPT2Block`,
-/// or a qualified name such as `transformer.h.3`).
+/// or a qualified name such as `transformer.h.3`), reading the trace's one
+/// replay from `passes` (made there if no one made it yet).
 pub fn checkpointed_run(
     name: &str,
     snap: &Snapshot,
     module: &str,
+    passes: &RecordedPasses,
 ) -> crate::Result<CheckpointedRun> {
     let probe = Probe {
         name,
         snap,
         batch: 1,
     };
-    let rec = Recorded::of_late_start(&probe)?;
+    let rec = Recorded::of_late_start(&probe, passes)?;
     let device = snap.first_traced_device();
     let calls = module_calls(snap, device);
     if calls.is_empty() {

@@ -25,6 +25,7 @@ pub mod checkpoint;
 pub mod probes;
 
 use crate::replay::config::recorded_config;
+use crate::replay::during_read::RecordedPasses;
 use crate::replay::simulate::{simulate_ops_in, SimulateOptions};
 use crate::sim::program::Op;
 use crate::sim::{AddressOrder, AllocatorConfig};
@@ -318,13 +319,25 @@ pub fn fit_checkpoint(
     module: &str,
     opts: &FitOptions,
 ) -> crate::Result<CheckpointReport> {
+    fit_checkpoint_with(name, snap, module, opts, &RecordedPasses::default())
+}
+
+/// [`fit_checkpoint`] reading the trace's one replay from `passes` (doctor
+/// hands its own, so that its advice does not replay the trace again).
+pub fn fit_checkpoint_with(
+    name: &str,
+    snap: &crate::snapshot::Snapshot,
+    module: &str,
+    opts: &FitOptions,
+    passes: &RecordedPasses,
+) -> crate::Result<CheckpointReport> {
     if opts.batch.is_some() {
         return Err(crate::Error::usage(
             "--checkpoint predicts the recorded batch; with --batch too, that needs two probes \
              and is not built yet: predict one change at a time",
         ));
     }
-    let run = checkpoint::checkpointed_run(name, snap, module)?;
+    let run = checkpoint::checkpointed_run(name, snap, module, passes)?;
     let config = opts
         .config
         .clone()

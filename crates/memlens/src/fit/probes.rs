@@ -125,19 +125,20 @@ impl Recorded {
     /// The operations of `p`'s trace; an error when it cannot stand for its
     /// run (no trace, a trace that began late, an OOM in it).
     pub(crate) fn of(p: &Probe<'_>) -> crate::Result<Recorded> {
-        Recorded::read(p, false)
+        Recorded::read(p, false, &RecordedPasses::default())
     }
 
     /// [`Recorded::of`] for a trace that may begin after the allocator did
     /// (`memlens.record(model=...)` starts once the model is built): the
     /// blocks live before its first event, rebuilt from the dump, come first
     /// as allocations (their event is [`BEFORE_TRACE`]), so that what the
-    /// trace frees of them is freed and the peaks count them.
-    pub(crate) fn of_late_start(p: &Probe<'_>) -> crate::Result<Recorded> {
-        Recorded::read(p, true)
+    /// trace frees of them is freed and the peaks count them. The trace's
+    /// one replay is taken from `passes` (doctor's, when doctor asks).
+    pub(crate) fn of_late_start(p: &Probe<'_>, passes: &RecordedPasses) -> crate::Result<Recorded> {
+        Recorded::read(p, true, passes)
     }
 
-    fn read(p: &Probe<'_>, late_start: bool) -> crate::Result<Recorded> {
+    fn read(p: &Probe<'_>, late_start: bool, passes: &RecordedPasses) -> crate::Result<Recorded> {
         let snap = p.snap;
         let device = snap.first_traced_device();
         let events = snap.device_trace(device);
@@ -152,7 +153,7 @@ impl Recorded {
             .iter()
             .position(|t| t.device == device && !t.events.is_empty())
             .unwrap_or(0);
-        let pass = RecordedPasses::default().of(snap, trace);
+        let pass = passes.of(snap, trace);
         if !late_start && !pass.initial().is_empty() {
             return Err(probe_error(p, &initial::late_start("fit needs each probe recorded from the start of the process, before the model is built")));
         }
