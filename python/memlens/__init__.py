@@ -17,7 +17,8 @@ The ``memlens`` command is installed too, and a pytest plugin with the
 
 from ._native import MemlensError, __version__
 from ._analysis import Result, Snapshot, available, load
-from ._fit import fit
+from ._fit import fit, predict
+from ._trace import Trace, trace_step
 from ._profile import Profile, profile
 from ._why import Holder, why
 from ._capture import (
@@ -39,14 +40,17 @@ __all__ = [
     "Recorder",
     "Result",
     "Snapshot",
+    "Trace",
     "__version__",
     "available",
     "fit",
     "load",
+    "predict",
     "profile",
     "record",
     "start",
     "step",
     "stop",
+    "trace_step",
     "why",
 ]

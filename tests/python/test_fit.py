@@ -55,3 +55,75 @@ def test_fit_checkpoint_is_the_cli_s_answer_and_near_the_gpu(memlens_exe):
 def test_fit_checkpoint_of_a_module_that_never_ran_is_an_error():
     with pytest.raises(memlens.MemlensError, match="EncoderBlock"):
         memlens.fit(os.path.join(FIT, "checkpoint", "vit.pickle.zst"), checkpoint="NoSuchBlock")
+
+
+class _StubTrace:
+    """What memlens.trace_step returns, for a step whose size is known: 100
+    MiB of parameters kept, then per step ``batch`` activations of 10 MiB
+    made and freed (a fake trace's format, with no torch)."""
+
+    MIB = 1 << 20
+
+    def __init__(self, batch):
+        entries, addr, clock = [], 0x7F0000000000, [0]
+
+        def event(action, a, size):
+            clock[0] += 1
+            frames = [{"filename": "train.py", "line": 10, "name": "step"}] if action == "alloc" else []
+            entries.append({"action": action, "addr": a, "size": size, "stream": 0, "time_us": clock[0],
+                            "frames": frames})
+
+        event("alloc", addr, 100 * self.MIB)
+        addr += 100 * self.MIB
+        for _ in range(2):
+            acts = []
+            for _ in range(batch):
+                event("alloc", addr, 10 * self.MIB)
+                acts.append(addr)
+                addr += 10 * self.MIB
+            for a in reversed(acts):
+                event("free_requested", a, 10 * self.MIB)
+                event("free_completed", a, 10 * self.MIB)
+        self.snapshot = {"segments": [], "device_traces": [entries], "external_annotations": [],
+                         "memlens": {"schema": "memlens-fake-trace/1", "steps": 2, "precision": "fp32",
+                                     "workspace_bytes": 0, "unknown_values": 0, "torch": "stub"}}
+
+    def save(self, path):
+        import pickle
+
+        with open(path, "wb") as f:
+            pickle.dump(self.snapshot, f)
+        return path
+
+
+def test_predict_replays_the_trace_and_searches_the_largest_batch(monkeypatch, tmp_path):
+    import memlens._trace as trace
+
+    built = []
+
+    def stub_trace_step(build, step, steps=2, precision=None):
+        batch = build()
+        built.append(batch)
+        return _StubTrace(batch)
+
+    monkeypatch.setattr(trace, "trace_step", stub_trace_step)
+    saved = tmp_path / "step.pickle"
+    r = memlens.predict(lambda b: b, lambda s: None, batch=4, limit="300MiB", largest=True, save=saved)
+    # 100 MiB + 4 x 10 MiB, each tensor its own segment: 140 MiB.
+    assert r["predicted"]["peak_allocated_bytes"] == 140 << 20
+    assert r["predicted"]["peak_reserved_bytes"] == 140 << 20
+    assert r["predicted"]["fits"] is True
+    assert r["basis"]["source"] == "fake tensors"
+    assert r["batch"] == 4
+    # 100 + 10 b <= 300 MiB: batch 20, found by doubling from 4 and halving.
+    assert r["largest_batch"] == 20
+    assert r["batches_traced"] == sorted(set(built))
+    assert 20 in built and 21 in built and len(built) <= 8
+    # The trace at the batch asked is kept, and `memlens fit` replays it.
+    again = memlens.fit([str(saved)], limit="300MiB")
+    assert again["predicted"] == r["predicted"]
+
+
+def test_predict_says_what_it_needs():
+    with pytest.raises(ValueError):
+        memlens.predict(lambda: None, lambda s: None, largest=True, limit="1GiB")

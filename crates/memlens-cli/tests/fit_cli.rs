@@ -125,3 +125,47 @@ fn fit_checkpoint_refuses_what_it_cannot_ground() {
     ]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn fit_replays_a_step_traced_with_fake_tensors_and_other_commands_refuse_it() {
+    let trace = probe("fake/gpt.fp32.pickle.zst");
+    let out = run::memlens(&["fit", &trace, "--limit", "2GiB", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let predicted = &doc["predicted"];
+    assert!(predicted["peak_allocated_bytes"].as_u64().unwrap_or(0) > 0);
+    assert!(predicted["peak_reserved_bytes"].as_u64().unwrap_or(0) > 0);
+    // 1.78 GiB reserved on the GPU: fits under 2 GiB, not under 1.5 GiB.
+    assert_eq!(predicted["fits"], serde_json::json!(true));
+    assert_eq!(doc["basis"]["source"], "fake tensors");
+    assert_eq!(doc["limit_bytes"], serde_json::json!(2u64 << 30));
+    let out = run::memlens(&["fit", &trace, "--limit", "1.5GiB"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("does not fit under 1.50 GiB"), "{text}");
+    assert!(
+        text.contains("a step traced with fake tensors (3 steps, fp32"),
+        "{text}"
+    );
+    // A recording alone is replayed as it ran, too.
+    let out = run::memlens(&["fit", &probe("gpt.b2.pickle.zst")]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("the recorded run"));
+    // --batch needs two probes.
+    let out = run::memlens(&["fit", &trace, "--batch", "32"]);
+    assert_eq!(out.status.code(), Some(2));
+    for command in ["doctor", "summary", "peak"] {
+        let out = run::memlens(&[command, &trace]);
+        assert_eq!(out.status.code(), Some(2), "{command}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("a step traced with fake tensors") && err.contains("memlens fit"),
+            "{command}: {err}"
+        );
+        assert_eq!(err.lines().count(), 1, "{command}: one line: {err}");
+    }
+}

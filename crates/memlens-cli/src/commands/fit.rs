@@ -1,5 +1,6 @@
-//! `memlens fit`: a training run at another batch size, from two probes, or
-//! with a module under activation checkpointing, from one recording.
+//! `memlens fit`: a training run at another batch size, from two probes;
+//! with a module under activation checkpointing, from one recording; or one
+//! run (recorded, or traced with fake tensors) under a limit and settings.
 
 use crate::output;
 use anyhow::Context;
@@ -13,23 +14,23 @@ use std::path::PathBuf;
 #[derive(clap::Args, Debug)]
 #[command(
     after_help = "Examples:\n  memlens fit b2.pickle.zst b4.pickle.zst --recorded-batch 2,4 --batch 32 --limit 70GiB\n  \
-                  memlens fit run.pickle.zst --checkpoint GPT2Block --limit 70GiB\n\n\
+                  memlens fit run.pickle.zst --checkpoint GPT2Block --limit 70GiB\n  \
+                  memlens fit step.fake.pickle --limit 70GiB --config expandable_segments:True\n\n\
                   Each probe is a snapshot of the same run (same code, same number of steps) recorded\n\
                   from the start of the process, at its own batch size. --checkpoint needs one such\n\
-                  recording made with memlens.record(..., model=model), which names the modules."
+                  recording made with memlens.record(..., model=model), which names the modules.\n\
+                  One file alone (a recording, or a step traced with fake tensors by\n\
+                  memlens.trace_step, with no GPU) is replayed as it ran."
 )]
 pub struct Args {
-    /// The two probes: snapshots of the run at two batch sizes (one
-    /// recording with --checkpoint).
+    /// The two probes: snapshots of the run at two batch sizes; or one
+    /// recording (with --checkpoint, or alone: the run as it ran, under
+    /// --limit and --config), or one step traced with fake tensors
+    /// (memlens.trace_step).
     #[arg(required = true, value_name = "PROBE")]
     pub probes: Vec<PathBuf>,
     /// The probes' batch sizes, in the same order, e.g. `2,4`.
-    #[arg(
-        long,
-        value_name = "A,B",
-        value_delimiter = ',',
-        required_unless_present = "checkpoint"
-    )]
+    #[arg(long, value_name = "A,B", value_delimiter = ',')]
     pub recorded_batch: Vec<u32>,
     /// Predict the recorded run with every call of this module under
     /// activation checkpointing (torch.utils.checkpoint): a class such as
@@ -55,7 +56,7 @@ pub struct Args {
 
 /// Runs `memlens fit`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let snaps = super::load_all(&args.probes)?;
+    let snaps = super::load_all_replayable(&args.probes)?;
     let opts = FitOptions {
         batch: args.batch,
         limit: args

@@ -23,9 +23,33 @@ pub mod tune;
 
 use std::path::{Path, PathBuf};
 
-/// Loads a snapshot; the library's error already names the file.
+/// Loads a snapshot; the library's error already names the file. A step
+/// traced with fake tensors is refused: see [`load_replayable`].
 pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
+    let snap = load_replayable(path)?;
+    refuse_fake_trace(&path.display().to_string(), &snap)?;
+    Ok(snap)
+}
+
+/// [`load`] for the commands that replay a trace through the allocator
+/// model (`fit`, `simulate`), which also take a step traced with fake
+/// tensors (`memlens.trace_step`).
+pub fn load_replayable(path: &Path) -> anyhow::Result<memlens::Snapshot> {
     Ok(memlens::Snapshot::load(path)?)
+}
+
+/// An error for a fake trace given to a command that reads the allocator's
+/// state: such a file holds what a step allocated, not where the allocator
+/// put it, so every segment figure would read zero.
+pub fn refuse_fake_trace(name: &str, snap: &memlens::Snapshot) -> anyhow::Result<()> {
+    if snap.fake_trace.is_some() {
+        anyhow::bail!(
+            "{name}: a step traced with fake tensors (memlens.trace_step), not a recording: it \
+             holds what the step allocated but no allocator state; `memlens fit {name}` replays \
+             it through the allocator model"
+        );
+    }
+    Ok(())
 }
 
 /// Loads snapshots, each under its file name: folders and quoted patterns
@@ -34,6 +58,15 @@ pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
 /// the command line is the error; a bad file found in a folder is skipped
 /// with a warning that says why.
 pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
+    let snaps = read_all(paths)?;
+    for (name, snap) in &snaps {
+        refuse_fake_trace(name, snap)?;
+    }
+    Ok(snaps)
+}
+
+/// [`load_all`] that also takes steps traced with fake tensors (`fit`).
+pub fn load_all_replayable(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
     read_all(paths)
 }
 
@@ -62,6 +95,7 @@ pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<ReadForPeak> {
     };
     for r in keep_readable(&found, loaded)? {
         let (p, r) = r;
+        refuse_fake_trace(&p.display().to_string(), &r.snap)?;
         read.snaps.push((p.display().to_string(), r.snap));
         read.passes.push(r.pass);
     }

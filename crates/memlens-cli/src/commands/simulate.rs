@@ -79,7 +79,7 @@ pub(crate) fn device_options(args: &DeviceArgs) -> anyhow::Result<SimulateOption
 
 /// Runs `memlens simulate`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
-    let snap = super::load(&args.snapshot)?;
+    let snap = super::load_replayable(&args.snapshot)?;
     let name = args.snapshot.display().to_string();
     let device = pick_device(&snap, args.target.device).with_context(|| name.clone())?;
     let mut config = match &args.config {

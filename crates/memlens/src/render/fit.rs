@@ -1,6 +1,6 @@
 //! The terminal text of `memlens fit`.
 
-use crate::fit::{CheckpointReport, FitAnswer, FitReport, Prediction, RunPeaks};
+use crate::fit::{CheckpointReport, FitAnswer, FitReport, Prediction, RunPeaks, RunReport};
 use crate::units::format_bytes;
 
 /// The text `memlens fit` prints.
@@ -57,7 +57,28 @@ pub fn answer_text(a: &FitAnswer) -> String {
     match a {
         FitAnswer::Batch(r) => text(r),
         FitAnswer::Checkpoint(r) => checkpoint_text(r),
+        FitAnswer::Run(r) => run_text(r),
     }
+}
+
+/// The text `memlens fit` prints for one run replayed as it is.
+pub fn run_text(r: &RunReport) -> String {
+    let b = &r.basis;
+    let what = match (&b.steps, &b.precision) {
+        (Some(steps), Some(precision)) => format!(
+            "a step traced with fake tensors ({steps} steps, {precision}, {} allocations)",
+            b.allocations
+        ),
+        _ => format!("the recorded run ({} allocations)", b.allocations),
+    };
+    let limit = r.limit_bytes.map(format_bytes);
+    let mut out = format!(
+        "fit: {}, {what}, replayed through the allocator model\n",
+        b.file
+    );
+    out.push_str(&peaks_line("predicted", &r.predicted, limit.as_deref()));
+    push_notes(&mut out, &r.warnings, &r.config);
+    out
 }
 
 /// The text `memlens fit --checkpoint` prints.

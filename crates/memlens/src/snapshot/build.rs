@@ -400,6 +400,7 @@ fn assemble(mut heap: Heap, root: Value, path: &Path) -> Result<Snapshot> {
     if let Some(v) = top.annotations {
         snap.annotations = annotations(&heap, v);
     }
+    snap.fake_trace = top.recording.and_then(|v| fake_trace(&heap, v));
     snap.recording = top.recording.and_then(|v| recording(&heap, v));
 
     add_warnings(&mut snap, &heap);
@@ -874,6 +875,28 @@ fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
         sized_by_user: f.str("sized_by") == Some("user"),
         ring_wrapped: f.bool_or("ring_wrapped", false),
         alloc_conf_env: f.str("alloc_conf_env").map(str::to_string),
+    })
+}
+
+/// The `"memlens"` dict `memlens.trace_step` writes (schema
+/// `memlens-fake-trace/1`).
+fn fake_trace(heap: &Heap, v: Value) -> Option<super::FakeTrace> {
+    if !matches!(v, Value::Dict(_)) {
+        return None;
+    }
+    let f = Fields {
+        heap,
+        dict: v,
+        what: "memlens".into(),
+    };
+    if !f.str("schema")?.starts_with("memlens-fake-trace/") {
+        return None;
+    }
+    Some(super::FakeTrace {
+        steps: f.u64_lenient("steps", 0),
+        precision: f.str("precision").unwrap_or("fp32").to_string(),
+        workspace_bytes: f.u64_lenient("workspace_bytes", 0),
+        unknown_values: f.u64_lenient("unknown_values", 0),
     })
 }
 

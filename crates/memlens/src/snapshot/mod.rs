@@ -314,6 +314,24 @@ pub struct Recording {
     pub alloc_conf_env: Option<String>,
 }
 
+/// A training step traced with fake tensors by `memlens.trace_step` (the
+/// snapshot's `"memlens"` key, schema `memlens-fake-trace/1`): every
+/// allocation and free the step's operators made, with no GPU and no
+/// allocator state (no segments); what the allocator would reserve is the
+/// allocator model's to say (`memlens fit`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct FakeTrace {
+    /// Training steps traced.
+    pub steps: u64,
+    /// `fp32`, or the autocast precision the steps ran under.
+    pub precision: String,
+    /// cuBLAS's workspace per thread the trace assumed.
+    pub workspace_bytes: u64,
+    /// Values the step read back from the GPU, which a fake tensor has not
+    /// got (taken as False or 1).
+    pub unknown_values: u64,
+}
+
 /// A PyTorch CUDA memory snapshot.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -342,6 +360,9 @@ pub struct Snapshot {
     /// How `memlens.record` recorded it; `None` for snapshots written by
     /// anything else.
     pub recording: Option<Recording>,
+    /// Set when the snapshot is a step traced with fake tensors
+    /// (`memlens.trace_step`), not a recording of a GPU.
+    pub fake_trace: Option<FakeTrace>,
     /// Problems found while reading that do not stop the analysis.
     pub warnings: Vec<String>,
 }

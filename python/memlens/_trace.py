@@ -1,0 +1,355 @@
+"""``memlens.trace_step``: a training step traced with fake tensors, with no
+GPU memory used, written as the snapshot PyTorch's own recorder would have
+written (a trace of every CUDA allocation and free, in order, each with the
+Python stack that made it; no segments), for ``memlens fit`` to replay through
+its allocator model.
+
+The step runs for real, on PyTorch's ``FakeTensorMode``: every operator runs
+its shape function, autograd saves and frees what it would, the optimizer
+makes its state, autocast casts; only no data is computed and no memory is
+taken. A dispatch mode over it sees every tensor an operator returns; a new
+storage on a CUDA device is an allocation (rounded up to 512 bytes, as the
+caching allocator does), and a weak reference on it tells when it dies (a
+storage's Python object lives exactly as long as the storage). What no
+operator returns is not seen: a kernel's own scratch memory (cuDNN's and
+flash attention's workspaces) and memory outside PyTorch. cuBLAS's workspace,
+which PyTorch allocates through its allocator once per thread and stream
+and keeps, is added at the first matrix product on each thread
+(``workspace_bytes``).
+
+A value the program reads back from the GPU (``.item()``, ``bool(t)``) has no
+data here: a test is taken as False, a number as 1, each counted in the
+trace's ``memlens.unknown_values``; an operator whose output size depends
+on the data (``nonzero``, ``masked_select``) cannot be traced and raises.
+Each allocation's stack starts with the operator that made it
+(``aten::mm.default``), as a recording's C++ frames would.
+"""
+
+import contextlib
+import itertools
+import os
+import pickle
+import sys
+import threading
+import weakref
+from typing import Any, Callable, Dict, List, Optional
+
+# The caching allocator rounds every request up to a multiple of 512 bytes
+# (kMinBlockSize) and makes no allocation for zero bytes.
+_BLOCK = 512
+# cuBLAS's workspace per thread and stream: PyTorch asks 4 MiB of the
+# allocator (CUBLAS_WORKSPACE_CONFIG's default 4096 KiB x 1) and 32 MiB from
+# Hopper (compute capability 9) on; the figure measured on an H100 is in
+# BENCHMARKS.md.
+HOPPER_WORKSPACE = 32 << 20
+OLDER_WORKSPACE = 4 << 20
+# Operators that run on cuBLAS, and so make its workspace on first use.
+_CUBLAS_OPS = ("mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm", "addmv", "mv", "_addmm_activation")
+# cuBLASLt's own workspace (getCUDABlasLtWorkspace), made once at the first
+# product it runs (a matrix product with a bias): 1 MiB, seen in a ViT's
+# recording on an H100 (tests/corpus/fit/vit.b16).
+CUBLASLT_WORKSPACE = 1 << 20
+_CUBLASLT_OPS = ("addmm", "_addmm_activation")
+# Recorded as PyTorch records it: this key in the snapshot says how it was made.
+TRACE_KEY = "memlens"
+TRACE_SCHEMA = "memlens-fake-trace/1"
+_STEP_MARKER = "memlens.step"
+_THIS_FILE = os.path.normcase(os.path.abspath(__file__))
+_MAX_FRAMES = 48
+
+
+def _rounded(nbytes: int) -> int:
+    return (nbytes + _BLOCK - 1) // _BLOCK * _BLOCK
+
+
+class _Events:
+    """The trace being written: entries as ``torch.cuda.memory._snapshot()``
+    gives them (``device_traces[0]``), the step annotations, and the live
+    bytes with their peak (the step's ``max_memory_allocated()``)."""
+
+    def __init__(self) -> None:
+        self.entries: List[Dict[str, Any]] = []
+        self.annotations: List[Dict[str, Any]] = []
+        self.live: Dict[int, tuple] = {}
+        self.allocated = 0
+        self.peak = 0
+        self.window_peak = 0
+        self.unknown_values = 0
+        self.closed = False
+        self._clock = itertools.count(1)
+        self._next_addr = 0x7F0000000000
+        self._lock = threading.Lock()
+
+    def now(self) -> int:
+        return next(self._clock)
+
+    def alloc(self, key: int, nbytes: int, frames: List[Dict[str, Any]]) -> None:
+        size = _rounded(nbytes)
+        with self._lock:
+            if self.closed:
+                return
+            # Addresses never reused, so each free names its allocation
+            # alone; where blocks lie is the allocator model's to decide.
+            addr, self._next_addr = self._next_addr, self._next_addr + size
+            self.live[key] = (addr, size)
+            self.allocated += size
+            self.peak = max(self.peak, self.allocated)
+            self.window_peak = max(self.window_peak, self.allocated)
+            self.entries.append(
+                {"action": "alloc", "addr": addr, "size": size, "stream": 0, "time_us": self.now(), "frames": frames}
+            )
+
+    def free(self, key: int) -> None:
+        with self._lock:
+            got = None if self.closed else self.live.pop(key, None)
+            if got is None:
+                return
+            addr, size = got
+            self.allocated -= size
+            for action in ("free_requested", "free_completed"):
+                self.entries.append(
+                    {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": self.now(), "frames": []}
+                )
+
+    def annotate(self, name: str, stage: str) -> None:
+        with self._lock:
+            self.annotations.append({"device": 0, "stage": stage, "name": name, "time_us": self.now()})
+
+
+def _python_frames() -> List[Dict[str, Any]]:
+    """The Python stack here, innermost first, without this module's frames
+    and PyTorch's dispatch machinery between the operator and the caller."""
+    out: List[Dict[str, Any]] = []
+    f = sys._getframe(1)
+    while f is not None and len(out) < _MAX_FRAMES:
+        code = f.f_code
+        name = code.co_filename
+        if os.path.normcase(name) != _THIS_FILE and "_subclasses" not in name and "_python_dispatch" not in name:
+            out.append({"filename": name, "line": f.f_lineno, "name": code.co_name})
+        f = f.f_back
+    return out
+
+
+def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int) -> Any:
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    local_scalar = torch.ops.aten._local_scalar_dense.default
+    workspaces: Dict[Any, int] = {}
+
+    def workspace(key: Any, nbytes: int, frames: List[Dict[str, Any]]) -> None:
+        # Made once and kept, as PyTorch keeps them; keys below zero never
+        # meet a storage's.
+        if key not in workspaces:
+            workspaces[key] = -1 - len(workspaces)
+            events.alloc(workspaces[key], nbytes, frames)
+
+    class StepTracer(TorchDispatchMode):
+        """Notes every new CUDA storage an operator returns, and its death."""
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if func is local_scalar:
+                return unknown_value(args[0])
+            op = func.__name__.split(".")[0]
+            if workspace_bytes and op in _CUBLAS_OPS:
+                frames = _op_frames(func)
+                workspace(("cublas", threading.get_ident()), workspace_bytes, frames)
+                if op in _CUBLASLT_OPS:
+                    workspace("cublaslt", CUBLASLT_WORKSPACE, frames)
+            out = func(*args, **(kwargs or {}))
+            frames = None
+            for t in tree_leaves(out):
+                if isinstance(t, torch.Tensor) and t.device.type == "cuda":
+                    if frames is None:
+                        frames = _op_frames(func)
+                    note_storage(t, frames)
+            return out
+
+    def unknown_value(t: Any) -> Any:
+        """A value read back from a tensor (``.item()``, ``bool(t)``): none
+        here. A test is taken as False: "skip this layer" (LayerDrop's
+        ``rand() < p``), "a NaN was seen" and "the mask has holes" are all
+        False in a healthy step, and a guessed True skipped every layer of
+        an OPT model. A number is taken as 1. Each guess from a GPU tensor
+        is counted (a CPU one, such as the optimizer's step count, sizes
+        nothing on the GPU)."""
+        dtype = t.dtype
+        if t.device.type == "cuda":
+            events.unknown_values += 1
+        if dtype == torch.bool:
+            return False
+        return 1.0 if dtype.is_floating_point else 1
+
+    def note_storage(t: Any, frames: List[Dict[str, Any]]) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in events.live:
+            return
+        nbytes = storage.nbytes()
+        if nbytes <= 0:
+            return
+        events.alloc(key, nbytes, frames)
+        weakref.finalize(storage, events.free, key).atexit = False
+
+    return StepTracer()
+
+
+def _op_frames(func: Any) -> List[Dict[str, Any]]:
+    """The operator, as a C++ frame of a recording with ``stacks="all"``
+    would name it, over the Python stack."""
+    return [{"filename": "??", "line": 0, "name": f"aten::{func.__name__}"}] + _python_frames()
+
+
+def _autocast(torch: Any, precision: Optional[str]) -> Any:
+    if precision in (None, "fp32", "float32"):
+        return contextlib.nullcontext()
+    dtype = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16, "float16": torch.float16}.get(
+        precision
+    )
+    if dtype is None:
+        raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
+    return torch.autocast("cuda", dtype=dtype)
+
+
+def default_workspace_bytes(torch: Any) -> int:
+    """cuBLAS's workspace on this machine's first GPU, or Hopper's when it
+    has none (the figure a prediction for an H100 needs)."""
+    try:
+        if torch.cuda.is_available():
+            major, _ = torch.cuda.get_device_capability(0)
+            return HOPPER_WORKSPACE if major >= 9 else OLDER_WORKSPACE
+    except Exception:  # noqa: BLE001 - no driver: the default
+        pass
+    return HOPPER_WORKSPACE
+
+
+class Trace:
+    """A traced step: ``snapshot`` (the dict ``_snapshot()`` would return),
+    ``peak_allocated_bytes`` (``max_memory_allocated()`` over the build and
+    the steps, by the trace's own count), ``step_peaks`` (each step's) and
+    ``unknown_values`` (values read back from the GPU, taken as 1)."""
+
+    def __init__(self, snapshot: Dict[str, Any], peak: int, step_peaks: List[int], unknown: int) -> None:
+        self.snapshot = snapshot
+        self.peak_allocated_bytes = peak
+        self.step_peaks = step_peaks
+        self.unknown_values = unknown
+
+    def save(self, path: "str | os.PathLike[str]") -> str:
+        """Writes the snapshot as ``torch.cuda.memory._dump_snapshot`` would."""
+        path = os.fspath(path)
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            pickle.dump(self.snapshot, f)
+        os.replace(tmp, path)
+        return path
+
+
+def trace_step(
+    build: Callable[[], Any],
+    step: Callable[[Any], Any],
+    *,
+    steps: int = 2,
+    precision: Optional[str] = None,
+    workspace_bytes: Optional[int] = None,
+) -> Trace:
+    """Runs ``build()`` and then ``step(built)`` ``steps`` times under fake
+    tensors, and returns the :class:`Trace` of every CUDA allocation they
+    made. ``build`` makes the model, its optimizer and its batch on a CUDA
+    device (``torch.device("cuda:0")``; nothing is allocated); ``step`` runs
+    one training step (forward, backward, optimizer step). The default two
+    steps include the optimizer state the first step makes. ``precision``
+    (``"bf16"``, ``"fp16"``) runs each step under ``torch.autocast``.
+    ``workspace_bytes``: cuBLAS's workspace per thread (default: this GPU's,
+    or an H100's)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    events = _Events()
+    workspace = default_workspace_bytes(torch) if workspace_bytes is None else workspace_bytes
+    with _plain_module_moves(torch):
+        return _traced(torch, FakeTensorMode, events, workspace, build, step, steps, precision)
+
+
+@contextlib.contextmanager
+def _plain_module_moves(torch: Any) -> Any:
+    """``module.to(...)`` that fake parameters survive. PyTorch moves a fake
+    parameter by swapping its Python object in place, which fails while
+    anything holds a weak reference to it ("_apply(): Couldn't swap
+    Embedding.weight": fake tensor mode does); here a parameter that
+    changes becomes a new Parameter, as PyTorch does for real tensors under
+    ``torch.__future__.set_overwrite_module_params_on_conversion(True)``,
+    one per tensor (tied weights stay tied). A move to the device a
+    parameter is on already changes nothing."""
+    original = torch.nn.Module._apply
+    depth = [0]
+    moved: Dict[int, Any] = {}
+
+    def _apply(self: Any, fn: Any, recurse: bool = True) -> Any:
+        depth[0] += 1
+        try:
+            if recurse:
+                for child in self.children():
+                    child._apply(fn)
+            for key, param in self._parameters.items():
+                if param is None:
+                    continue
+                if id(param) not in moved:
+                    with torch.no_grad():
+                        applied = fn(param)
+                    if applied is not param:
+                        new = torch.nn.Parameter(applied, requires_grad=param.requires_grad)
+                        if param.grad is not None:
+                            with torch.no_grad():
+                                new.grad = fn(param.grad)
+                        applied = new
+                    moved[id(param)] = (param, applied)
+                self._parameters[key] = moved[id(param)][1]
+            for key, buf in self._buffers.items():
+                if buf is not None:
+                    self._buffers[key] = fn(buf)
+            return self
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                moved.clear()
+
+    torch.nn.Module._apply = _apply
+    try:
+        yield
+    finally:
+        torch.nn.Module._apply = original
+
+
+def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, build: Any, step: Any, steps: int,
+            precision: Optional[str]) -> Trace:
+    step_peaks: List[int] = []
+    with fake_mode(allow_non_fake_inputs=True), _tracer_mode(torch, events, workspace):
+        # Modules made without a device are made on the GPU, where a
+        # training script moves them (nothing is allocated before the move).
+        with torch.device("cuda:0"):
+            built = build()
+        for n in range(1, steps + 1):
+            events.window_peak = events.allocated
+            with _autocast(torch, precision):
+                step(built)
+            step_peaks.append(events.window_peak)
+            events.annotate(f"{_STEP_MARKER} {n}", "START")
+            events.annotate(f"{_STEP_MARKER} {n}", "END")
+        # What dies after this is not the step's (``built`` going out of
+        # scope); the blocks live now are in the trace, allocated.
+        events.closed = True
+    snapshot = {
+        "segments": [],
+        "device_traces": [list(events.entries)],
+        "external_annotations": events.annotations,
+        TRACE_KEY: {
+            "schema": TRACE_SCHEMA,
+            "steps": steps,
+            "precision": precision or "fp32",
+            "workspace_bytes": workspace,
+            "unknown_values": events.unknown_values,
+            "torch": str(torch.__version__),
+        },
+    }
+    return Trace(snapshot, events.peak, step_peaks, events.unknown_values)

@@ -1,0 +1,229 @@
+"""Evidence for `memlens.trace_step` (issue 30): a training step traced with
+fake tensors (no GPU memory used) against the same steps run on the GPU.
+
+    python tests/gpu/fake_step.py OUT_DIR [WORKLOAD:PRECISION,...] [--budget S]
+
+Each case runs in a process of its own: first the fake trace (saved as
+OUT_DIR/traces/<case>.pickle, for `memlens fit` to replay), then the same
+build and steps on the GPU, from an empty allocator: the truth is
+`max_memory_allocated()` and `max_memory_reserved()` over the whole run
+(build and STEPS steps). Results: OUT_DIR/fake_step.json. The workloads are
+fit_probes.py's (hand-written GPT, HF GPT-2, ResNet-50 with autocast, T5,
+ViT) and Hugging Face causal and masked LMs built from configs (the families
+of issue 30: Llama, GPT-NeoX, OPT, Gemma2, Phi-3, Mixtral, BERT).
+`calib` measures cuBLAS's workspace per thread on this GPU; `batches=W`
+traces fit_probes workload W (no GPU run) at the batches around its true
+largest batch under a cap, for tests/gpu/fake_largest.py.
+"""
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+STEPS = 3
+HF_BATCH, HF_SEQ = 8, 512
+PROBE_BATCH = 16
+
+HF_FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=6,
+              num_attention_heads=8, num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", dict(hidden_size=512, intermediate_size=2048,
+                 num_hidden_layers=6, num_attention_heads=8, vocab_size=50304, max_position_embeddings=2048)),
+    "opt": ("OPTConfig", "OPTForCausalLM", dict(hidden_size=768, ffn_dim=3072, num_hidden_layers=6,
+            num_attention_heads=12, vocab_size=50272, word_embed_proj_dim=768, max_position_embeddings=2048)),
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(hidden_size=512, intermediate_size=2048,
+               num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, head_dim=64, vocab_size=32000,
+               max_position_embeddings=2048)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(hidden_size=512, intermediate_size=1536, num_hidden_layers=6,
+             num_attention_heads=8, num_key_value_heads=8, vocab_size=32064, max_position_embeddings=2048,
+             pad_token_id=0)),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", dict(hidden_size=512, intermediate_size=1024,
+                num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4, num_local_experts=8,
+                num_experts_per_tok=2, vocab_size=32000, max_position_embeddings=2048)),
+    "bert": ("BertConfig", "BertForMaskedLM", dict(hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+             intermediate_size=2048, vocab_size=30522)),
+}
+PROBE_WORKLOADS = ["gpt", "hf_gpt2", "resnet_amp", "t5", "vit"]
+DEFAULT_CASES = [f"{w}:{p}" for w in PROBE_WORKLOADS + list(HF_FAMILIES) for p in ("fp32", "bf16")
+                 if not (w == "resnet_amp" and p == "bf16")]
+
+
+def trace_module():
+    path = os.path.join(ROOT, "python", "memlens", "_trace.py")
+    spec = importlib.util.spec_from_file_location("memlens_trace", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def hf_parts(name):
+    import torch
+    import transformers as tf
+
+    cfg_name, cls_name, kw = HF_FAMILIES[name]
+    cfg = getattr(tf, cfg_name)(**kw)
+
+    def build():
+        torch.manual_seed(0)
+        model = getattr(tf, cls_name)(cfg).to("cuda")
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        return model, opt
+
+    def step(state):
+        model, opt = state
+        ids = torch.randint(3, cfg.vocab_size, (HF_BATCH, HF_SEQ), device="cuda")
+        out = model(input_ids=ids, labels=ids)
+        loss = out.loss
+        del out
+        loss.backward()
+        del loss
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return build, step
+
+
+def probe_parts(workload):
+    import fit_probes
+
+    def build():
+        return fit_probes.build(workload, PROBE_BATCH)
+
+    def step(state):
+        state()
+
+    return build, step
+
+
+def parts(workload):
+    return hf_parts(workload) if workload in HF_FAMILIES else probe_parts(workload)
+
+
+def worker(case, out_dir):
+    import torch
+
+    workload, precision = case.split(":")
+    trace = trace_module()
+    build, step = parts(workload)
+    result = {"case": case, "workload": workload, "precision": precision, "steps": STEPS}
+    t0 = time.time()
+    try:
+        fake = trace.trace_step(build, step, steps=STEPS, precision=None if precision == "fp32" else precision)
+        path = os.path.join(out_dir, "traces", case.replace(":", ".") + ".pickle")
+        fake.save(path)
+        result.update(fake_peak_allocated=fake.peak_allocated_bytes, fake_step_peaks=fake.step_peaks,
+                      unknown_values=fake.unknown_values, events=len(fake.snapshot["device_traces"][0]),
+                      trace=os.path.basename(path))
+    except Exception as e:  # noqa: BLE001 - a row, not the end
+        result["fake_error"] = (repr(e) + " <- " + repr(e.__cause__))[:600]
+        import traceback
+        traceback.print_exc()
+    result["fake_seconds"] = round(time.time() - t0, 2)
+    result["allocated_after_fake"] = torch.cuda.memory_allocated()
+    t1 = time.time()
+    try:
+        state = build()
+        for _ in range(STEPS):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+                step(state)
+        torch.cuda.synchronize()
+        result.update(max_allocated=torch.cuda.max_memory_allocated(), max_reserved=torch.cuda.max_memory_reserved())
+    except Exception as e:  # noqa: BLE001
+        result["real_error"] = repr(e)[:400]
+    result["real_seconds"] = round(time.time() - t1, 2)
+    if "max_allocated" in result and "fake_peak_allocated" in result:
+        result["allocated_error"] = round(result["fake_peak_allocated"] / result["max_allocated"] - 1, 4)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# The true largest batch under each cap (tests/corpus/fit/fit_truth.json,
+# found by bisection on an H100 with set_per_process_memory_fraction).
+LARGEST = {"gpt": 18, "hf_gpt2": 18, "resnet_amp": 23, "vit": 25, "t5": 18}
+
+
+def batches(workload, out_dir):
+    """Fake traces of a fit_probes workload at the batches around its true
+    largest batch under its cap (and 16, 32), in this one process, for
+    `memlens fit TRACE --limit CAP` to say which fit."""
+    trace = trace_module()
+    import fit_probes
+
+    truth = LARGEST[workload]
+    for batch in sorted({16, 32, truth - 1, truth, truth + 1}):
+        t0 = time.time()
+        row = {"case": f"{workload}.b{batch}", "workload": workload, "batch": batch}
+        try:
+            fake = trace.trace_step(lambda: fit_probes.build(workload, batch), lambda s: s(), steps=STEPS)
+            fake.save(os.path.join(out_dir, "traces", f"{workload}.b{batch}.pickle"))
+            row.update(fake_peak_allocated=fake.peak_allocated_bytes, unknown_values=fake.unknown_values)
+        except Exception as e:  # noqa: BLE001
+            row["fake_error"] = repr(e)[:400]
+        row["fake_seconds"] = round(time.time() - t0, 2)
+        print("RESULT " + json.dumps(row), flush=True)
+
+
+def calib():
+    """cuBLAS's workspace: what the first matrix product on a thread adds
+    beyond its output, on the main thread and on autograd's."""
+    import torch
+
+    x = torch.randn(256, 256, device="cuda", requires_grad=True)
+    torch.cuda.synchronize()
+    a0 = torch.cuda.memory_allocated()
+    y = x @ x
+    torch.cuda.synchronize()
+    a1 = torch.cuda.memory_allocated()
+    main = a1 - a0 - 256 * 256 * 4
+    y.sum().backward()
+    torch.cuda.synchronize()
+    a2 = torch.cuda.memory_allocated()
+    # After backward: y's graph freed; x.grad (256 KiB) added.
+    backward = a2 - a1 - 256 * 256 * 4
+    print("RESULT " + json.dumps({"case": "calib", "workspace_main": main, "workspace_backward_thread": backward,
+                                  "capability": list(torch.cuda.get_device_capability(0))}), flush=True)
+
+
+def main():
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    budget = 480.0
+    if "--budget" in sys.argv:
+        budget = float(sys.argv[sys.argv.index("--budget") + 1])
+        args = [a for a in args if a != sys.argv[sys.argv.index("--budget") + 1]]
+    out_dir = args[0]
+    cases = args[1].split(",") if len(args) > 1 else ["calib"] + DEFAULT_CASES
+    os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
+    results, t0 = [], time.time()
+    for case in cases:
+        if time.time() - t0 > budget:
+            results.append({"case": case, "skipped": "budget"})
+            continue
+        p = subprocess.run([sys.executable, __file__, "--worker", case, out_dir], capture_output=True, text=True,
+                           timeout=max(30, budget - (time.time() - t0) + 30))
+        rows = [json.loads(line[7:]) for line in p.stdout.splitlines() if line.startswith("RESULT ")]
+        if not rows:
+            rows = [{"case": case, "error": (p.stderr or p.stdout)[-600:]}]
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        results += rows
+        with open(os.path.join(out_dir, "fake_step.json"), "w") as f:
+            json.dump({"results": results, "seconds": round(time.time() - t0, 1)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        case = sys.argv[2]
+        if case == "calib":
+            calib()
+        elif case.startswith("batches="):
+            batches(case.split("=", 1)[1], sys.argv[3])
+        else:
+            worker(case, sys.argv[3])
+    else:
+        main()
