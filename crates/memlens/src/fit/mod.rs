@@ -17,9 +17,14 @@
 //! Activation checkpointing of a module is predicted from one recording
 //! with its module scopes ([`checkpoint`], [`fit_checkpoint`]).
 //!
-//! Not yet: the other changes (precision, the optimizer, the sequence
-//! length), checkpointing and a batch change together, an OOM snapshot as a
-//! probe, a model with no recording. Those are refused, not guessed.
+//! A model with no recording is predicted from a training step traced with
+//! fake tensors in Python (`memlens.trace_step`: every allocation and free
+//! its operators made, no GPU used), replayed as it ran ([`fit_run`]); a
+//! change of precision, optimizer or sequence length is traced anew there.
+//!
+//! Not yet: those changes made to a GPU recording, checkpointing and a batch
+//! change together, an OOM snapshot as a probe. Those are refused, not
+//! guessed.
 
 pub mod checkpoint;
 pub mod probes;
