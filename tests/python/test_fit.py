@@ -127,3 +127,12 @@ def test_predict_replays_the_trace_and_searches_the_largest_batch(monkeypatch, t
 def test_predict_says_what_it_needs():
     with pytest.raises(ValueError):
         memlens.predict(lambda: None, lambda s: None, largest=True, limit="1GiB")
+
+
+def test_a_fake_trace_is_replayed_by_fit_and_refused_by_load():
+    path = os.path.join(FIT, "fake", "gpt.fp32.pickle.zst")
+    r = memlens.fit(path, limit="2GiB")
+    assert r["predicted"]["fits"] is True
+    assert r["basis"]["source"] == "fake tensors"
+    with pytest.raises(memlens.MemlensError, match="traced with fake tensors"):
+        memlens.load(path)

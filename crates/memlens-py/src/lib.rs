@@ -86,6 +86,8 @@ impl PySnapshot {
         let file = path.clone();
         let snap = interruptible(py, move |cancel| Snapshot::load_cancellable(&file, cancel))?
             .map_err(to_py_err)?;
+        snap.refuse_fake_trace(&path.display().to_string())
+            .map_err(to_py_err)?;
         Ok(PySnapshot {
             inner: Arc::new(snap),
             path: path.display().to_string(),
@@ -100,6 +102,7 @@ impl PySnapshot {
         let snap = py
             .detach(|| Snapshot::from_bytes(data, Path::new(name)))
             .map_err(to_py_err)?;
+        snap.refuse_fake_trace(name).map_err(to_py_err)?;
         Ok(PySnapshot {
             inner: Arc::new(snap),
             path: name.to_string(),
@@ -228,6 +231,7 @@ fn analysis_names() -> Vec<&'static str> {
 fn summary_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     py.detach(|| {
         let snap = Snapshot::load(&path)?;
+        snap.refuse_fake_trace(&path.display().to_string())?;
         let summary = memlens::analysis::summary::summarize(&snap);
         Ok(memlens::render::summary::text(
             &summary,
@@ -244,6 +248,7 @@ fn summary_text(py: Python<'_>, path: PathBuf) -> PyResult<String> {
 fn explain_oom_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
     py.detach(|| {
         let snap = Snapshot::load(&path)?;
+        snap.refuse_fake_trace(&path.display().to_string())?;
         let opts = memlens::oom::OomOptions::default();
         let name = path.display().to_string();
         let report = memlens::render::documents::oom_doc(&snap, &name, &opts)?;

@@ -107,3 +107,38 @@ fn a_path_outside_the_roots_is_refused_and_a_changed_file_read_again() {
         Some(common::stat("cache_leak", "reserved_bytes.all.current"))
     );
 }
+
+#[test]
+fn a_fake_trace_is_answered_by_fit_and_refused_by_the_rest() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/fit/fake")
+        .canonicalize()
+        .unwrap();
+    let session = Session::new(std::slice::from_ref(&dir)).unwrap();
+    let name = "gpt.fp32.pickle.zst";
+    let fit = session
+        .answer(
+            &Question::Fit {
+                probes: vec![name.into()],
+                recorded_batch: Vec::new(),
+                checkpoint: None,
+                batch: None,
+                limit: Some(2 << 30),
+                config: None,
+            },
+            &whole(),
+        )
+        .unwrap();
+    assert_eq!(fit["predicted"]["fits"], serde_json::json!(true));
+    assert_eq!(fit["basis"]["source"], "fake tensors");
+    let err = session
+        .answer(
+            &Question::Summary {
+                snapshot: name.into(),
+            },
+            &whole(),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("traced with fake tensors"), "{err}");
+}

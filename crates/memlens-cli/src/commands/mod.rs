@@ -39,17 +39,9 @@ pub fn load_replayable(path: &Path) -> anyhow::Result<memlens::Snapshot> {
 }
 
 /// An error for a fake trace given to a command that reads the allocator's
-/// state: such a file holds what a step allocated, not where the allocator
-/// put it, so every segment figure would read zero.
+/// state ([`memlens::Snapshot::refuse_fake_trace`]).
 pub fn refuse_fake_trace(name: &str, snap: &memlens::Snapshot) -> anyhow::Result<()> {
-    if snap.fake_trace.is_some() {
-        anyhow::bail!(
-            "{name}: a step traced with fake tensors (memlens.trace_step), not a recording: it \
-             holds what the step allocated but no allocator state; `memlens fit {name}` replays \
-             it through the allocator model"
-        );
-    }
-    Ok(())
+    Ok(snap.refuse_fake_trace(name)?)
 }
 
 /// Loads snapshots, each under its file name: folders and quoted patterns

@@ -351,6 +351,11 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// The `memlens/1` document of `q` over the snapshots `named` (in the
 /// question's order), as the command line builds it.
 fn document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Value> {
+    if !matches!(q, Question::Fit { .. }) {
+        for (name, a) in named {
+            a.borrow_owner().refuse_fake_trace(name)?;
+        }
+    }
     match (q, named) {
         (Question::Summary { .. }, [(_, one)]) => {
             to_doc(&crate::analysis::summary::summarize(one.borrow_owner()))

@@ -368,6 +368,21 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
+    /// An error when this is a step traced with fake tensors (named `name`
+    /// in it), for the analyses that read the allocator's state: such a file
+    /// holds what a step allocated, not where the allocator put it, so every
+    /// segment figure would read zero. `fit` and `simulate` replay it.
+    pub fn refuse_fake_trace(&self, name: &str) -> crate::Result<()> {
+        if self.fake_trace.is_none() {
+            return Ok(());
+        }
+        Err(crate::Error::usage(format!(
+            "{name}: a step traced with fake tensors (memlens.trace_step), not a recording: it \
+             holds what the step allocated but no allocator state; `memlens fit {name}` replays \
+             it through the allocator model"
+        )))
+    }
+
     /// Reads a snapshot from a file in any supported format.
     pub fn load(path: &Path) -> crate::Result<Snapshot> {
         build::load_path(path)
