@@ -126,4 +126,12 @@ fn a_fake_trace_is_known_by_its_schema_and_carries_its_caveats() {
     let r = predict("llama.bf16.pickle.zst", None);
     assert!(r.warnings[0].contains("scratch memory"), "{:?}", r.warnings);
     assert_eq!(r.basis.precision.as_deref(), Some("bf16"));
+    // A step with convolutions is told the headroom its workspaces took.
+    for file in ["resnet_amp.fp32.pickle.zst", "vit.bf16.pickle.zst"] {
+        let w = &predict(file, None).warnings[0];
+        assert!(
+            w.contains("runs convolutions") && w.contains("headroom"),
+            "{w}"
+        );
+    }
 }
