@@ -37,10 +37,10 @@ from typing import Any, Callable, Dict, List, Optional
 # The caching allocator rounds every request up to a multiple of 512 bytes
 # (kMinBlockSize) and makes no allocation for zero bytes.
 _BLOCK = 512
-# cuBLAS's workspace per thread and stream: PyTorch asks 4 MiB of the
-# allocator (CUBLAS_WORKSPACE_CONFIG's default 4096 KiB x 1) and 32 MiB from
-# Hopper (compute capability 9) on; the figure measured on an H100 is in
-# BENCHMARKS.md.
+# cuBLAS's workspace per thread and stream, which PyTorch asks of its
+# allocator and keeps: 32 MiB on an H100, measured on the forward's thread
+# and on autograd's (tests/gpu/fake_step.py calib, tests/gpu/RESULTS.md);
+# 4 MiB before Hopper, NVIDIA's recommendation (not measured here).
 HOPPER_WORKSPACE = 32 << 20
 OLDER_WORKSPACE = 4 << 20
 # Operators that run on cuBLAS, and so make its workspace on first use.
