@@ -851,9 +851,9 @@ fn settings(heap: &Heap, v: Value) -> AllocatorSettings {
     s
 }
 
-/// The `"memlens"` dict `memlens.record` adds (schema `memlens-recording/1`);
-/// anything else under that key is not ours and is ignored.
-fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
+/// The `"memlens"` dict's fields when its schema begins with `schema`
+/// (memlens wrote it, in that form); `None` for anything else.
+fn memlens_dict<'a>(heap: &'a Heap, v: Value, schema: &str) -> Option<Fields<'a>> {
     if !matches!(v, Value::Dict(_)) {
         return None;
     }
@@ -862,9 +862,13 @@ fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
         dict: v,
         what: "memlens".into(),
     };
-    if !f.str("schema")?.starts_with("memlens-recording/") {
-        return None;
-    }
+    f.str("schema")?.starts_with(schema).then_some(f)
+}
+
+/// The `"memlens"` dict `memlens.record` adds (schema `memlens-recording/1`);
+/// anything else under that key is not ours and is ignored.
+fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
+    let f = memlens_dict(heap, v, "memlens-recording/")?;
     Some(super::Recording {
         kind: f.str("kind").unwrap_or("").to_string(),
         step: f.u64_lenient("step", 0),
@@ -881,17 +885,7 @@ fn recording(heap: &Heap, v: Value) -> Option<super::Recording> {
 /// The `"memlens"` dict `memlens.trace_step` writes (schema
 /// `memlens-fake-trace/1`).
 fn fake_trace(heap: &Heap, v: Value) -> Option<super::FakeTrace> {
-    if !matches!(v, Value::Dict(_)) {
-        return None;
-    }
-    let f = Fields {
-        heap,
-        dict: v,
-        what: "memlens".into(),
-    };
-    if !f.str("schema")?.starts_with("memlens-fake-trace/") {
-        return None;
-    }
+    let f = memlens_dict(heap, v, "memlens-fake-trace/")?;
     Some(super::FakeTrace {
         steps: f.u64_lenient("steps", 0),
         precision: f.str("precision").unwrap_or("fp32").to_string(),
