@@ -1,5 +1,7 @@
 """``memlens.fit``: will the run fit at another batch size, or with a module
-under activation checkpointing (the library call behind ``memlens fit``)."""
+under activation checkpointing (the library call behind ``memlens fit``);
+``memlens.predict``: the same for a step traced with fake tensors, with no
+GPU."""
 
 import json
 import os
