@@ -78,7 +78,9 @@ class _Events:
         self.closed = False
         self._clock = itertools.count(1)
         self._next_addr = 0x7F0000000000
-        self._lock = threading.Lock()
+        # Reentrant: Python's collector may free a storage (and so call
+        # free) while alloc holds the lock, on the same thread.
+        self._lock = threading.RLock()
 
     def now(self) -> int:
         return next(self._clock)
