@@ -115,8 +115,9 @@ struct OomAsk {
 /// `fit`'s question.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
 struct FitAsk {
-    /// Two snapshots of the same run at two batch sizes (one recording with
-    /// `checkpoint`).
+    /// Two snapshots of the same run at two batch sizes; or one recording
+    /// (with `checkpoint`, or alone: replayed as it ran), or one step
+    /// traced with fake tensors by `memlens.trace_step`.
     probes: Vec<String>,
     /// The probes' batch sizes, in order (none with `checkpoint`).
     #[serde(default)]
@@ -252,7 +253,7 @@ impl Server {
     }
 
     #[tool(
-        description = "Will the run fit at another batch size (memlens fit): from two probes at two batch sizes, the predicted peak and the largest batch under a limit; or, with checkpoint, the recorded run with that module under activation checkpointing."
+        description = "Will the run fit at another batch size (memlens fit): from two probes at two batch sizes, the predicted peak and the largest batch under a limit; or, with checkpoint, the recorded run with that module under activation checkpointing; or one file alone (a recording, or a step traced with fake tensors by memlens.trace_step, no GPU) replayed through the allocator model under the limit."
     )]
     async fn fit(&self, Parameters(p): Parameters<FitAsk>) -> CallToolResult {
         let limit = p
