@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 /// traced with fake tensors is refused: see [`load_replayable`].
 pub fn load(path: &Path) -> anyhow::Result<memlens::Snapshot> {
     let snap = load_replayable(path)?;
-    refuse_fake_trace(&path.display().to_string(), &snap)?;
+    snap.refuse_fake_trace(&path.display().to_string())?;
     Ok(snap)
 }
 
@@ -38,12 +38,6 @@ pub fn load_replayable(path: &Path) -> anyhow::Result<memlens::Snapshot> {
     Ok(memlens::Snapshot::load(path)?)
 }
 
-/// An error for a fake trace given to a command that reads the allocator's
-/// state ([`memlens::Snapshot::refuse_fake_trace`]).
-pub fn refuse_fake_trace(name: &str, snap: &memlens::Snapshot) -> anyhow::Result<()> {
-    Ok(snap.refuse_fake_trace(name)?)
-}
-
 /// Loads snapshots, each under its file name: folders and quoted patterns
 /// stand for the files in them, files are read in parallel, with a progress
 /// bar on a terminal when there are several. The first bad file named on
@@ -52,7 +46,7 @@ pub fn refuse_fake_trace(name: &str, snap: &memlens::Snapshot) -> anyhow::Result
 pub fn load_all(paths: &[PathBuf]) -> anyhow::Result<Vec<(String, memlens::Snapshot)>> {
     let snaps = read_all(paths)?;
     for (name, snap) in &snaps {
-        refuse_fake_trace(name, snap)?;
+        snap.refuse_fake_trace(name)?;
     }
     Ok(snaps)
 }
@@ -87,7 +81,7 @@ pub fn load_all_for_peak(paths: &[PathBuf]) -> anyhow::Result<ReadForPeak> {
     };
     for r in keep_readable(&found, loaded)? {
         let (p, r) = r;
-        refuse_fake_trace(&p.display().to_string(), &r.snap)?;
+        r.snap.refuse_fake_trace(&p.display().to_string())?;
         read.snaps.push((p.display().to_string(), r.snap));
         read.passes.push(r.pass);
     }

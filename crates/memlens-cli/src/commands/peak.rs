@@ -52,7 +52,8 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
         return Ok(output::OK);
     }
     let read = memlens::replay::during_read::load(&args.snapshot)?;
-    super::refuse_fake_trace(&args.snapshot.display().to_string(), &read.snap)?;
+    read.snap
+        .refuse_fake_trace(&args.snapshot.display().to_string())?;
     let an = Analysed::with_pass(&read.snap, read.pass);
     match args.by {
         By::Site => output::print(&peak_analysed(&an, args.top), args.json, render::peak::text)?,

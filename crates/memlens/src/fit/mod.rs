@@ -54,6 +54,16 @@ pub struct FitOptions {
     pub config: Option<AllocatorConfig>,
 }
 
+impl FitOptions {
+    /// The allocator settings to predict under: those asked, else `snap`'s
+    /// recorded ones.
+    fn config_for(&self, snap: &crate::snapshot::Snapshot) -> AllocatorConfig {
+        self.config
+            .clone()
+            .unwrap_or_else(|| recorded_config(&snap.settings))
+    }
+}
+
 /// The prediction at one batch size.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Prediction {
@@ -126,10 +136,7 @@ pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> 
     };
     let (a, b) = if a.batch <= b.batch { (a, b) } else { (b, a) };
     let run = ScaledRun::from_probes(a, b)?;
-    let config = opts
-        .config
-        .clone()
-        .unwrap_or_else(|| recorded_config(&b.snap.settings));
+    let config = opts.config_for(b.snap);
     let model = Model {
         run: &run,
         config: &config,
@@ -228,6 +235,24 @@ pub fn program_fits(
         }
     }
     Ok(true)
+}
+
+/// The peaks of the program `ops` under `config` ([`program_peaks`]) and,
+/// under a `limit`, whether it fits ([`program_fits`]).
+fn run_peaks(
+    ops: &[Op],
+    device: u32,
+    config: &AllocatorConfig,
+    limit: Option<u64>,
+) -> crate::Result<RunPeaks> {
+    let (peak_allocated_bytes, peak_reserved_bytes) = program_peaks(ops, device, config)?;
+    Ok(RunPeaks {
+        peak_allocated_bytes,
+        peak_reserved_bytes,
+        fits: limit
+            .map(|l| program_fits(ops, device, config, l))
+            .transpose()?,
+    })
 }
 
 fn simulate_program(
@@ -379,23 +404,11 @@ pub fn fit_run(
     };
     let rec = probes::Recorded::of_late_start(&probe, &RecordedPasses::default())?;
     let ops: Vec<Op> = rec.ops.iter().map(|&(op, _)| op).collect();
-    let config = opts
-        .config
-        .clone()
-        .unwrap_or_else(|| recorded_config(&snap.settings));
+    let config = opts.config_for(snap);
     let device = snap.first_traced_device();
-    let (peak_allocated_bytes, peak_reserved_bytes) = program_peaks(&ops, device, &config)?;
-    let fits = opts
-        .limit
-        .map(|l| program_fits(&ops, device, &config, l))
-        .transpose()?;
     let fake = snap.fake_trace.as_ref();
     Ok(RunReport {
-        predicted: RunPeaks {
-            peak_allocated_bytes,
-            peak_reserved_bytes,
-            fits,
-        },
+        predicted: run_peaks(&ops, device, &config, opts.limit)?,
         limit_bytes: opts.limit,
         method: "every allocation and free of the run replayed through the allocator model \
                  with new segments at rising and at falling addresses, the higher peak taken"
@@ -489,25 +502,11 @@ pub fn fit_checkpoint_with(
         ));
     }
     let run = checkpoint::checkpointed_run(name, snap, module, passes)?;
-    let config = opts
-        .config
-        .clone()
-        .unwrap_or_else(|| recorded_config(&snap.settings));
+    let config = opts.config_for(snap);
     let device = snap.first_traced_device();
-    let peaks_of = |ops: &[Op]| -> crate::Result<RunPeaks> {
-        let (a, r) = program_peaks(ops, device, &config)?;
-        Ok(RunPeaks {
-            peak_allocated_bytes: a,
-            peak_reserved_bytes: r,
-            fits: opts
-                .limit
-                .map(|l| program_fits(ops, device, &config, l))
-                .transpose()?,
-        })
-    };
     Ok(CheckpointReport {
-        recorded: peaks_of(&run.recorded)?,
-        predicted: peaks_of(&run.checkpointed)?,
+        recorded: run_peaks(&run.recorded, device, &config, opts.limit)?,
+        predicted: run_peaks(&run.checkpointed, device, &config, opts.limit)?,
         limit_bytes: opts.limit,
         method: "the recorded run rewritten as non-reentrant torch.utils.checkpoint runs it: \
                  the tensors each call kept for the backward freed when the module that holds \
