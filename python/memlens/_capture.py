@@ -75,6 +75,7 @@ from ._diff import confirmed_leaks, without_trace
 from ._leak import ALARM, BASELINE, MIDPOINT, LeakRule
 from ._live import Publisher
 from ._oom import explain_oom
+from ._snapshot_file import STEP_MARKER, write_snapshot
 
 MIB = 1024 * 1024
 ENTRIES_PER_STEP = 10_000
@@ -89,9 +90,6 @@ FIT_MARGIN = 1.5
 # on purpose from one that lost its start.
 RECORDING_KEY = "memlens"
 RECORDING_SCHEMA = "memlens-recording/1"
-# Name of the record_function scope memlens.step() opens and closes at the end of
-# each step; the analysis reads it from `external_annotations` as the step marker.
-STEP_MARKER = "memlens.step"
 
 
 class MemlensWarning(UserWarning):
@@ -185,15 +183,6 @@ def snapshot_name(directory: str, prefix: str, rank: Optional[int], kind: Option
     if kind:
         parts.append(kind)
     return os.path.join(directory, ".".join(parts) + ".pickle")
-
-
-def _write_snapshot(snapshot: Dict[str, Any], path: str) -> None:
-    # What torch.cuda.memory._dump_snapshot does, but through a temporary file
-    # so a reader never sees half a snapshot.
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        pickle.dump(snapshot, f)
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -517,7 +506,7 @@ class Recorder:
         # measured no faster (it holds the GIL the training thread needs;
         # BENCHMARKS.md, issue 35).
         with _gc_paused():
-            _write_snapshot(snapshot, path)
+            write_snapshot(snapshot, path)
         if self._holders:
             write_holders(path, self.steps, self._holders)
         write_device(path, self._torch, self._outside_at_start)

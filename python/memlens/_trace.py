@@ -28,11 +28,12 @@ Each allocation's stack starts with the operator that made it
 import contextlib
 import itertools
 import os
-import pickle
 import sys
 import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
+
+from ._snapshot_file import STEP_MARKER, write_snapshot
 
 # The caching allocator rounds every request up to a multiple of 512 bytes
 # (kMinBlockSize) and makes no allocation for zero bytes.
@@ -53,7 +54,6 @@ _CUBLASLT_OPS = ("addmm", "_addmm_activation")
 # Recorded as PyTorch records it: this key in the snapshot says how it was made.
 TRACE_KEY = "memlens"
 TRACE_SCHEMA = "memlens-fake-trace/1"
-_STEP_MARKER = "memlens.step"
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 _MAX_FRAMES = 48
 
@@ -240,10 +240,7 @@ class Trace:
     def save(self, path: "str | os.PathLike[str]") -> str:
         """Writes the snapshot as ``torch.cuda.memory._dump_snapshot`` would."""
         path = os.fspath(path)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump(self.snapshot, f)
-        os.replace(tmp, path)
+        write_snapshot(self.snapshot, path)
         return path
 
 
@@ -336,8 +333,8 @@ def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, build: 
             with _autocast(torch, precision):
                 step(built)
             step_peaks.append(events.window_peak)
-            events.annotate(f"{_STEP_MARKER} {n}", "START")
-            events.annotate(f"{_STEP_MARKER} {n}", "END")
+            events.annotate(f"{STEP_MARKER} {n}", "START")
+            events.annotate(f"{STEP_MARKER} {n}", "END")
         # What dies after this is not the step's (``built`` going out of
         # scope); the blocks live now are in the trace, allocated.
         events.closed = True

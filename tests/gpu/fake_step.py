@@ -16,7 +16,7 @@ traces fit_probes workload W (no GPU run) at the batches around its true
 largest batch under a cap, for tests/gpu/fake_largest.py.
 """
 
-import importlib.util
+import importlib
 import json
 import os
 import subprocess
@@ -55,11 +55,16 @@ DEFAULT_CASES = [f"{w}:{p}" for w in PROBE_WORKLOADS + list(HF_FAMILIES) for p i
 
 
 def trace_module():
-    path = os.path.join(ROOT, "python", "memlens", "_trace.py")
-    spec = importlib.util.spec_from_file_location("memlens_trace", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    """memlens._trace without the package's __init__ (which needs the
+    native module, not built on the GPU host): a bare package over
+    python/memlens, so that its own relative imports resolve."""
+    import types
+
+    if "memlens" not in sys.modules:
+        package = types.ModuleType("memlens")
+        package.__path__ = [os.path.join(ROOT, "python", "memlens")]
+        sys.modules["memlens"] = package
+    return importlib.import_module("memlens._trace")
 
 
 def hf_parts(name):
