@@ -42,7 +42,8 @@ def fit(probes, recorded_batch=None, batch=None, limit=None, config=None, checkp
 
 def predict(build, step, *, batch=None, limit=None, precision=None, config=None, steps=2, largest=False,
             max_batch=1 << 14, save=None):
-    """Predicts a training step's GPU memory with no GPU: the step is traced
+    """Predicts a training step's GPU memory with none of it used (a GPU
+    must be visible to PyTorch, see :func:`memlens.trace_step`): the step is traced
     with fake tensors (:func:`memlens.trace_step`) and every allocation and
     free it made is replayed through memlens's model of PyTorch's caching
     allocator (``memlens fit`` on the trace).

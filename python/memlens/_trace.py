@@ -12,10 +12,12 @@ storage on a CUDA device is an allocation (rounded up to 512 bytes, as the
 caching allocator does), and a weak reference on it tells when it dies (a
 storage's Python object lives exactly as long as the storage). What no
 operator returns is not seen: a kernel's own scratch memory (cuDNN's and
-flash attention's workspaces) and memory outside PyTorch. cuBLAS's workspace,
-which PyTorch allocates through its allocator once per thread and stream
-and keeps, is added at the first matrix product on each thread
-(``workspace_bytes``).
+attention's workspaces) and memory outside PyTorch. Two kinds of scratch are
+added as PyTorch makes them: cuBLAS's workspace, which PyTorch allocates
+through its allocator once per thread and stream and keeps, at the first
+matrix product on each thread (``workspace_bytes``); and the staging buffer
+of a ``sum`` or ``mean`` split across thread blocks (a bias's gradient),
+allocated and freed around its kernel (``_reduce_scratch``).
 
 A value the program reads back from the GPU (``.item()``, ``bool(t)``) has no
 data here: a test is taken as False, a number as 1, each counted in the
@@ -33,6 +35,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+from ._reduce_scratch import HOPPER_SMS, HOPPER_THREADS_PER_SM, reduction_scratch
 from ._snapshot_file import STEP_MARKER, write_snapshot
 
 # The caching allocator rounds every request up to a multiple of 512 bytes
@@ -54,6 +57,12 @@ _CUBLASLT_OPS = ("addmm", "_addmm_activation")
 # Recorded as PyTorch records it: this key in the snapshot says how it was made.
 TRACE_KEY = "memlens"
 TRACE_SCHEMA = "memlens-fake-trace/1"
+# Checked on an H200 with CUDA_VISIBLE_DEVICES="" (tests/gpu/RESULTS.md).
+NO_GPU = (
+    "memlens.trace_step needs a CUDA GPU visible to PyTorch (nothing is allocated on it): with none, "
+    "PyTorch's autograd engine asks for device 0's context in the backward pass (torch 2.11: "
+    "\"hasPrimaryContext expects a valid device index\") and torch.autocast(\"cuda\") turns itself off"
+)
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 _MAX_FRAMES = 48
 
@@ -132,12 +141,14 @@ def _python_frames() -> List[Dict[str, Any]]:
     return out
 
 
-def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int) -> Any:
+def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int, gpu: "tuple[int, int]") -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
     local_scalar = torch.ops.aten._local_scalar_dense.default
     workspaces: Dict[Any, int] = {}
+    reductions = _reductions(torch)
+    scratch_keys = itertools.count(1 << 62)
 
     def workspace(key: Any, nbytes: int, frames: List[Dict[str, Any]]) -> None:
         # Made once and kept, as PyTorch keeps them; keys below zero never
@@ -165,7 +176,30 @@ def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int) -> Any:
                     if frames is None:
                         frames = _op_frames(func)
                     note_storage(t, frames)
+            reduced = reductions.get(func)
+            if reduced is not None:
+                scratch(func, *reduced(args, kwargs or {}))
             return out
+
+    def scratch(func: Any, t: Any, dims: Any) -> None:
+        """The staging buffer and semaphores the reduction kernel asks of
+        the allocator for a sum of ``t`` over ``dims`` (all when empty),
+        freed when it is launched (semaphores first, as C++ destroys them)."""
+        if t is None or not isinstance(t, torch.Tensor) or t.device.type != "cuda":
+            return
+        if t.dtype.is_complex:
+            return
+        acc = 8 if t.dtype == torch.float64 or not t.dtype.is_floating_point else 4
+        dims = list(range(t.dim())) if not dims else [int(d) for d in dims]
+        sizes = reduction_scratch(tuple(t.shape), tuple(t.stride()), dims, t.element_size(), acc, *gpu)
+        if sizes[0] <= 0:
+            return
+        frames = _op_frames(func)
+        keys = [next(scratch_keys) for _ in sizes]
+        for key, nbytes in zip(keys, sizes):
+            events.alloc(key, nbytes, frames)
+        for key in reversed(keys):
+            events.free(key)
 
     def unknown_value(t: Any) -> Any:
         """A value read back from a tensor (``.item()``, ``bool(t)``): none
@@ -196,6 +230,34 @@ def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int) -> Any:
     return StepTracer()
 
 
+def _reductions(torch: Any) -> Dict[Any, Any]:
+    """The operators that run PyTorch's CUDA reduction kernel, each with how
+    to read (tensor reduced, dimensions reduced) from its arguments."""
+    aten = torch.ops.aten
+
+    def dim_arg(args: Any, kwargs: Dict[str, Any]) -> Any:
+        dims = args[1] if len(args) > 1 else kwargs.get("dim")
+        return (args[0], [dims] if isinstance(dims, int) else (dims or []))
+
+    def conv_bias(args: Any, kwargs: Dict[str, Any]) -> Any:
+        # convolution_backward sums grad_output over every dimension but
+        # the channels for the bias's gradient, when asked for it.
+        mask = args[10] if len(args) > 10 else kwargs.get("output_mask")
+        grad = args[0]
+        if not mask or not mask[2] or not isinstance(grad, torch.Tensor):
+            return (None, [])
+        return (grad, [d for d in range(grad.dim()) if d != 1])
+
+    table = {
+        aten.sum.dim_IntList: dim_arg,
+        aten.mean.dim: dim_arg,
+        aten.sum.default: lambda args, kwargs: (args[0], []),
+        aten.mean.default: lambda args, kwargs: (args[0], []),
+        aten.convolution_backward.default: conv_bias,
+    }
+    return table
+
+
 def _op_frames(func: Any) -> List[Dict[str, Any]]:
     """The operator, as a C++ frame of a recording with ``stacks="all"``
     would name it, over the Python stack."""
@@ -211,6 +273,18 @@ def _autocast(torch: Any, precision: Optional[str]) -> Any:
     if dtype is None:
         raise ValueError(f"precision must be fp32, bf16 or fp16, not {precision!r}")
     return torch.autocast("cuda", dtype=dtype)
+
+
+def gpu_shape(torch: Any) -> "tuple[int, int]":
+    """(multiprocessors, threads per multiprocessor) of this machine's first
+    GPU, which size a reduction's staging buffer; an H100's when none."""
+    try:
+        if torch.cuda.is_available():
+            props = torch.cuda.get_device_properties(0)
+            return (int(props.multi_processor_count), int(props.max_threads_per_multi_processor))
+    except Exception:  # noqa: BLE001 - no driver: the default
+        pass
+    return (HOPPER_SMS, HOPPER_THREADS_PER_SM)
 
 
 def default_workspace_bytes(torch: Any) -> int:
@@ -260,14 +334,18 @@ def trace_step(
     steps include the optimizer state the first step makes. ``precision``
     (``"bf16"``, ``"fp16"``) runs each step under ``torch.autocast``.
     ``workspace_bytes``: cuBLAS's workspace per thread (default: this GPU's,
-    or an H100's)."""
+    or an H100's). A GPU must be visible to PyTorch (none of its memory is
+    used): with none, PyTorch's autograd engine fails in the backward pass
+    and autocast turns itself off (``RuntimeError`` saying so)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
+    if not torch.cuda.is_available():
+        raise RuntimeError(NO_GPU)
     events = _Events()
     workspace = default_workspace_bytes(torch) if workspace_bytes is None else workspace_bytes
     with _plain_module_moves(torch):
-        return _traced(torch, FakeTensorMode, events, workspace, build, step, steps, precision)
+        return _traced(torch, FakeTensorMode, events, workspace, gpu_shape(torch), build, step, steps, precision)
 
 
 @contextlib.contextmanager
@@ -320,10 +398,10 @@ def _plain_module_moves(torch: Any) -> Any:
         torch.nn.Module._apply = original
 
 
-def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, build: Any, step: Any, steps: int,
-            precision: Optional[str]) -> Trace:
+def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, gpu: "tuple[int, int]", build: Any,
+            step: Any, steps: int, precision: Optional[str]) -> Trace:
     step_peaks: List[int] = []
-    with fake_mode(allow_non_fake_inputs=True), _tracer_mode(torch, events, workspace):
+    with fake_mode(allow_non_fake_inputs=True), _tracer_mode(torch, events, workspace, gpu):
         # Modules made without a device are made on the GPU, where a
         # training script moves them (nothing is allocated before the move).
         with torch.device("cuda:0"):
@@ -347,6 +425,8 @@ def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, build: 
             "steps": steps,
             "precision": precision or "fp32",
             "workspace_bytes": workspace,
+            "multiprocessors": gpu[0],
+            "threads_per_multiprocessor": gpu[1],
             "unknown_values": events.unknown_values,
             "torch": str(torch.__version__),
         },

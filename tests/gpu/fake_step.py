@@ -11,6 +11,9 @@ build and steps on the GPU, from an empty allocator: the truth is
 fit_probes.py's (hand-written GPT, HF GPT-2, ResNet-50 with autocast, T5,
 ViT) and Hugging Face causal and masked LMs built from configs (the families
 of issue 30: Llama, GPT-NeoX, OPT, Gemma2, Phi-3, Mixtral, BERT).
+Run with CUDA_VISIBLE_DEVICES="" a case is traced only (no GPU to run it
+on): the check of what tracing needs of the machine. FAKE_ONLY=1 traces
+each case without running it on the GPU (its truth already measured).
 `calib` measures cuBLAS's workspace per thread on this GPU; `batches=W`
 traces fit_probes workload W (no GPU run) at the batches around its true
 largest batch under a cap, for tests/gpu/fake_largest.py.
@@ -131,6 +134,12 @@ def worker(case, out_dir):
         import traceback
         traceback.print_exc()
     result["fake_seconds"] = round(time.time() - t0, 2)
+    if not torch.cuda.is_available() or os.environ.get("FAKE_ONLY"):
+        # Traced with no GPU visible (CUDA_VISIBLE_DEVICES=""), or the trace
+        # alone asked for (FAKE_ONLY=1: the GPU's figures are in truth.json).
+        result["no_gpu"] = not torch.cuda.is_available()
+        print("RESULT " + json.dumps(result), flush=True)
+        return
     result["allocated_after_fake"] = torch.cuda.memory_allocated()
     t1 = time.time()
     try:

@@ -46,3 +46,28 @@ def test_a_saved_trace_is_replayed_by_memlens_fit(tmp_path):
     assert r["predicted"]["peak_allocated_bytes"] == 130 << 20
     assert r["basis"]["precision"] == "bf16"
     assert r["predicted"]["fits"] is None
+
+
+def test_tracing_with_no_gpu_visible_says_why_it_cannot(monkeypatch):
+    class NoCuda:
+        @staticmethod
+        def is_available():
+            return False
+
+    import sys
+    import types
+
+    fake_torch = types.ModuleType("torch")
+    fake_torch.cuda = NoCuda
+    subclasses = types.ModuleType("torch._subclasses")
+    fake_tensor = types.ModuleType("torch._subclasses.fake_tensor")
+    fake_tensor.FakeTensorMode = object
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setitem(sys.modules, "torch._subclasses", subclasses)
+    monkeypatch.setitem(sys.modules, "torch._subclasses.fake_tensor", fake_tensor)
+    try:
+        _trace.trace_step(lambda: None, lambda built: None)
+    except RuntimeError as e:
+        assert "needs a CUDA GPU visible" in str(e) and "hasPrimaryContext" in str(e)
+    else:
+        raise AssertionError("traced with no GPU")

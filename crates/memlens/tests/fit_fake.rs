@@ -33,7 +33,8 @@ fn error(predicted: u64, measured: &serde_json::Value) -> f64 {
     predicted as f64 / measured.as_u64().expect("measured") as f64 - 1.0
 }
 
-/// Models whose every allocation an operator returns: transformers. The
+/// Models whose every allocation an operator returns or the tracer adds
+/// (cuBLAS's workspaces, reductions' staging buffers): transformers. The
 /// convolutional ones (ResNet-50, the ViT's patch embedding) run kernels
 /// with scratch memory of their own (cuDNN's workspaces, seen in their
 /// recordings' C++ frames), which no fake tensor shows.
@@ -56,10 +57,11 @@ fn fake_traces_of_transformers_predict_the_gpu_within_about_one_percent() {
         let workload = case["workload"].as_str().expect("workload");
         // Transformers: allocated within 1.5%, reserved from 3% under to
         // 1.5% over (measured: -0.1..+1.1% and -2.6..+1.0%). Convolutional
-        // models: under by the kernels' scratch, at most 9% (measured:
-        // allocated -0.9..-5.2%, reserved -6.5..-8.1%).
+        // models: under by the kernels' scratch, at most 8% reserved
+        // (measured: allocated -5.2..+0.6%, reserved -7.2..-1.5%; the ViT's
+        // were -6.5% and -8.1% before the reductions' staging buffers).
         let ok = if has_convolutions(workload) {
-            (-0.09..=0.0).contains(&a) && (-0.09..=0.0).contains(&v)
+            (-0.06..=0.015).contains(&a) && (-0.08..=0.0).contains(&v)
         } else {
             a.abs() <= 0.015 && (-0.03..=0.015).contains(&v)
         };
@@ -75,7 +77,7 @@ fn fake_traces_of_transformers_predict_the_gpu_within_about_one_percent() {
 }
 
 #[test]
-fn the_largest_batch_from_fake_traces_is_the_gpu_s_or_one_below_on_transformers() {
+fn the_largest_batch_from_fake_traces_is_the_gpu_s_or_one_below() {
     let t = truth();
     let workloads = t["largest"]["workloads"].as_object().expect("workloads");
     for (w, case) in workloads {
@@ -94,21 +96,19 @@ fn the_largest_batch_from_fake_traces_is_the_gpu_s_or_one_below_on_transformers(
                 );
                 assert!(!fits(largest + 1), "{w}: one more does not");
             }
-            // One below: the workspaces the trace lacks are not what makes
-            // this one short; what the GPU ran at the largest fits only
-            // just (891.3 MB of an 892.3 MB cap).
-            "resnet_amp" => {
+            // One below. The ResNet: what the GPU ran at the largest fits
+            // only just (891.3 MB of an 892.3 MB cap). The ViT: without its
+            // reductions' staging buffers the trace called batch 26, which
+            // ran out of memory on the GPU, a fit; with them, 25 (the true
+            // largest) is called too big by its 8 MiB cuDNN workspace and
+            // attention's backward workspace, which the trace lacks.
+            "resnet_amp" | "vit" => {
                 assert!(fits(largest - 1), "{w}: one below fits");
                 assert!(
                     !fits(largest),
                     "{w}: the model calls the true largest too big"
                 );
             }
-            // The known failure: the ViT's scratch memory (cuDNN's, the
-            // reductions') is not in the trace, so batch 26, which ran out
-            // of memory on the GPU, is predicted to fit. Said in every
-            // prediction from a fake trace; only the true largest is held.
-            "vit" => assert!(fits(largest), "{w}: the true largest fits"),
             other => panic!("unexpected workload {other}"),
         }
     }

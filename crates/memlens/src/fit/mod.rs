@@ -454,8 +454,8 @@ fn fake_trace_warnings(f: &crate::snapshot::FakeTrace, convolutions: usize) -> V
         format!(
             "this step runs convolutions ({convolutions} tensors made by them): cuDNN's \
              workspaces, made and freed inside each call, are not in a fake trace, and on an \
-             H100 the GPU reserved 6.5-8.1% more than predicted (ResNet-50, a ViT; a ViT's \
-             largest batch under a cap came out one too many): leave that much headroom"
+             H100 the GPU reserved 1.5-7.2% more than predicted (a ViT 1.5-3.9%, ResNet-50 \
+             7.2%): leave that much headroom"
         )
     } else {
         "a fake trace holds what PyTorch's operators return, not a kernel's own scratch memory \
