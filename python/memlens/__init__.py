@@ -17,7 +17,7 @@ The ``memlens`` command is installed too, and a pytest plugin with the
 
 from ._native import MemlensError, __version__
 from ._analysis import Result, Snapshot, available, load
-from ._fit import fit, predict
+from ._fit import fit, predict, predict_config
 from ._trace import Trace, trace_step
 from ._profile import Profile, profile
 from ._why import Holder, why
@@ -46,6 +46,7 @@ __all__ = [
     "fit",
     "load",
     "predict",
+    "predict_config",
     "profile",
     "record",
     "start",

@@ -106,6 +106,29 @@ def predict(build, step, *, batch=None, limit=None, precision=None, config=None,
         return answer
 
 
+def predict_config(config, *, batch=8, seq=512, optimizer="adamw", precision=None, limit=None, largest=False,
+                   steps=2, alloc_config=None, save=None):
+    """:func:`predict` for a Hugging Face model from its config alone (a
+    ``config.json`` path, its folder, a dict with ``model_type``, or a config
+    object; random weights, nothing downloaded): a training step of ``batch``
+    x ``seq`` random token ids as inputs and labels, with ``optimizer``
+    (``adamw``, ``adamw-fused``, ``adamw-for-loop``, ``adam``, ``sgd``),
+    traced with fake tensors (no GPU memory used; a GPU visible) and
+    replayed. ``alloc_config``: allocator settings; the rest as
+    :func:`predict`. The answer adds ``seq`` and ``optimizer``.
+
+    Example: ``memlens.predict_config("Llama-3.2-1B/config.json", batch=4,
+    seq=2048, precision="bf16", limit="79GiB", largest=True)``."""
+    from ._hf import hf_step
+
+    build, step = hf_step(config, seq=seq, optimizer=optimizer)
+    answer = predict(build, step, batch=batch, limit=limit, precision=precision, config=alloc_config, steps=steps,
+                     largest=largest, save=save)
+    answer["seq"] = seq
+    answer["optimizer"] = optimizer
+    return answer
+
+
 def _replay_traced(build, step, batch, steps, precision, limit, config, tmp):
     """One trace (at ``batch``, or of ``build()`` when None) replayed."""
     from ._trace import trace_step

@@ -14,6 +14,8 @@ of issue 30: Llama, GPT-NeoX, OPT, Gemma2, Phi-3, Mixtral, BERT).
 Run with CUDA_VISIBLE_DEVICES="" a case is traced only (no GPU to run it
 on): the check of what tracing needs of the machine. FAKE_ONLY=1 traces
 each case without running it on the GPU (its truth already measured).
+A workload `cfg-<family>` is an HF family of the list below built by
+memlens.predict_config's front from its saved config.json (memlens._hf).
 `calib` measures cuBLAS's workspace per thread on this GPU; `batches=W`
 traces fit_probes workload W (no GPU run) at the batches around its true
 largest batch under a cap, for tests/gpu/fake_largest.py.
@@ -110,7 +112,26 @@ def probe_parts(workload):
     return build, step
 
 
-def parts(workload):
+def config_parts(name, out_dir):
+    """The same family through memlens.predict_config's front
+    (memlens._hf.hf_step): its config written to config.json, read back."""
+    import transformers as tf
+
+    cfg_name, cls_name, kw = HF_FAMILIES[name]
+    cfg = getattr(tf, cfg_name)(**kw)
+    cfg.architectures = [cls_name]
+    folder = os.path.join(out_dir, "configs", name)
+    os.makedirs(folder, exist_ok=True)
+    cfg.save_pretrained(folder)
+    trace_module()
+    hf = importlib.import_module("memlens._hf")
+    build, step = hf.hf_step(folder, seq=HF_SEQ)
+    return (lambda: build(HF_BATCH)), step
+
+
+def parts(workload, out_dir=None):
+    if workload.startswith("cfg-"):
+        return config_parts(workload[4:], out_dir)
     return hf_parts(workload) if workload in HF_FAMILIES else probe_parts(workload)
 
 
@@ -119,7 +140,7 @@ def worker(case, out_dir):
 
     workload, precision = case.split(":")
     trace = trace_module()
-    build, step = parts(workload)
+    build, step = parts(workload, out_dir)
     result = {"case": case, "workload": workload, "precision": precision, "steps": STEPS}
     t0 = time.time()
     try:

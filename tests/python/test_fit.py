@@ -124,6 +124,35 @@ def test_predict_replays_the_trace_and_searches_the_largest_batch(monkeypatch, t
     assert again["predicted"] == r["predicted"]
 
 
+def test_predict_config_traces_the_config_s_step_and_replays_it(monkeypatch):
+    # The build and step come from memlens._hf (run on real torch and
+    # transformers in tests/gpu/fake_step.py cfg-<family>: the same traces
+    # as the harness's own build, byte for byte); here a stub stands in.
+    import memlens._hf as hf
+    import memlens._trace as trace
+
+    asked = {}
+
+    def stub_hf_step(config, seq=512, optimizer="adamw"):
+        asked.update(config=config, seq=seq, optimizer=optimizer)
+        return (lambda b: b), (lambda s: None)
+
+    monkeypatch.setattr(hf, "hf_step", stub_hf_step)
+    monkeypatch.setattr(trace, "trace_step", lambda build, step, steps=2, precision=None: _StubTrace(build()))
+    r = memlens.predict_config({"model_type": "llama"}, batch=4, seq=128, optimizer="sgd", limit="300MiB",
+                               largest=True)
+    assert asked == {"config": {"model_type": "llama"}, "seq": 128, "optimizer": "sgd"}
+    assert r["predicted"]["peak_allocated_bytes"] == 140 << 20
+    assert (r["batch"], r["largest_batch"], r["seq"], r["optimizer"]) == (4, 20, 128, "sgd")
+
+
+def test_an_optimizer_memlens_cannot_build_is_named():
+    import memlens._hf as hf
+
+    with pytest.raises(ValueError, match="adamw-fused"):
+        hf.hf_step({"model_type": "llama"}, optimizer="lion")
+
+
 def test_predict_says_what_it_needs():
     with pytest.raises(ValueError):
         memlens.predict(lambda: None, lambda s: None, largest=True, limit="1GiB")

@@ -74,7 +74,11 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelSpec> {
         other => {
             return Err(model_err(
                 path,
-                format!("model_type {other:?} is not supported (supported: {SUPPORTED})"),
+                format!(
+                    "model_type {other:?} is not supported (supported: {SUPPORTED}); any \
+                     transformers config: memlens.predict_config(\"config.json\", batch=8, seq=512) \
+                     in Python traces the step with fake tensors (a GPU visible, none of its memory used)"
+                ),
             ))
         }
     };
