@@ -18,7 +18,8 @@ A workload `cfg-<family>` is an HF family of the list below built by
 memlens.predict_config's front from its saved config.json (memlens._hf).
 `calib` measures cuBLAS's workspace per thread on this GPU; `batches=W`
 traces fit_probes workload W (no GPU run) at the batches around its true
-largest batch under a cap, for tests/gpu/fake_largest.py.
+largest batch under a cap, for `memlens fit TRACE --limit CAP`
+(tests/gpu/fake_largest.py runs the whole search, memlens.predict).
 """
 
 import importlib
