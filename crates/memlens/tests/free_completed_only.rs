@@ -63,7 +63,7 @@ fn doctor_says_the_same_without_free_requested_entries() {
             memlens::render::doctor::text(&d, &[name], false)
         };
         let told = text(&whole);
-        assert!(told.contains("peak"), "{name}: a diagnosis: {told}");
+        assert!(told.contains("Peak:"), "{name}: a diagnosis: {told}");
         assert_eq!(text(&cut), told, "{name}");
     }
 }
