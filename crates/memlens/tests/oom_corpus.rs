@@ -247,6 +247,25 @@ fn fits_only_with_margin_and_never_from_a_step_cut_at_the_failure() {
     // failure, so nothing is promised to fit.
     let rep = analyze("gpt_first", true, 16);
     assert!(rep.fixes.iter().all(|f| f.fits != Some(true)));
+    // What would answer it: the whole step traced with fake tensors, under
+    // the cap inferred here (bytes, as memlens.predict takes them).
+    let pointer = format!("limit={}, largest=True", cap_of(&rep));
+    assert!(
+        rep.warnings
+            .iter()
+            .any(|w| w.contains("memlens.predict(") && w.contains(&pointer)),
+        "{:?}",
+        rep.warnings
+    );
+    let warm = analyze("gpt_warm", true, 16);
+    assert!(
+        !warm.warnings.iter().any(|w| w.contains("memlens.predict(")),
+        "a modelled step needs no trace"
+    );
+}
+
+fn cap_of(rep: &OomReport) -> u64 {
+    rep.memory_cap.as_ref().expect("cap").bytes
 }
 
 /// The measured truth of gpt_warm's memory per sample (`oom_harness.sh slope`
