@@ -26,7 +26,7 @@ for 32-bit indexing (split into several kernels) and the other reductions
 
 from typing import List, Sequence, Tuple
 
-# An H100's (and an H200's): the GPU a prediction is for when none is visible.
+# An H100's (and an H200's): the defaults of reduction_scratch.
 HOPPER_SMS = 132
 HOPPER_THREADS_PER_SM = 2048
 _WARP = 32

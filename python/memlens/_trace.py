@@ -35,7 +35,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
-from ._reduce_scratch import HOPPER_SMS, HOPPER_THREADS_PER_SM, reduction_scratch
+from ._reduce_scratch import reduction_scratch
 from ._snapshot_file import STEP_MARKER, write_snapshot
 
 # The caching allocator rounds every request up to a multiple of 512 bytes
@@ -300,26 +300,16 @@ def _autocast(torch: Any, precision: Optional[str]) -> Any:
 
 def gpu_shape(torch: Any) -> "tuple[int, int]":
     """(multiprocessors, threads per multiprocessor) of this machine's first
-    GPU, which size a reduction's staging buffer; an H100's when none."""
-    try:
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(0)
-            return (int(props.multi_processor_count), int(props.max_threads_per_multi_processor))
-    except Exception:  # noqa: BLE001 - no driver: the default
-        pass
-    return (HOPPER_SMS, HOPPER_THREADS_PER_SM)
+    GPU, which size a reduction's staging buffer (tracing needs a GPU
+    visible: ``trace_step`` says so before it asks)."""
+    props = torch.cuda.get_device_properties(0)
+    return (int(props.multi_processor_count), int(props.max_threads_per_multi_processor))
 
 
 def default_workspace_bytes(torch: Any) -> int:
-    """cuBLAS's workspace on this machine's first GPU, or Hopper's when it
-    has none (the figure a prediction for an H100 needs)."""
-    try:
-        if torch.cuda.is_available():
-            major, _ = torch.cuda.get_device_capability(0)
-            return HOPPER_WORKSPACE if major >= 9 else OLDER_WORKSPACE
-    except Exception:  # noqa: BLE001 - no driver: the default
-        pass
-    return HOPPER_WORKSPACE
+    """cuBLAS's workspace on this machine's first GPU (Hopper's or older)."""
+    major, _ = torch.cuda.get_device_capability(0)
+    return HOPPER_WORKSPACE if major >= 9 else OLDER_WORKSPACE
 
 
 class Trace:
@@ -356,8 +346,8 @@ def trace_step(
     one training step (forward, backward, optimizer step). The default two
     steps include the optimizer state the first step makes. ``precision``
     (``"bf16"``, ``"fp16"``) runs each step under ``torch.autocast``.
-    ``workspace_bytes``: cuBLAS's workspace per thread (default: this GPU's,
-    or an H100's). A GPU must be visible to PyTorch (none of its memory is
+    ``workspace_bytes``: cuBLAS's workspace per thread (default: this GPU's).
+    A GPU must be visible to PyTorch (none of its memory is
     used): with none, PyTorch's autograd engine fails in the backward pass
     and autocast turns itself off (``RuntimeError`` saying so)."""
     import torch

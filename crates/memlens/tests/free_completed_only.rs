@@ -22,14 +22,9 @@ fn without_free_requested(snap: &Snapshot) -> Snapshot {
                 kept.push(*e);
             }
         }
-        let removed: std::collections::HashSet<u32> = t
-            .events
-            .iter()
-            .enumerate()
-            .filter(|(_, e)| e.action == Action::FreeRequested)
-            .map(|(i, _)| i as u32)
-            .collect();
-        t.extras.retain(|x| !removed.contains(&x.index));
+        let events = &t.events;
+        t.extras
+            .retain(|x| events[x.index as usize].action != Action::FreeRequested);
         for x in &mut t.extras {
             x.index = new_index[x.index as usize];
         }

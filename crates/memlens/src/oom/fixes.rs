@@ -378,17 +378,22 @@ impl Context {
         }
     }
 
+    /// The bytes PyTorch may hold: the cap, else what the device leaves it.
+    fn limit_bytes(&self) -> u64 {
+        self.cap.unwrap_or_else(|| {
+            let (d, o) = self.device();
+            d - o.min(d)
+        })
+    }
+
     /// The limit in words: "the 7.92 GiB cap" or "the 50 GiB the device leaves".
     fn limit_text(&self) -> String {
-        match (self.cap, self.total) {
-            (Some(c), _) => format!("the {} cap", format_bytes(c)),
-            (None, _) => {
-                let (d, o) = self.device();
-                format!(
-                    "the {} the device leaves PyTorch",
-                    format_bytes(d - o.min(d))
-                )
-            }
+        match self.cap {
+            Some(c) => format!("the {} cap", format_bytes(c)),
+            None => format!(
+                "the {} the device leaves PyTorch",
+                format_bytes(self.limit_bytes())
+            ),
         }
     }
 }
@@ -530,8 +535,7 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
         );
     }
     if w.model.template == TemplateKind::FailingStepOnly {
-        let (device, overhead) = ctx.device();
-        let limit = ctx.cap.unwrap_or(device - overhead.min(device));
+        let limit = ctx.limit_bytes();
         // The whole step is what this trace lacks; a fake-tensor trace of
         // it has it (issue 30: exact or one below on 5 of 5 workloads).
         warnings.push(format!(
