@@ -20,7 +20,12 @@ interleave the modes so drift of the machine hits them alike:
 * every2:   memlens.record(every=2);
 * with --context-all-too, history_all and every2_all: the same with
             context="all" (free stacks recorded too), every2_all against
-            history_all.
+            history_all;
+* with --free-requested-too, history_skip (history without free_requested
+            entries, skip_actions=["free_requested"], as memlens.record
+            records by default) and every2_fr (memlens.record(every=2,
+            free_requested=True), every action recorded); every mode is then
+            also given against history_skip.
 
 A step's time runs from its first line to the return of memlens.step().
 Reported: median and mean step time per mode, and the overhead of every10 and
@@ -95,13 +100,15 @@ def run_mode(mode, one_step, steps, warmup, tmp, memlens):
     context = "all" if mode.endswith("_all") else "alloc"
     every = None
     if mode.startswith("history"):
+        skip = {"skip_actions": ["free_requested"]} if mode.endswith("_skip") else {}
         torch.cuda.memory._record_memory_history(
             enabled="all", context=context, stacks="python",
-            max_entries=memlens._capture.default_max_entries(6))
+            max_entries=memlens._capture.default_max_entries(6), **skip)
     elif mode.startswith("every"):
         d = tempfile.mkdtemp(dir=tmp)
         every = int(mode[5:].split("_")[0])
-        rec = memlens.record(d, every=every, context=context)
+        fr = {"free_requested": True} if mode.endswith("_fr") else {}
+        rec = memlens.record(d, every=every, context=context, **fr)
         rec.start()
         instrument(rec, spent)
     times = []
@@ -160,6 +167,8 @@ def measure(name, args, memlens, tmp):
     modes = ["none", "history", "every10", "every2"]
     if args.context_all_too:
         modes += ["history_all", "every2_all"]
+    if args.free_requested_too:
+        modes += ["history_skip", "every2_fr"]
     times = {m: [] for m in modes}
     # Each round's median step time per mode: the figure is the
     # median over rounds of each round's overhead.
@@ -197,13 +206,17 @@ def measure(name, args, memlens, tmp):
                "over_history_mean_pct": round(100 * (mean / base_mean - 1), 2),
                "over_history_median_of_rounds_pct": round(100 * statistics.median(
                    a / b - 1 for a, b in zip(round_medians[m], round_medians[base_of(m)])), 2),
+               **({"over_history_skip_median_pct": round(100 * (med / statistics.median(times["history_skip"]) - 1), 2)}
+                  if "history_skip" in times else {}),
                **extra[m],
                "ms_per_step_in": {k: round(v * 1e3 / n, 3) for k, v in sorted(spent[m].items())
                                   if not k.startswith("stop")},
                "stop_ms_per_round": round(spent[m].get("stop (final dump, untimed)", 0) * 1e3 / args.rounds, 1)}
         res["modes"][m] = row
+        against_skip = row.get("over_history_skip_median_pct")
         print(f"{m:11s} {row['median_ms']:10.1f} {row['mean_ms']:9.1f} {row['over_history_median_pct']:+23.1f}% "
-              f"{row['over_history_mean_pct']:+7.1f}%")
+              f"{row['over_history_mean_pct']:+7.1f}%"
+              + (f"  ({against_skip:+.1f}% beyond history_skip)" if against_skip is not None else ""))
     for m in [m for m in modes if m.startswith("every")]:
         row = res["modes"][m]
         print(f"{m}: ms per step in {row['ms_per_step_in']}; {row.get('step_dumps')} step snapshots, "
@@ -225,6 +238,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--free-requested-too", action="store_true",
+                    help="also history_skip and every2_fr: recording without / memlens with free_requested entries")
     ap.add_argument("--context-all-too", action="store_true",
                     help='also history_all and every2_all: context="all" (free stacks kept), against history_all')
     args = ap.parse_args()

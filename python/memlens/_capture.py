@@ -19,7 +19,10 @@ What it does:
   below); ``context="all"`` keeps free stacks too, but on torch 2.11 it
   breaks Hugging Face gradient checkpointing (the recomputation fails with
   ``SystemError: ... returned NULL without setting an exception``; measured,
-  tests/gpu/RESULTS.md), which ``"alloc"`` does not;
+  tests/gpu/RESULTS.md), which ``"alloc"`` does not; and, where torch has
+  ``skip_actions``, without ``free_requested`` entries (torch writes one
+  before every ``free_completed``: a third of the trace; memlens reads a
+  free as its ``free_completed``; ``free_requested=True`` keeps them);
 * every ``every`` calls of :func:`step` writes ``<dir>/snapshot.step{K}.pickle``
   (for ``memlens leaks`` across snapshots), and ``<dir>/snapshot.pickle`` at the
   end. A periodic snapshot holds the whole allocator state but only the trace
@@ -40,8 +43,8 @@ What it does:
 *max_entries*: the trace ring buffer keeps the last ``max_entries`` allocator
 events. Not given, memlens sizes it: 60,000 entries to begin with, then, after
 step 2, from the events a step really makes (``torch.cuda.memory_stats()``'s
-counters; each tensor allocation makes about 3: alloc, free_requested,
-free_completed): the largest step so far times 1.5 times the steps the ring
+counters; each tensor allocation makes 2: alloc and free_completed, or 3
+with free_requested): the largest step so far times 1.5 times the steps the ring
 must hold, which are ``every`` (the steps from one periodic snapshot to the
 next, since each dump empties it) or, without periodic snapshots,
 ``steps_kept``; within [10,000, 1,000,000], and sized again at every periodic
@@ -250,13 +253,15 @@ def _check_context_with_checkpointing(context: str, model: Any) -> None:
         )
 
 
-def _trace_entries(torch: Any, devices: List[int]) -> int:
-    """Allocator trace events so far, from the cumulative counters (3 per
-    allocation, 1 per segment allocated or freed)."""
+def _trace_entries(torch: Any, devices: List[int], per_allocation: int = 3) -> int:
+    """Allocator trace events so far, from the cumulative counters
+    (*per_allocation* per allocation: alloc, free_requested, free_completed,
+    or 2 when free_requested is not recorded; 1 per segment allocated or
+    freed)."""
     total = 0
     for d in devices:
         s = torch.cuda.memory_stats(d)
-        total += 3 * int(s.get("allocation.all.allocated", 0))
+        total += per_allocation * int(s.get("allocation.all.allocated", 0))
         total += int(s.get("segment.all.allocated", 0)) + int(s.get("segment.all.freed", 0))
     return total
 
@@ -280,6 +285,7 @@ class Recorder:
         publish: bool = True,
         explain_oom: bool = True,
         model: Any = None,
+        free_requested: bool = False,
     ) -> None:
         if stacks not in ("python", "all"):
             raise ValueError(f"stacks must be 'python' or 'all', not {stacks!r}")
@@ -293,6 +299,13 @@ class Recorder:
         self.max_entries = max_entries if max_entries is not None else default_max_entries(steps_kept)
         self.stacks = stacks
         self.context = context
+        # PyTorch's free_requested events (a block freed by the program but
+        # still in use by another stream) are left out of the trace unless
+        # asked for: torch records one before every free_completed, so they
+        # are a third of its entries and of what each dump converts, and no
+        # memlens analysis needs them (a free is its free_completed).
+        # Emptied at start when this torch has no skip_actions.
+        self.skip_actions: List[str] = [] if free_requested else ["free_requested"]
         self.publish = publish
         self.explain_oom = explain_oom
         self._leak = LeakRule(leak_warmup, leak_steps, leak_min_bytes) if leak_check else None
@@ -375,15 +388,13 @@ class Recorder:
         # The CUDA context and the libraries loaded so far: what is outside
         # PyTorch before the run adds NCCL buffers, workspaces, graphs.
         self._outside_at_start = outside_pytorch(torch)
-        torch.cuda.memory._record_memory_history(
-            enabled="all", context=self.context, stacks=self.stacks, max_entries=self.max_entries
-        )
         self._torch = torch
+        self._arm_history(self.max_entries)
         _attach_oom_observer(torch)
         self.active = True
         _current = self
         devices = self._devices()
-        self._entries = _trace_entries(torch, devices)
+        self._entries = self._trace_entries(devices)
         self._entries_at_clear = self._entries
         if self.model is not None:
             from ._modules import ModuleScopes
@@ -490,7 +501,7 @@ class Recorder:
         path = self.snapshot_path(kind)
         snapshot = self._snapshot()
         periodic = kind is not None and kind.startswith("step")
-        entries = _trace_entries(self._torch, self._devices())
+        entries = self._trace_entries(self._devices())
         info = self._recording_info(kind, entries)
         if periodic:
             # Clear the ring before writing: nothing allocates on this thread
@@ -541,7 +552,34 @@ class Recorder:
             # For the analysis to tell a setting that was never applied
             # (analysis::capture in Rust): the allocator reads it once.
             "alloc_conf_env": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
+            # Trace actions torch was asked not to record ("free_requested"
+            # by default): a free is then its free_completed alone.
+            "skipped_actions": list(self.skip_actions),
         }
+
+    def _arm_history(self, max_entries: int, clear_history: bool = False) -> None:
+        """(Re-)arms torch's recording with this Recorder's settings. A torch
+        without ``skip_actions`` records every action (and the Recorder then
+        counts three entries an allocation); a TypeError about
+        ``clear_history`` reaches the caller (see _clear_ring)."""
+        kwargs: Dict[str, Any] = {"enabled": "all", "context": self.context, "stacks": self.stacks}
+        kwargs["max_entries"] = max_entries
+        if clear_history:
+            kwargs["clear_history"] = True
+        record = self._torch.cuda.memory._record_memory_history
+        if self.skip_actions:
+            try:
+                record(**kwargs, skip_actions=self.skip_actions)
+                return
+            except TypeError:
+                self.skip_actions = []
+        record(**kwargs)
+
+    def _trace_entries(self, devices: List[int]) -> int:
+        """Trace entries torch has recorded so far (see the module function):
+        two an allocation when free_requested is skipped."""
+        per_allocation = 2 if "free_requested" in self.skip_actions else 3
+        return _trace_entries(self._torch, devices, per_allocation)
 
     def _clear_ring(self, entries: int) -> bool:
         """Empties torch's trace ring (recording goes on with the same
@@ -557,13 +595,7 @@ class Recorder:
             return False
         size = self.max_entries if self._sized_by_user or self._per_step_max == 0 else self._fitted_size()
         try:
-            self._torch.cuda.memory._record_memory_history(
-                enabled="all",
-                context=self.context,
-                stacks=self.stacks,
-                max_entries=size,
-                clear_history=True,
-            )
+            self._arm_history(size, clear_history=True)
         except TypeError:
             self._chunked = False
             self._chunks = []
@@ -645,7 +677,7 @@ class Recorder:
         return max(MIN_ENTRIES, min(MAX_ENTRIES, want))
 
     def _check_ring(self, devices: List[int]) -> None:
-        entries = _trace_entries(self._torch, devices)
+        entries = self._trace_entries(devices)
         per_step, self._entries = entries - self._entries, entries
         self._per_step_max = max(self._per_step_max, per_step)
         if self._fit_pending and self.steps >= FIT_AFTER_STEPS:
@@ -691,9 +723,7 @@ class Recorder:
         want = self._fitted_size()
         if want == self.max_entries or recorded >= min(want, self.max_entries):
             return
-        self._torch.cuda.memory._record_memory_history(
-            enabled="all", context=self.context, stacks=self.stacks, max_entries=want
-        )
+        self._arm_history(want)
         self.max_entries = want
 
     def _watch_leak(self, event: Optional[str]) -> None:
@@ -1037,7 +1067,12 @@ def record(path_or_dir: Union[str, "os.PathLike[str]"] = "memlens-snapshots", **
     ``leak_check``/``leak_warmup``/``leak_steps``/``leak_min_bytes`` (the leak
     rule), ``publish`` (live figures for ``memlens top``), ``explain_oom``,
     ``model`` (an ``nn.Module``: its module instances are named in the
-    snapshot, for ``memlens peak --by module``; see ``memlens._modules``).
+    snapshot, for ``memlens peak --by module``; see ``memlens._modules``),
+    ``free_requested`` (False by default: the trace leaves out torch's
+    free_requested entries, a third of all entries, which makes every dump
+    cheaper; pass True to keep them, e.g. for memory_viz's "Allocator State
+    History", which otherwise draws every block freed later in the trace as
+    waiting on another stream).
     """
     return Recorder(path_or_dir, **options)
 

@@ -43,6 +43,9 @@ class FakeGPU:
         self.snapshots_taken = 0
         # torch before 2.1 has no clear_history argument.
         self.clear_history_supported = True
+        # torch >= 2.? leaves the actions in skip_actions out of the trace.
+        self.skip_actions_supported = True
+        self.skip_actions: List[str] = []
         # A running event clock, so time_us stays increasing when the trace is cleared.
         self.clock = 0
         # record_function scopes (torch keeps them in `external_annotations`).
@@ -79,7 +82,7 @@ class FakeGPU:
 
     def free(self, blk: Dict[str, Any], device: int = 0) -> None:
         self.blocks[device].remove(blk)
-        for action in ("free_requested", "free_completed"):
+        for action in [a for a in ("free_requested", "free_completed") if a not in self.skip_actions]:
             self.trace[device].append(
                 {"action": action, "addr": blk["address"], "size": blk["size"], "stream": 0,
                  "time_us": self.tick(), "frames": blk["frames"], "compile_context": "N/A",
@@ -183,6 +186,9 @@ def build(gpu: FakeGPU) -> types.ModuleType:
     def record_memory_history(enabled: Any = "all", context: Any = "all", stacks: str = "all", max_entries: int = sys.maxsize, **kw: Any) -> None:
         if kw.get("clear_history") and not gpu.clear_history_supported:
             raise TypeError("_record_memory_history() got an unexpected keyword argument 'clear_history'")
+        if "skip_actions" in kw and not gpu.skip_actions_supported:
+            raise TypeError("_record_memory_history() got an unexpected keyword argument 'skip_actions'")
+        gpu.skip_actions = list(kw.get("skip_actions") or [])
         gpu.history_calls.append({"enabled": enabled, "context": context, "stacks": stacks, "max_entries": max_entries, **kw})
         if enabled:
             gpu.max_entries = max_entries

@@ -77,9 +77,38 @@ def test_record_turns_history_on_with_python_stacks_and_a_bounded_ring(gpu, tmp_
     with memlens.record(tmp_path / "snaps"):
         pass
     on, off = gpu.history_calls
-    assert on == {"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 60_000}
+    assert on == {"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 60_000,
+                  "skip_actions": ["free_requested"]}
     assert off["enabled"] is None
     assert len(gpu.observers) == 1
+
+
+def test_free_requested_is_left_out_of_the_trace_unless_asked_for(gpu, tmp_path):
+    # Left out (torch's skip_actions): a free is its free_completed alone, the
+    # snapshot says so, and the ring counts two entries an allocation.
+    with memlens.record(tmp_path / "a", leak_check=False, publish=False) as rec:
+        gpu.free(gpu.alloc(512))
+    snap = pickle.loads(open(rec.snapshots[-1], "rb").read())
+    actions = [e["action"] for t in snap["device_traces"] for e in t]
+    assert actions.count("free_completed") == 1 and "free_requested" not in actions
+    assert snap["memlens"]["skipped_actions"] == ["free_requested"]
+    # Asked for: torch records every action.
+    gpu.history_calls.clear()
+    with memlens.record(tmp_path / "b", leak_check=False, publish=False, free_requested=True) as rec:
+        gpu.free(gpu.alloc(512))
+    assert "skip_actions" not in gpu.history_calls[0]
+    snap = pickle.loads(open(rec.snapshots[-1], "rb").read())
+    assert [e["action"] for t in snap["device_traces"] for e in t if e["action"].startswith("free")][-2:] == [
+        "free_requested", "free_completed"]
+    assert snap["memlens"]["skipped_actions"] == []
+    # A torch without skip_actions: recording goes on with every action, and
+    # the snapshot does not claim any was skipped.
+    gpu.history_calls.clear()
+    gpu.skip_actions_supported = False
+    with memlens.record(tmp_path / "c", leak_check=False, publish=False) as rec:
+        gpu.free(gpu.alloc(512))
+    assert rec.skip_actions == [] and gpu.history_calls[0]["enabled"] == "all"
+    assert pickle.loads(open(rec.snapshots[-1], "rb").read())["memlens"]["skipped_actions"] == []
 
 
 def test_max_entries_rule():
@@ -136,7 +165,7 @@ def test_periodic_snapshots_hold_the_trace_since_the_previous_one(gpu, tmp_path)
     assert lines(final) == [5, 6, 7, 8, 9]
     times = [e["time_us"] for t in final["device_traces"] for e in t]
     assert times == sorted(times) and len(times) == len(set(times))
-    assert len(times) == 5 * 3  # alloc + free_requested + free_completed a step
+    assert len(times) == 5 * 2  # alloc + free_completed a step (free_requested skipped)
 
 
 def test_the_oom_snapshot_is_stitched_too(gpu, tmp_path, capsys):
@@ -278,7 +307,7 @@ def test_ring_buffer_too_small_warns_once_with_the_value_to_pass(gpu, tmp_path):
     with memlens.record(tmp_path / "snaps", max_entries=10_000, leak_check=False):
         with pytest.warns(memlens.MemlensWarning, match="max_entries=") as caught:
             for _ in range(3):
-                for _ in range(2000):  # 2000 allocations: ~6000 events a step
+                for _ in range(3000):  # 3000 allocations: 6000 events a step
                     gpu.free(gpu.alloc(512))
                 memlens.step()
     assert len(caught) == 1
@@ -286,9 +315,9 @@ def test_ring_buffer_too_small_warns_once_with_the_value_to_pass(gpu, tmp_path):
 
 
 def test_default_ring_is_fitted_to_the_model_after_two_steps(gpu, tmp_path):
-    # 1,000 allocations a step: 3,000 trace events (alloc, free_requested,
-    # free_completed), 3,001 in step 1 (its segment_alloc); steps_kept 6 with
-    # half again to spare: 9 x 3,001 = 27,009 entries.
+    # 1,000 allocations a step: 2,000 trace events (alloc, free_completed;
+    # free_requested is skipped), 2,001 in step 1 (its segment_alloc);
+    # steps_kept 6 with half again to spare: 9 x 2,001 = 18,009 entries.
     with memlens.record(tmp_path / "snaps", leak_check=False, publish=False) as rec:
         for step in range(4):
             for _ in range(1000):
@@ -298,9 +327,10 @@ def test_default_ring_is_fitted_to_the_model_after_two_steps(gpu, tmp_path):
                 assert len(gpu.history_calls) == 1  # not after one step
     on, fitted, off = gpu.history_calls
     assert on["max_entries"] == 60_000
-    assert fitted == {"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 27_009}
+    assert fitted == {"enabled": "all", "context": "alloc", "stacks": "python", "max_entries": 18_009,
+                      "skip_actions": ["free_requested"]}
     assert off["enabled"] is None
-    assert rec.max_entries == 27_009
+    assert rec.max_entries == 18_009
 
 
 def test_ring_is_never_fitted_when_chosen_and_grows_or_shrinks_to_the_model(gpu, tmp_path):
@@ -316,7 +346,7 @@ def test_ring_is_never_fitted_when_chosen_and_grows_or_shrinks_to_the_model(gpu,
     # steps kept): grown to them while the ring has not wrapped.
     with memlens.record(tmp_path / "b", leak_check=False, publish=False) as rec:
         for _ in range(3):
-            for _ in range(5000):
+            for _ in range(7500):
                 gpu.free(gpu.alloc(512))
             memlens.step()
     assert [c["max_entries"] for c in gpu.history_calls[:-1]] == [60_000, 135_000] and rec.max_entries == 135_000
@@ -340,7 +370,7 @@ def test_every_periodic_snapshot_holds_the_steps_it_promises(gpu, tmp_path):
     out = tmp_path / "snaps"
     with memlens.record(out, every=10, leak_check=False, publish=False) as rec:
         for step in range(1, 41):
-            for _ in range(1000):
+            for _ in range(1500):  # 3,000 events: alloc, free_completed
                 gpu.free(gpu.alloc(512, line=step))
             memlens.step()
     assert rec.max_entries == 10 * 3000 * 3 // 2 + 15  # the largest step (3,001 events) x 10 x 1.5
@@ -362,12 +392,12 @@ def test_a_ring_the_caller_made_too_small_is_said_to_have_wrapped(gpu, tmp_path)
     with pytest.warns(memlens.MemlensWarning, match="max_entries="):
         with memlens.record(out, every=4, max_entries=10_000, leak_check=False, publish=False):
             for step in range(1, 9):
-                for _ in range(1000):
+                for _ in range(1500):  # 3,000 events: alloc, free_completed
                     gpu.free(gpu.alloc(512, line=step))
                 memlens.step()
     snap = pickle.loads((out / "snapshot.step8.pickle").read_bytes())
     assert snap["memlens"]["sized_by"] == "user" and snap["memlens"]["ring_wrapped"] is True
-    assert _alloc_lines(snap).count(5) < 1000  # the start of the first of the four was lost
+    assert _alloc_lines(snap).count(5) < 1500  # the start of the first of the four was lost
 
 
 def test_a_window_beyond_the_largest_ring_warns_once_with_what_it_holds(gpu, tmp_path, monkeypatch):
@@ -375,7 +405,7 @@ def test_a_window_beyond_the_largest_ring_warns_once_with_what_it_holds(gpu, tmp
     with pytest.warns(memlens.MemlensWarning, match=r"holds its last 6 steps .* max_entries=45,0") as caught:
         with memlens.record(tmp_path / "s", every=10, leak_check=False, publish=False) as rec:
             for _ in range(12):
-                for _ in range(1000):
+                for _ in range(1500):  # 3,000 events: alloc, free_completed
                     gpu.free(gpu.alloc(512))
                 memlens.step()
     assert len([w for w in caught if "holds its last" in str(w.message)]) == 1

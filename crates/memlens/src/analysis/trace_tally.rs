@@ -1,6 +1,8 @@
 //! What the summary counts over a trace: the events of each action, and the
-//! `free_requested` events whose block has no `alloc` in the trace (the ring
-//! buffer dropped the oldest events), on every core.
+//! frees whose block has no `alloc` in the trace (the ring buffer dropped the
+//! oldest events), on every core. A free is counted at its
+//! `free_requested`, or at its `free_completed` in a trace recorded without
+//! requests ([`crate::snapshot::records_free_requests`]).
 //!
 //! Counting a free without its allocation means following, address by
 //! address, which blocks are live: a walk from the first event to the last.
@@ -25,8 +27,9 @@ const MIN_PIECE: usize = 1 << 18;
 pub struct TraceTally {
     /// Events of each action, by [`Action`] discriminant.
     pub counts: [u64; Action::ALL.len()],
-    /// `free_requested` events of an address not live then: no `alloc`
-    /// since its last `free_completed` (or since the trace began).
+    /// Frees (their `free_requested`, or their `free_completed` where no
+    /// request is recorded) of an address not live then: no `alloc` since
+    /// its last `free_completed` (or since the trace began).
     pub frees_without_alloc: u64,
 }
 
@@ -38,7 +41,11 @@ pub fn tally(events: &[TraceEvent]) -> TraceTally {
 
 /// [`tally`] with pieces of `piece` events (the last may be shorter).
 fn tally_in_pieces(events: &[TraceEvent], piece: usize) -> TraceTally {
-    let pieces: Vec<Piece> = events.par_chunks(piece.max(1)).map(Piece::walk).collect();
+    let requests = crate::snapshot::records_free_requests(events);
+    let pieces: Vec<Piece> = events
+        .par_chunks(piece.max(1))
+        .map(|p| Piece::walk(p, requests))
+        .collect();
     let mut total = TraceTally::default();
     let mut live: HashSet<u64> = HashSet::new();
     for p in pieces {
@@ -73,24 +80,33 @@ struct Piece {
 }
 
 impl Piece {
-    fn walk(events: &[TraceEvent]) -> Piece {
+    /// Walks one piece; `requests`: whether the trace records
+    /// `free_requested` (else a free is counted at its `free_completed`).
+    fn walk(events: &[TraceEvent], requests: bool) -> Piece {
         let mut p = Piece {
             counts: [0; Action::ALL.len()],
             unmatched: 0,
             open: Vec::new(),
             touched: HashMap::new(),
         };
+        let free_begins = if requests {
+            Action::FreeRequested
+        } else {
+            Action::FreeCompleted
+        };
         for e in events {
             p.counts[e.action as usize] += 1;
+            if e.action == free_begins {
+                match p.touched.get(&e.addr) {
+                    Some(true) => {}
+                    Some(false) => p.unmatched += 1,
+                    None => p.open.push(e.addr),
+                }
+            }
             match e.action {
                 Action::Alloc => {
                     p.touched.insert(e.addr, true);
                 }
-                Action::FreeRequested => match p.touched.get(&e.addr) {
-                    Some(true) => {}
-                    Some(false) => p.unmatched += 1,
-                    None => p.open.push(e.addr),
-                },
                 Action::FreeCompleted => {
                     p.touched.insert(e.addr, false);
                 }
@@ -110,13 +126,20 @@ mod tests {
     fn walked(events: &[TraceEvent]) -> TraceTally {
         let mut t = TraceTally::default();
         let mut live: HashSet<u64> = HashSet::new();
+        let begins = if crate::snapshot::records_free_requests(events) {
+            Action::FreeRequested
+        } else {
+            Action::FreeCompleted
+        };
         for e in events {
             t.counts[e.action as usize] += 1;
+            if e.action == begins && !live.contains(&e.addr) {
+                t.frees_without_alloc += 1;
+            }
             match e.action {
                 Action::Alloc => {
                     live.insert(e.addr);
                 }
-                Action::FreeRequested if !live.contains(&e.addr) => t.frees_without_alloc += 1,
                 Action::FreeCompleted => {
                     live.remove(&e.addr);
                 }
@@ -127,13 +150,15 @@ mod tests {
     }
 
     /// Random traces over a few addresses (so that frees without their
-    /// allocation, doubled frees and reuse are common), cut into pieces of
-    /// every size from one event to the whole: the same tally as one walk.
+    /// allocation, doubled frees and reuse are common), a fifth of them
+    /// without `free_requested` (as `memlens.record` records), cut into
+    /// pieces of every size from one event to the whole: the same tally as
+    /// one walk.
     #[test]
     fn pieces_tally_as_one_walk() {
         let mut raw = crate::test_support::xorshift(0x9E37_79B9_7F4A_7C15);
         let mut next = move |m: u64| raw() % m;
-        let mut unmatched_seen = 0;
+        let (mut unmatched_seen, mut unrequested_seen) = (0, 0);
         for round in 0..400 {
             let n = 1 + next(300) as usize;
             let addresses = 1 + next(12);
@@ -147,9 +172,13 @@ mod tests {
                     action: Action::ALL[next(if round % 3 == 0 { 9 } else { 3 }) as usize],
                     flags: 0,
                 })
+                .filter(|e| round % 5 != 1 || e.action != Action::FreeRequested)
                 .collect();
             let one = walked(&events);
             unmatched_seen += one.frees_without_alloc;
+            if !crate::snapshot::records_free_requests(&events) {
+                unrequested_seen += one.frees_without_alloc;
+            }
             for piece in [1, 2, 3, 7, 16, 64, n] {
                 assert_eq!(
                     tally_in_pieces(&events, piece),
@@ -160,8 +189,8 @@ mod tests {
             assert_eq!(tally(&events), one);
         }
         assert!(
-            unmatched_seen > 1000,
-            "the traces hardly test unmatched frees"
+            unmatched_seen > 1000 && unrequested_seen > 100,
+            "the traces hardly test unmatched frees ({unmatched_seen}, {unrequested_seen} unrequested)"
         );
         assert_eq!(tally(&[]), TraceTally::default());
     }

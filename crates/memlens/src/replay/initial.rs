@@ -170,6 +170,10 @@ pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> Initi
             );
         }
     }
+    // Walking back, a free_completed makes its block live and waiting on a
+    // stream until its free_requested; with no requests recorded it was
+    // simply allocated.
+    let requests = crate::snapshot::records_free_requests(events);
     for e in events.iter().rev() {
         match e.action {
             Action::Alloc => {
@@ -182,7 +186,7 @@ pub fn reconstruct(snap: &Snapshot, device: u32, events: &[TraceEvent]) -> Initi
                 }
             },
             Action::FreeCompleted => {
-                live.insert(e.addr, orphan(e, true));
+                live.insert(e.addr, orphan(e, requests));
             }
             Action::SegmentAlloc => {
                 segs.remove(&e.addr);

@@ -116,6 +116,17 @@ pub trait EventSink: Send {
     fn whole_trace(&mut self, device: u32, events: usize);
 }
 
+/// Whether `events` record `free_requested` at all. PyTorch writes one
+/// before every `free_completed` unless recording was told to skip them
+/// (`_record_memory_history(skip_actions=["free_requested"])`, which
+/// `memlens.record` does: they are a third of a trace); a free is then its
+/// `free_completed` alone, and a block freed after the trace began was not
+/// waiting on another stream before it.
+pub fn records_free_requests(events: &[TraceEvent]) -> bool {
+    events.iter().any(|e| e.action == Action::FreeRequested)
+        || !events.iter().any(|e| e.action == Action::FreeCompleted)
+}
+
 /// One entry of a device trace, 32 bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TraceEvent {
