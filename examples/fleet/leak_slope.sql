@@ -4,14 +4,24 @@
 -- step (step 0: model and optimizer set-up) and the last step (the dump may
 -- come before it ends) are left out. A leak grows by what each step keeps;
 -- a healthy run stays near 0.
-WITH running AS (
+WITH frees AS (
+  -- A free lowers the allocated bytes at its `free_requested`; a trace
+  -- recorded without them (memlens.record's default: skip_actions) has
+  -- only the `free_completed`.
+  SELECT file, device,
+         CASE WHEN max(CASE WHEN action = 'free_requested' THEN 1 ELSE 0 END) = 1
+              THEN 'free_requested' ELSE 'free_completed' END AS free_action
+  FROM events
+  GROUP BY file, device
+),
+running AS (
   SELECT file, rank, device, step, index,
-         sum(CASE action WHEN 'alloc' THEN CAST(allocated_size AS BIGINT)
-                         WHEN 'free_requested' THEN -CAST(allocated_size AS BIGINT)
-                         ELSE 0 END)
+         sum(CASE WHEN action = 'alloc' THEN CAST(allocated_size AS BIGINT)
+                  WHEN action = free_action THEN -CAST(allocated_size AS BIGINT)
+                  ELSE 0 END)
            OVER (PARTITION BY file, device ORDER BY index
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS allocated
-  FROM events
+  FROM events JOIN frees USING (file, device)
 ),
 step_ends AS (
   SELECT file, rank, device, step, max_by(allocated, index) AS allocated_bytes,

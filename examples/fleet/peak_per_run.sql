@@ -1,17 +1,27 @@
 -- The allocated peak of each run (snapshot file and device), largest first:
 -- what torch.cuda.max_memory_allocated() said over the recorded trace.
 -- A running sum of the blocks' allocated sizes, + at `alloc`, - at
--- `free_requested`, in event order, plus what was allocated before the trace
+-- `free_requested` (or `free_completed` where none was recorded), in event order, plus what was allocated before the trace
 -- began (a ring buffer that wrapped): the bytes the dump holds allocated less
 -- where the running sum ends.
-WITH running AS (
+WITH frees AS (
+  -- A free lowers the allocated bytes at its `free_requested`; a trace
+  -- recorded without them (memlens.record's default: skip_actions) has
+  -- only the `free_completed`.
+  SELECT file, device,
+         CASE WHEN max(CASE WHEN action = 'free_requested' THEN 1 ELSE 0 END) = 1
+              THEN 'free_requested' ELSE 'free_completed' END AS free_action
+  FROM events
+  GROUP BY file, device
+),
+running AS (
   SELECT file, rank, device, index,
-         sum(CASE action WHEN 'alloc' THEN CAST(allocated_size AS BIGINT)
-                         WHEN 'free_requested' THEN -CAST(allocated_size AS BIGINT)
-                         ELSE 0 END)
+         sum(CASE WHEN action = 'alloc' THEN CAST(allocated_size AS BIGINT)
+                  WHEN action = free_action THEN -CAST(allocated_size AS BIGINT)
+                  ELSE 0 END)
            OVER (PARTITION BY file, device ORDER BY index
                  ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) AS allocated
-  FROM events
+  FROM events JOIN frees USING (file, device)
 ),
 runs AS (
   SELECT file, rank, device, max(allocated) AS peak_in_trace,

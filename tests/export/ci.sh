@@ -54,3 +54,10 @@ else
     echo "SKIP Spark: no Java runtime"
 fi
 "$VENV/bin/python" "$HERE/fleet.py" "$OUT/fleet" "$CORPUS" "$OUT" "${SPARK_JSON[@]}"
+
+# A recording without free_requested (what memlens.record writes by default):
+# the same queries rebuild its peak from free_completed.
+NOFR="$CORPUS/no_free_requested.pickle.zst"
+"$TARGET/debug/memlens" peak "$NOFR" --json > "$OUT/no_free_requested.peak.json"
+"$TARGET/debug/memlens" export "$NOFR" -o "$OUT/no_free_requested" > /dev/null
+"$VENV/bin/python" "$HERE/unrequested.py" "$OUT/no_free_requested" "$OUT/no_free_requested.peak.json"

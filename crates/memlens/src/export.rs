@@ -20,8 +20,11 @@
 //! `free_completed` rows (null on the others, and where the replay could not
 //! place the event). The allocated bytes of `max_memory_allocated()` are
 //! rebuilt from it: a running sum of `allocated_size` over `alloc` (+) and
-//! `free_requested` (-) rows, in `index` order, plus what was allocated
-//! before the trace began (nothing when the trace starts with the process).
+//! `free_requested` (-) rows (`free_completed` rows in a trace recorded
+//! without requests, as `memlens.record` records: see
+//! [`crate::snapshot::records_free_requests`]), in `index` order, plus what
+//! was allocated before the trace began (nothing when the trace starts with
+//! the process). `examples/fleet/peak_per_run.sql` does it.
 //!
 //! The files are written under temporary names in the output folder and
 //! renamed only once every input has been read and every file closed: an
