@@ -1,9 +1,11 @@
 //! A trace recorded without `free_requested` entries (PyTorch's
-//! `_record_memory_history(..., skip_actions=["free_requested"])`, a third
-//! fewer entries for torch's `_snapshot()` to convert: the lever on
-//! `memlens.record`'s overhead that issue 35 names) reads and diagnoses as
-//! the whole trace does: a free is its `free_completed`. Checked on real
-//! fixtures by removing those entries from them.
+//! `_record_memory_history(..., skip_actions=["free_requested"])`, what
+//! `memlens.record` records since issue 35: a third fewer entries for
+//! torch's `_snapshot()` to convert and pickle) reads and diagnoses as the
+//! whole trace does: a free is its `free_completed`. Checked on real
+//! fixtures and recordings with those entries removed (the diagnosis, cut
+//! traces, OOM explanations and fixes, `fit` from probes and
+//! `fit --checkpoint`), and on a real recording made that way.
 
 mod common;
 
@@ -186,4 +188,141 @@ fn corpus(name: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/corpus")
         .join(name)
+}
+
+/// `v` with every key ending in `_index` or `_indices` and every
+/// `alloc_event` and `failing_step_start` (event indices) removed:
+/// the same event has another index once the requests are gone.
+fn without_indices(v: &mut serde_json::Value) {
+    match v {
+        serde_json::Value::Object(m) => {
+            m.retain(|k, _| {
+                !k.ends_with("_index")
+                    && !k.ends_with("_indices")
+                    && k != "alloc_event"
+                    && k != "failing_step_start"
+            });
+            m.values_mut().for_each(without_indices);
+        }
+        serde_json::Value::Array(a) => a.iter_mut().for_each(without_indices),
+        _ => {}
+    }
+}
+
+/// The OOMs of the corpus (first step, warm steps, an eval spike, a
+/// fragmentation OOM under a cap, two OOMs in one trace) analysed from
+/// traces without `free_requested`: the same cause, step model, batch
+/// model and fixes with their figures, but for the events' indices.
+#[test]
+fn an_oom_without_free_requested_is_explained_the_same() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom");
+    for name in [
+        "gpt_first",
+        "gpt_warm",
+        "eval_spike",
+        "frag_cap",
+        "two_ooms",
+    ] {
+        let whole = Snapshot::load(&dir.join(format!("{name}.pickle.zst"))).expect("reads");
+        let cut = without_free_requested(&whole);
+        let opts = memlens::oom::OomOptions {
+            batch: Some(8),
+            ..Default::default()
+        };
+        let report = |s: &Snapshot| {
+            let r = memlens::oom::analyze_snapshot(s, &opts)
+                .expect("analysis runs")
+                .expect("an OOM");
+            let mut v = serde_json::to_value(&r).expect("JSON");
+            without_indices(&mut v);
+            v
+        };
+        let (a, b) = (report(&whole), report(&cut));
+        assert!(
+            a["fixes"].as_array().is_some_and(|f| !f.is_empty()),
+            "{name}"
+        );
+        let differ: Vec<(&String, &serde_json::Value)> = a
+            .as_object()
+            .expect("an object")
+            .iter()
+            .filter(|(k, v)| b.get(k.as_str()) != Some(*v))
+            .collect();
+        for (k, v) in &differ {
+            eprintln!(
+                "{name} {k}:\n  with requests    {v}\n  without requests {}",
+                b[k.as_str()]
+            );
+        }
+        assert!(differ.is_empty(), "{name}: {} keys differ", differ.len());
+    }
+}
+
+/// `fit --checkpoint` from recordings without `free_requested` (as
+/// `memlens.record(model=...)` now records them): the same prediction.
+#[test]
+fn checkpointing_predicts_the_same_without_free_requested() {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/fit/checkpoint");
+    for (file, block) in [("gpt.late", "Block"), ("hf_gpt2", "GPT2Block")] {
+        let whole = Snapshot::load(&dir.join(format!("{file}.pickle.zst"))).expect("reads");
+        let cut = without_free_requested(&whole);
+        let opts = memlens::fit::FitOptions::default();
+        let predict = |s: &Snapshot| {
+            let r = memlens::fit::fit_checkpoint(file, s, block, &opts).expect("a prediction");
+            (
+                r.recorded.peak_allocated_bytes,
+                r.recorded.peak_reserved_bytes,
+                r.predicted.peak_allocated_bytes,
+                r.predicted.peak_reserved_bytes,
+            )
+        };
+        let (a, b) = (predict(&whole), predict(&cut));
+        assert!(a.2 < a.0, "{file}: checkpointing lowers the peak: {a:?}");
+        assert_eq!(b, a, "{file}");
+    }
+}
+
+/// `fit` from two probes recorded without `free_requested`: the same
+/// prediction at batch 16 and the same largest batch under a limit.
+#[test]
+fn batch_predictions_are_the_same_without_free_requested() {
+    use memlens::fit::{fit, probes::Probe, FitOptions};
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/fit");
+    for w in ["gpt", "resnet_amp"] {
+        let load = |b: u32| {
+            Snapshot::load(&dir.join(format!("{w}.b{b}.pickle.zst"))).expect("probe reads")
+        };
+        let (a, b) = (load(2), load(4));
+        let (ca, cb) = (without_free_requested(&a), without_free_requested(&b));
+        let opts = FitOptions {
+            batch: Some(16),
+            limit: Some(8 << 30),
+            ..FitOptions::default()
+        };
+        let answer = |x: &Snapshot, y: &Snapshot| {
+            let ps = [
+                Probe {
+                    name: "b2",
+                    snap: x,
+                    batch: 2,
+                },
+                Probe {
+                    name: "b4",
+                    snap: y,
+                    batch: 4,
+                },
+            ];
+            let r = fit(&ps, &opts).unwrap_or_else(|e| panic!("{w}: {e}"));
+            let p = r.predicted.expect("a prediction");
+            (
+                p.peak_allocated_bytes,
+                p.peak_reserved_bytes,
+                r.largest_batch,
+            )
+        };
+        let whole = answer(&a, &b);
+        assert!(whole.2.is_some(), "{w}: a largest batch");
+        assert_eq!(answer(&ca, &cb), whole, "{w}");
+    }
 }

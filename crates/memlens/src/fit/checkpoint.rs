@@ -354,7 +354,9 @@ impl Lifetimes {
                 Op::Alloc { id, .. } => {
                     live.insert(id, i);
                 }
-                Op::FreeRequested { id } | Op::Free { id } => {
+                // A free's first op: its request, or its completion where
+                // none was recorded (skip_actions) or it is one `Free`.
+                Op::FreeRequested { id } | Op::FreeCompleted { id } | Op::Free { id } => {
                     if let Some(a) = live.remove(&id) {
                         free.insert(a, i);
                     }

@@ -178,7 +178,8 @@ fn own_peak(
                 now += e.size;
                 peak = peak.max(now);
             }
-            Action::FreeRequested => {
+            // The first of a free's entries (a trace may lack the request).
+            Action::FreeRequested | Action::FreeCompleted => {
                 if let Some(s) = own.remove(&e.addr) {
                     now = now.saturating_sub(s);
                 }
