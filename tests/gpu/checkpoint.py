@@ -17,7 +17,8 @@ steps), three processes of their own, so that none inherits another's cache:
   also turns the KV cache off in training), else by wrapping each instance.
 - `record_late` (LATE_ONLY=1, instead of the three above): the step recorded
   as `memlens.record(model=...)` records it, from once the model is built
-  (`context="alloc"`, `stacks="python"`), to `<workload>.late.pickle.gz`;
+  (`context="alloc"`, `stacks="python"`, `skip_actions=["free_requested"]`
+  unless NO_SKIP=1), to `<workload>.late.pickle.gz`;
 - `checkpointed_record` (workloads named in RECORD_CHECKPOINTED): the
   checkpointed run recorded with its module scopes, to compare the rewrite's
   operations with the real ones.
@@ -92,8 +93,11 @@ def worker(workload, batch, mode, out):
     model, make_opt, make, loss = parts(workload)
     result = {"workload": workload, "batch": batch, "mode": mode, "block": BLOCKS[workload]}
     if mode == "record_late":
-        # As memlens.record(model=model) starts: once the model is built.
-        torch.cuda.memory._record_memory_history(max_entries=2_000_000, context="alloc", stacks="python")
+        # As memlens.record(model=model) starts: once the model is built,
+        # without free_requested entries (NO_SKIP=1: with them, as before
+        # 2026-11-28).
+        skip = {} if os.environ.get("NO_SKIP") else {"skip_actions": ["free_requested"]}
+        torch.cuda.memory._record_memory_history(max_entries=2_000_000, context="alloc", stacks="python", **skip)
     if mode in ("record", "checkpointed_record", "record_late"):
         scopes = module_scopes(torch, model)
     if mode.startswith("checkpointed"):

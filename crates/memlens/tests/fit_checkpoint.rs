@@ -31,11 +31,20 @@ fn recording(w: &str) -> Snapshot {
 
 /// Each workload recorded from the start of its process (`gpt`) and as
 /// `memlens.record(model=...)` records it, once the model is built
-/// (`gpt.late`: the parameters live before the trace, rebuilt from the dump).
+/// (`gpt.late`: the parameters live before the trace, rebuilt from the dump),
+/// with and without `free_requested` entries (`gpt.late_unrequested`: as
+/// memlens.record records since 2026-11-28; before the fix that ends a block
+/// at its `free_completed`, no block was found kept for the backward there).
 fn recordings() -> Vec<(&'static str, String)> {
     MEASURED
         .iter()
-        .flat_map(|&w| [(w, w.to_string()), (w, format!("{w}.late"))])
+        .flat_map(|&w| {
+            [
+                (w, w.to_string()),
+                (w, format!("{w}.late")),
+                (w, format!("{w}.late_unrequested")),
+            ]
+        })
         .collect()
 }
 
