@@ -562,8 +562,12 @@ class Recorder:
         without ``skip_actions`` records every action (and the Recorder then
         counts three entries an allocation); a TypeError about
         ``clear_history`` reaches the caller (see _clear_ring)."""
-        kwargs: Dict[str, Any] = {"enabled": "all", "context": self.context, "stacks": self.stacks}
-        kwargs["max_entries"] = max_entries
+        kwargs: Dict[str, Any] = {
+            "enabled": "all",
+            "context": self.context,
+            "stacks": self.stacks,
+            "max_entries": max_entries,
+        }
         if clear_history:
             kwargs["clear_history"] = True
         record = self._torch.cuda.memory._record_memory_history
