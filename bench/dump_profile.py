@@ -42,7 +42,7 @@ def main():
     ap.add_argument("--steps", type=int, default=40)
     args = ap.parse_args()
     import memlens
-    from memlens import _capture, _snapshot_file
+    from memlens import _capture
 
     torch.manual_seed(0)
     one_step, description = WORKLOADS[args.model]()

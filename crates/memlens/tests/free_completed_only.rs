@@ -184,6 +184,7 @@ fn a_real_recording_without_free_requested_reads_whole() {
     }
 }
 
+/// A file or folder of tests/corpus.
 fn corpus(name: &str) -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/corpus")
@@ -215,7 +216,7 @@ fn without_indices(v: &mut serde_json::Value) {
 /// model and fixes with their figures, but for the events' indices.
 #[test]
 fn an_oom_without_free_requested_is_explained_the_same() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom");
+    let dir = corpus("oom");
     for name in [
         "gpt_first",
         "gpt_warm",
@@ -262,8 +263,7 @@ fn an_oom_without_free_requested_is_explained_the_same() {
 /// `memlens.record(model=...)` now records them): the same prediction.
 #[test]
 fn checkpointing_predicts_the_same_without_free_requested() {
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/corpus/fit/checkpoint");
+    let dir = corpus("fit/checkpoint");
     for (file, block) in [("gpt.late", "Block"), ("hf_gpt2", "GPT2Block")] {
         let whole = Snapshot::load(&dir.join(format!("{file}.pickle.zst"))).expect("reads");
         let cut = without_free_requested(&whole);
@@ -288,7 +288,7 @@ fn checkpointing_predicts_the_same_without_free_requested() {
 #[test]
 fn batch_predictions_are_the_same_without_free_requested() {
     use memlens::fit::{fit, probes::Probe, FitOptions};
-    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/fit");
+    let dir = corpus("fit");
     for w in ["gpt", "resnet_amp"] {
         let load = |b: u32| {
             Snapshot::load(&dir.join(format!("{w}.b{b}.pickle.zst"))).expect("probe reads")
