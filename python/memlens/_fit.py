@@ -41,7 +41,7 @@ def fit(probes, recorded_batch=None, batch=None, limit=None, config=None, checkp
 
 
 def predict(build, step, *, batch=None, limit=None, precision=None, config=None, steps=2, largest=False,
-            max_batch=1 << 14, save=None):
+            max_batch=1 << 14, save=None, world_size=None):
     """Predicts a training step's GPU memory with none of it used (a GPU
     must be visible to PyTorch, see :func:`memlens.trace_step`): the step is traced
     with fake tensors (:func:`memlens.trace_step`) and every allocation and
@@ -61,7 +61,10 @@ def predict(build, step, *, batch=None, limit=None, precision=None, config=None,
     to look, and each batch's own trace whether it fits; see
     ``_largest_batch``). ``config``: allocator settings in
     ``PYTORCH_CUDA_ALLOC_CONF`` syntax. ``save``: a path to keep the trace
-    at ``batch`` (``memlens fit PATH`` replays it again).
+    at ``batch`` (``memlens fit PATH`` replays it again). ``world_size``:
+    the step is one rank of a DistributedDataParallel job of that many
+    (``build`` wraps the model in ``DistributedDataParallel``; see
+    :func:`memlens.trace_step`).
 
     Returns the dict ``memlens fit TRACE --json`` prints (``predicted``:
     ``peak_allocated_bytes``, ``peak_reserved_bytes``, ``fits``; ``basis``;
@@ -91,7 +94,7 @@ def predict(build, step, *, batch=None, limit=None, precision=None, config=None,
 
         def at(b):
             if b not in answers:
-                answers[b] = _replay_traced(build, step, b, steps, precision, limit, config, tmp)
+                answers[b] = _replay_traced(build, step, b, steps, precision, limit, config, tmp, world_size)
             return answers[b]
 
         answer = dict(at(batch))
@@ -135,12 +138,13 @@ def predict_config(config, *, batch=8, seq=512, optimizer="adamw", precision=Non
     return answer
 
 
-def _replay_traced(build, step, batch, steps, precision, limit, config, tmp):
+def _replay_traced(build, step, batch, steps, precision, limit, config, tmp, world_size=None):
     """One trace (at ``batch``, or of ``build()`` when None) replayed."""
     from ._trace import trace_step
 
     make = (lambda: build(batch)) if batch is not None else build
-    trace = trace_step(make, step, steps=steps, precision=precision)
+    kwargs = {} if world_size is None else {"world_size": world_size}
+    trace = trace_step(make, step, steps=steps, precision=precision, **kwargs)
     path = trace.save(os.path.join(tmp, f"step.b{batch}.pickle"))
     answer = json.loads(_native.fit_json([path], [], None, limit, config, None))
     answer["_path"] = path

@@ -35,6 +35,7 @@ import threading
 import weakref
 from typing import Any, Callable, Dict, List, Optional
 
+from ._fake_ddp import one_rank
 from ._reduce_scratch import reduction_scratch
 from ._snapshot_file import STEP_MARKER, write_snapshot
 
@@ -338,6 +339,7 @@ def trace_step(
     steps: int = 2,
     precision: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
+    world_size: Optional[int] = None,
 ) -> Trace:
     """Runs ``build()`` and then ``step(built)`` ``steps`` times under fake
     tensors, and returns the :class:`Trace` of every CUDA allocation they
@@ -347,6 +349,11 @@ def trace_step(
     steps include the optimizer state the first step makes. ``precision``
     (``"bf16"``, ``"fp16"``) runs each step under ``torch.autocast``.
     ``workspace_bytes``: cuBLAS's workspace per thread (default: this GPU's).
+    ``world_size``: the step is one rank of a DistributedDataParallel job
+    of that many (the model wrapped in ``DistributedDataParallel`` in
+    ``build``): PyTorch's fake process group is started as rank 0 when none
+    is running, and DDP's gradient buckets are traced (``_fake_ddp``: what
+    stands in for the communication, and a comm hook of the step's not run).
     A GPU must be visible to PyTorch (none of its memory is
     used): with none, PyTorch's autograd engine fails in the backward pass
     and autocast turns itself off (``RuntimeError`` saying so)."""
@@ -357,8 +364,11 @@ def trace_step(
         raise RuntimeError(NO_GPU)
     events = _Events()
     workspace = default_workspace_bytes(torch) if workspace_bytes is None else workspace_bytes
-    with _plain_module_moves(torch):
-        return _traced(torch, FakeTensorMode, events, workspace, gpu_shape(torch), build, step, steps, precision)
+    with _plain_module_moves(torch), one_rank(world_size) as ranks:
+        trace = _traced(torch, FakeTensorMode, events, workspace, gpu_shape(torch), build, step, steps, precision)
+    trace.snapshot[TRACE_KEY].update(world_size=world_size or 1, ddp_bucket_bytes=ranks.bucket_bytes,
+                                     comm_hooks_ignored=len(ranks.hooks_not_run))
+    return trace
 
 
 @contextlib.contextmanager

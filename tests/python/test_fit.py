@@ -273,3 +273,56 @@ def test_the_search_on_the_h200_s_peaks_traces_what_it_traced_there():
         assert asked == [t[0] for t in row["traces"]], row["workload"]
         assert len(asked) <= 7
         assert row["true_largest"] - answer in (0, 1), row["workload"]
+
+
+def test_a_ddp_rank_s_trace_says_what_it_is_and_what_it_cannot_hold(tmp_path):
+    # memlens.trace_step(..., world_size=2) writes the job's size and the
+    # comm hooks it ran without (tests/gpu/fake_ddp.py traces real DDP jobs
+    # that way on the GPU host); memlens fit says both.
+    trace = _StubTrace(4)
+    trace.snapshot["memlens"].update(world_size=2, comm_hooks_ignored=1, ddp_bucket_bytes=109_740_032)
+    r = memlens.fit([trace.save(str(tmp_path / "rank.pickle"))])
+    assert r["basis"]["world_size"] == 2
+    assert any("one rank of a DistributedDataParallel job of 2" in w for w in r["warnings"])
+    # One set of buckets, the most a run of the same job held beyond it.
+    assert any("up to 104.66 MiB more (one set of DDP's gradient buckets)" in w for w in r["warnings"])
+    assert any("1 DDP comm hook(s)" in w for w in r["warnings"])
+    # A step on one GPU: neither.
+    plain = memlens.fit([_StubTrace(4).save(str(tmp_path / "one.pickle"))])
+    assert "world_size" not in plain["basis"]
+    assert not any("DistributedDataParallel" in w for w in plain["warnings"])
+
+
+def test_one_set_of_buckets_is_every_gradient_ddp_reduces():
+    from memlens._fake_ddp import _bucket_bytes
+
+    class P:
+        def __init__(self, n, size, grad=True):
+            self.n, self.size, self.requires_grad = n, size, grad
+
+        def numel(self):
+            return self.n
+
+        def element_size(self):
+            return self.size
+
+    class Module:
+        def parameters(self):
+            return [P(1000, 4), P(10, 2), P(5000, 4, grad=False)]
+
+    class DDP:
+        module = Module()
+
+    # 4,000 + 20 bytes (the frozen parameter has no gradient), rounded up
+    # to 512.
+    assert _bucket_bytes(DDP()) == 4096
+
+
+def test_world_size_must_be_a_positive_integer():
+    from memlens._fake_ddp import one_rank
+
+    with pytest.raises(ValueError, match="world_size"):
+        with one_rank(0):
+            pass
+    with one_rank(None) as ranks:
+        assert ranks.hooks_not_run == [] and ranks.bucket_bytes == 0

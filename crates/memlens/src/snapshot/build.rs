@@ -891,6 +891,9 @@ fn fake_trace(heap: &Heap, v: Value) -> Option<super::FakeTrace> {
         precision: f.str("precision").unwrap_or("fp32").to_string(),
         workspace_bytes: f.u64_lenient("workspace_bytes", 0),
         unknown_values: f.u64_lenient("unknown_values", 0),
+        world_size: f.u64_lenient("world_size", 1).max(1),
+        comm_hooks_ignored: f.u64_lenient("comm_hooks_ignored", 0),
+        ddp_bucket_bytes: f.u64_lenient("ddp_bucket_bytes", 0),
     })
 }
 

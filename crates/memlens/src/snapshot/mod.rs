@@ -341,6 +341,14 @@ pub struct FakeTrace {
     /// Values the step read back from the GPU, which a fake tensor has not
     /// got (taken as False or 1).
     pub unknown_values: u64,
+    /// The ranks of the DistributedDataParallel job the step is one rank
+    /// of (1: not distributed).
+    pub world_size: u64,
+    /// Comm hooks the step registered and the trace ran without.
+    pub comm_hooks_ignored: u64,
+    /// One set of the DDP modules' gradient buckets, in bytes (0: none, or
+    /// a trace that did not say).
+    pub ddp_bucket_bytes: u64,
 }
 
 /// A PyTorch CUDA memory snapshot.
