@@ -287,6 +287,13 @@ def test_a_ddp_rank_s_trace_says_what_it_is_and_what_it_cannot_hold(tmp_path):
     # One set of buckets, the most a run of the same job held beyond it.
     assert any("up to 104.66 MiB more (one set of DDP's gradient buckets)" in w for w in r["warnings"])
     assert any("1 DDP comm hook(s)" in w for w in r["warnings"])
+    # Whether it fits counts that set: 140 MiB traced, 104.66 MiB more in
+    # the runs that held it, under a 200 MiB cap: not judged to fit.
+    capped = memlens.fit([str(tmp_path / "rank.pickle")], limit="200MiB")
+    assert capped["predicted"]["peak_allocated_bytes"] == 140 << 20
+    assert capped["predicted"]["fits"] is False
+    assert capped["limit_bytes"] == 200 << 20
+    assert memlens.fit([str(tmp_path / "rank.pickle")], limit="250MiB")["predicted"]["fits"] is True
     # A step on one GPU: neither.
     plain = memlens.fit([_StubTrace(4).save(str(tmp_path / "one.pickle"))])
     assert "world_size" not in plain["basis"]

@@ -411,8 +411,15 @@ pub fn fit_run(
     let config = opts.config_for(snap);
     let device = snap.first_traced_device();
     let fake = snap.fake_trace.as_ref();
+    // One rank of a DDP job: some runs of the same job held one more set of
+    // gradient buckets at the peak than the trace does (see
+    // `fake_trace_warnings`); whether it fits is judged with them.
+    let outliving = fake
+        .filter(|f| f.world_size > 1)
+        .map_or(0, |f| f.ddp_bucket_bytes);
+    let judged_limit = opts.limit.map(|l| l.saturating_sub(outliving));
     Ok(RunReport {
-        predicted: run_peaks(&ops, device, &config, opts.limit)?,
+        predicted: run_peaks(&ops, device, &config, judged_limit)?,
         limit_bytes: opts.limit,
         method: "every allocation and free of the run replayed through the allocator model \
                  with new segments at rising and at falling addresses, the higher peak taken"
@@ -491,7 +498,7 @@ fn fake_trace_warnings(f: &crate::snapshot::FakeTrace, convolutions: usize) -> V
              The prediction is a run whose old buckets are freed when DDP rebuilds them in the \
              second step (within 0.5% of such runs of three models on two H200s); in other runs \
              of the same job they outlived the rebuild and the rank peaked {outliving}: leave \
-             that much headroom",
+             that much headroom (`fits` counts it when the trace gives its size)",
             f.world_size
         ));
     }
