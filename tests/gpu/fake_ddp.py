@@ -52,16 +52,9 @@ def _rank(rank, workload, batch, port, out):
         torch.cuda.memory._record_memory_history(max_entries=2_000_000)
     dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
                             device_id=torch.device("cuda", rank))
-    model, make_opt, make, loss = fit_probes.parts(workload)
-    model = DDP(model, device_ids=[rank])
-    opt = make_opt(model)
+    step = fit_probes.build(workload, batch, wrap=lambda m: DDP(m, device_ids=[rank]))
     for _ in range(STEPS):
-        inputs = make(batch)
-        value, held = loss(model, inputs)
-        value.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        del inputs, value, held
+        step()
     torch.cuda.synchronize()
     if os.environ.get("RECORD") and rank == 0:
         torch.cuda.memory._dump_snapshot(os.path.join(out, f"{workload}.b{batch}.rank0.pickle"))
@@ -89,20 +82,7 @@ def predicted(workload, batch, out, ddp):
     import memlens
 
     def build():
-        model, make_opt, make, loss = fit_probes.parts(workload)
-        if ddp:
-            model = DDP(model)
-        opt = make_opt(model)
-
-        def step():
-            inputs = make(batch)
-            value, held = loss(model, inputs)
-            value.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            del inputs, value, held
-
-        return step
+        return fit_probes.build(workload, batch, wrap=DDP if ddp else None)
 
     trace = memlens.trace_step(build, lambda s: s(), steps=STEPS, world_size=2 if ddp else None)
     path = trace.save(os.path.join(out, f"{workload}.b{batch}.{'ddp' if ddp else 'single'}.pickle"))

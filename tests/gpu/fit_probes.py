@@ -155,9 +155,12 @@ def parts(workload):
     raise SystemExit(f"unknown workload {workload}")
 
 
-def build(workload, batch):
-    """The model, the optimizer and one training step at `batch`."""
+def build(workload, batch, wrap=None):
+    """The model, the optimizer and one training step at `batch`; `wrap`
+    (e.g. DistributedDataParallel) wraps the model first."""
     model, make_opt, make, loss = parts(workload)
+    if wrap is not None:
+        model = wrap(model)
     opt = make_opt(model)
 
     def step():
