@@ -75,8 +75,8 @@ def _bucket_bytes(ddp: Any) -> int:
 def one_rank(world_size: Optional[int]) -> Iterator["Ranks"]:
     """While tracing: DDP as one rank of a job of ``world_size`` sees it
     (nothing changed when None). Starts PyTorch's fake process group as rank
-    0 when no process group is running (and ends it after); a group the
-    caller started is used as it is. Yields what the trace should say
+    0 when no process group is running (and ends it after); a fake group
+    the caller started is used as it is, any other refused. Yields what the trace should say
     (:class:`Ranks`), filled as DDP is built and run."""
     seen = Ranks()
     if world_size is None:
@@ -90,6 +90,14 @@ def one_rank(world_size: Optional[int]) -> Iterator["Ranks"]:
     from torch.nn.parallel import DistributedDataParallel
 
     started = False
+    if dist.is_initialized() and dist.get_backend() != "fake":
+        # DDP would run its collectives on it with tensors that hold no
+        # data, and the other ranks would wait for this one.
+        raise RuntimeError(
+            f"memlens traces one rank of a DDP job on PyTorch's fake process group, but a "
+            f"{dist.get_backend()} process group is running in this process: trace in a process "
+            f"without one (or one started with init_process_group(\"fake\"))"
+        )
     if not dist.is_initialized():
         # Importing it registers the "fake" backend.
         from torch.testing._internal.distributed.fake_pg import FakeStore

@@ -38,6 +38,7 @@ cd "$ROOT/target/python"
 # Skipping is not allowed here: a missing framework must fail the run.
 export MEMLENS_REQUIRE_FRAMEWORKS=1
 # test_why.py: memlens.why against the real torch (CPU tensors); the suite of
-# run.sh has no torch and skips it.
+# run.sh has no torch and skips it. test_fake_ddp_torch.py: the stand-ins for
+# DDP's communication in a trace of one rank, on the real torch's DDP (CPU).
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$ROOT/tests/python/test_integrations_frameworks.py" \
-    "$ROOT/tests/python/test_why.py"
+    "$ROOT/tests/python/test_why.py" "$ROOT/tests/python/test_fake_ddp_torch.py"
