@@ -61,14 +61,14 @@ class _BucketsKept:
 
 def _bucket_bytes(ddp: Any) -> int:
     """What one set of ``ddp``'s gradient buckets holds: every gradient it
-    reduces (the parameters that require one), each bucket rounded up as
-    the caching allocator rounds a block (512 bytes; buckets are at least
-    1 MiB but for the last, so rounding each gradient instead is close)."""
-    total = 0
-    for p in ddp.module.parameters():
-        if p.requires_grad:
-            total += p.numel() * p.element_size()
-    return -(-total // 512) * 512
+    reduces (the parameters that require one), the total rounded up as the
+    caching allocator rounds a block (buckets are at least 1 MiB but for
+    the last, so rounding each bucket instead would add at most a few
+    hundred bytes a bucket)."""
+    # Imported here: _trace imports this module.
+    from ._trace import _rounded
+
+    return _rounded(sum(p.numel() * p.element_size() for p in ddp.module.parameters() if p.requires_grad))
 
 
 @contextlib.contextmanager
@@ -76,8 +76,8 @@ def one_rank(world_size: Optional[int]) -> Iterator["Ranks"]:
     """While tracing: DDP as one rank of a job of ``world_size`` sees it
     (nothing changed when None). Starts PyTorch's fake process group as rank
     0 when no process group is running (and ends it after); a fake group
-    the caller started is used as it is, any other refused. Yields what the trace should say
-    (:class:`Ranks`), filled as DDP is built and run."""
+    the caller started is used as it is, any other refused. Yields what the
+    trace should say (:class:`Ranks`), filled as DDP is built and run."""
     seen = Ranks()
     if world_size is None:
         yield seen

@@ -143,8 +143,7 @@ def _replay_traced(build, step, batch, steps, precision, limit, config, tmp, wor
     from ._trace import trace_step
 
     make = (lambda: build(batch)) if batch is not None else build
-    kwargs = {} if world_size is None else {"world_size": world_size}
-    trace = trace_step(make, step, steps=steps, precision=precision, **kwargs)
+    trace = trace_step(make, step, steps=steps, precision=precision, world_size=world_size)
     path = trace.save(os.path.join(tmp, f"step.b{batch}.pickle"))
     answer = json.loads(_native.fit_json([path], [], None, limit, config, None))
     answer["_path"] = path

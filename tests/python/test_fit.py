@@ -101,7 +101,7 @@ def test_predict_replays_the_trace_and_searches_the_largest_batch(monkeypatch, t
 
     built = []
 
-    def stub_trace_step(build, step, steps=2, precision=None):
+    def stub_trace_step(build, step, steps=2, precision=None, world_size=None):
         batch = build()
         built.append(batch)
         return _StubTrace(batch)
@@ -139,7 +139,8 @@ def test_predict_config_traces_the_config_s_step_and_replays_it(monkeypatch):
         return (lambda b: b), (lambda s: None)
 
     monkeypatch.setattr(hf, "hf_step", stub_hf_step)
-    monkeypatch.setattr(trace, "trace_step", lambda build, step, steps=2, precision=None: _StubTrace(build()))
+    monkeypatch.setattr(trace, "trace_step", lambda build, step, steps=2, precision=None, world_size=None:
+                        _StubTrace(build()))
     r = memlens.predict_config({"model_type": "llama"}, batch=4, seq=128, optimizer="sgd", limit="300MiB",
                                largest=True)
     assert asked == {"config": {"model_type": "llama"}, "seq": 128, "optimizer": "sgd"}

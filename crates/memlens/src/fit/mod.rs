@@ -414,9 +414,7 @@ pub fn fit_run(
     // One rank of a DDP job: some runs of the same job held one more set of
     // gradient buckets at the peak than the trace does (see
     // `fake_trace_warnings`); whether it fits is judged with them.
-    let outliving = fake
-        .filter(|f| f.world_size > 1)
-        .map_or(0, |f| f.ddp_bucket_bytes);
+    let outliving = fake.map_or(0, |f| f.outliving_buckets());
     let judged_limit = opts.limit.map(|l| l.saturating_sub(outliving));
     Ok(RunReport {
         predicted: run_peaks(&ops, device, &config, judged_limit)?,
@@ -484,10 +482,10 @@ fn fake_trace_warnings(f: &crate::snapshot::FakeTrace, convolutions: usize) -> V
         ));
     }
     if f.world_size > 1 {
-        let outliving = if f.ddp_bucket_bytes > 0 {
+        let outliving = if f.outliving_buckets() > 0 {
             format!(
                 "up to {} more (one set of DDP's gradient buckets)",
-                crate::units::format_bytes(f.ddp_bucket_bytes)
+                crate::units::format_bytes(f.outliving_buckets())
             )
         } else {
             "up to one set of DDP's gradient buckets more".to_string()

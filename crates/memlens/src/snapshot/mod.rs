@@ -351,6 +351,19 @@ pub struct FakeTrace {
     pub ddp_bucket_bytes: u64,
 }
 
+impl FakeTrace {
+    /// The bytes some runs of a DDP job held at the peak beyond what one
+    /// rank's trace holds: one set of gradient buckets that outlived their
+    /// rebuild (0: not distributed, or a trace that did not give the size).
+    pub fn outliving_buckets(&self) -> u64 {
+        if self.world_size > 1 {
+            self.ddp_bucket_bytes
+        } else {
+            0
+        }
+    }
+}
+
 /// A PyTorch CUDA memory snapshot.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
