@@ -152,6 +152,46 @@ def parts(workload):
             return nn.functional.cross_entropy(model(xy[0]), xy[1]), None
 
         return model, adamw, make, loss
+    if workload == "bert":
+        # An HF encoder with a bias on every linear layer, masked-LM loss
+        # (added after the staging buffers were modelled: out of sample).
+        from transformers import BertConfig, BertForMaskedLM
+
+        cfg = BertConfig(
+            vocab_size=8192, hidden_size=512, num_hidden_layers=6, num_attention_heads=8,
+            intermediate_size=2048, max_position_embeddings=SEQ,
+        )
+        model = BertForMaskedLM(cfg).to(dev)
+        model.train()
+
+        def make(batch):
+            return torch.randint(0, 8192, (batch, SEQ), device=dev)
+
+        def loss(model, idx):
+            out = model(input_ids=idx, labels=idx)
+            return out.loss, out
+
+        return model, adamw, make, loss
+    if workload == "vit_b":
+        # torchvision's ViT-B/16 shape at 224x224 (197 tokens, width 768),
+        # 4 layers: other widths and rows than `vit` (out of sample).
+        from torchvision.models import VisionTransformer
+
+        model = VisionTransformer(
+            image_size=224, patch_size=16, num_layers=4, num_heads=12,
+            hidden_dim=768, mlp_dim=3072, num_classes=100,
+        ).to(dev)
+
+        def make(batch):
+            return (
+                torch.randn(batch, 3, 224, 224, device=dev),
+                torch.randint(0, 100, (batch,), device=dev),
+            )
+
+        def loss(model, xy):
+            return nn.functional.cross_entropy(model(xy[0]), xy[1]), None
+
+        return model, adamw, make, loss
     raise SystemExit(f"unknown workload {workload}")
 
 

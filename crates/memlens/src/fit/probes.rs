@@ -17,6 +17,7 @@
 //! trace that began late), there is no honest model and the caller gets an
 //! error saying which.
 
+use super::reduce_scratch::{Gpu, Reduction};
 use crate::replay::during_read::RecordedPasses;
 use crate::replay::initial;
 use crate::sim::program::Op;
@@ -88,6 +89,19 @@ enum RunOp {
         stream: u64,
         tag: u64,
     },
+    /// The staging buffer and semaphores of the reduction kernel of the sum
+    /// just allocated (a bias's gradient over `rows_per_batch` x batch rows
+    /// of `width`), allocated
+    /// and freed at once; their sizes follow the rows at each batch
+    /// ([`reduce_scratch`](super::reduce_scratch)).
+    Scratch {
+        ids: [u64; 2],
+        rows_per_batch: u64,
+        width: u64,
+        elem_size: u64,
+        stream: u64,
+        tag: u64,
+    },
     /// Any other operation, the same at every batch.
     Fixed(Op),
 }
@@ -107,6 +121,10 @@ pub struct ScaledRun {
     pub bytes_per_sample: f64,
     /// Operations only one probe ran (kept on its side of the batch axis).
     pub unpaired_operations: usize,
+    /// Sums of a bias's gradient whose reduction kernel's staging buffers
+    /// are computed at each batch (their recorded ones dropped): the probes'
+    /// C++ frames name the sum and the matrix products beside it.
+    pub modelled_reductions: usize,
 }
 
 /// The event of an operation that stands for a block live before the trace.
@@ -222,6 +240,178 @@ impl Recorded {
     }
 }
 
+/// The staging buffer and semaphores (bytes) of a sum of `rows` x `width`
+/// over its rows, on the GPU the probes ran on. The probes do not say which:
+/// an H100's or H200's multiprocessors are taken (the harness's GPUs).
+fn scratch(rows: u64, width: u64, elem_size: u64) -> (u64, u64) {
+    Reduction::over_rows(rows, width, elem_size).scratch(Gpu::default())
+}
+
+/// What an allocation of a probe is, for the model of reductions' staging
+/// buffers: told by its C++ frames (`stacks="all"`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Role {
+    /// Anything else (or a stack without C++ frames).
+    Other,
+    /// The output of a `sum` or `mean` (`structured_sum_out`).
+    SumOutput,
+    /// The reduction kernel's staging buffer or semaphores.
+    Staging,
+    /// cuBLAS's workspace, made at a handle's first use (in the first
+    /// step's backward, between a linear layer's two gradient products).
+    Workspace,
+    /// A matrix product of a linear layer's backward (`AddmmBackward0`).
+    AddmmGrad,
+    /// A gradient reshaped in the backward (`ReshapeAliasBackward0`,
+    /// `UnsafeViewBackward0`, `ViewBackward0`).
+    ViewGrad,
+}
+
+fn role_of(snap: &Snapshot, stack: StackId, memo: &mut HashMap<StackId, Role>) -> Role {
+    *memo.entry(stack).or_insert_with(|| {
+        let names = || {
+            snap.stack(stack)
+                .iter()
+                .map(|&f| snap.str(snap.frame(f).name))
+        };
+        if names().any(|n| n.contains("gpu_reduce_kernel")) {
+            Role::Staging
+        } else if names().any(|n| n.starts_with("at::cuda::") && n.contains("Workspace")) {
+            Role::Workspace
+        } else if names().any(|n| {
+            n.contains("structured_sum_out_functional")
+                || n.contains("structured_mean_out_functional")
+        }) {
+            Role::SumOutput
+        } else if names().any(|n| n.contains("AddmmBackward0")) {
+            Role::AddmmGrad
+        } else if names().any(|n| {
+            n.contains("ReshapeAliasBackward0")
+                || n.contains("UnsafeViewBackward0")
+                || n.contains("ViewBackward0")
+        }) {
+            Role::ViewGrad
+        } else {
+            Role::Other
+        }
+    })
+}
+
+/// A bias gradient's sum, as one probe ran it: `rows` x `width` elements of
+/// `elem_size` bytes summed over the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct SumGeometry {
+    rows: u64,
+    width: u64,
+    elem_size: u64,
+}
+
+/// The sum whose output is `sum` bytes, from the two allocations before it
+/// (`prev1` the nearer): in a linear layer's backward the input's gradient
+/// (`rows x in`) and the weight's (`out x in`), so `rows = gin * sum /
+/// (gw * elem)`; after a reshaped gradient, that gradient (`rows x width`).
+fn sum_geometry(
+    sum: u64,
+    prev1: (u64, Role),
+    prev2: (u64, Role),
+    elem: u64,
+) -> Option<SumGeometry> {
+    if sum == 0 || !sum.is_multiple_of(elem) {
+        return None;
+    }
+    let width = sum / elem;
+    let rows = match (prev1, prev2) {
+        ((gw, Role::AddmmGrad), (gin, Role::AddmmGrad)) => {
+            let (num, den) = (
+                u128::from(gin) * u128::from(sum),
+                u128::from(gw) * u128::from(elem),
+            );
+            (den > 0 && num % den == 0).then(|| (num / den) as u64)?
+        }
+        ((grad, Role::ViewGrad), _) => (grad % sum == 0).then_some(grad / sum)?,
+        _ => return None,
+    };
+    (rows > 0).then_some(SumGeometry {
+        rows,
+        width,
+        elem_size: elem,
+    })
+}
+
+/// A probe's operations with the staging buffers of the sums it can model
+/// left out (the model gives them at every batch), and each remaining
+/// operation's sum geometry where it allocates such a sum's output.
+fn without_modelled_staging(p: &Probe<'_>, r: Recorded) -> (Recorded, Vec<Option<SumGeometry>>) {
+    let snap = p.snap;
+    let mut memo = HashMap::new();
+    let roles: Vec<Role> = r
+        .ops
+        .iter()
+        .map(|&(op, stack)| match (op, stack) {
+            (Op::Alloc { .. }, Some(s)) => role_of(snap, s, &mut memo),
+            _ => Role::Other,
+        })
+        .collect();
+    // Under autocast a linear layer's gradients are half precision.
+    let autocast = snap.traces.iter().any(|t| {
+        t.events.iter().any(|e| {
+            e.action == Action::Alloc
+                && snap
+                    .stack(e.stack)
+                    .iter()
+                    .any(|&f| snap.str(snap.frame(f).name).contains("at::autocast::"))
+        })
+    });
+    let elem = if autocast { 2 } else { 4 };
+    let mut keep = vec![true; r.ops.len()];
+    let mut geometry = vec![None; r.ops.len()];
+    let mut dropped: hashbrown::HashSet<u64> = hashbrown::HashSet::new();
+    let (mut prev1, mut prev2) = ((0u64, Role::Other), (0u64, Role::Other));
+    let mut i = 0;
+    while i < r.ops.len() {
+        match r.ops[i].0 {
+            Op::Alloc { size, .. } if roles[i] == Role::SumOutput => {
+                geometry[i] = sum_geometry(size, prev1, prev2, elem);
+                if geometry[i].is_some() {
+                    // Its kernel's buffers come right after it.
+                    while let Some((Op::Alloc { id, .. }, _)) = r.ops.get(i + 1) {
+                        if roles[i + 1] != Role::Staging {
+                            break;
+                        }
+                        dropped.insert(*id);
+                        keep[i + 1] = false;
+                        i += 1;
+                    }
+                }
+                (prev2, prev1) = (prev1, (size, Role::SumOutput));
+            }
+            Op::Alloc { size, .. } if !matches!(roles[i], Role::Staging | Role::Workspace) => {
+                (prev2, prev1) = (prev1, (size, roles[i]));
+            }
+            Op::FreeRequested { id } if dropped.contains(&id) => keep[i] = false,
+            Op::FreeCompleted { id } | Op::Free { id } if dropped.contains(&id) => {
+                keep[i] = false;
+                dropped.remove(&id);
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    let mut out = Recorded {
+        ops: Vec::with_capacity(r.ops.len()),
+        events: Vec::with_capacity(r.ops.len()),
+    };
+    let mut geo = Vec::with_capacity(r.ops.len());
+    for (k, ((op, ev), g)) in r.ops.into_iter().zip(r.events).zip(geometry).enumerate() {
+        if keep[k] {
+            out.ops.push(op);
+            out.events.push(ev);
+            geo.push(g);
+        }
+    }
+    (out, geo)
+}
+
 fn probe_error(p: &Probe<'_>, what: &str) -> crate::Error {
     crate::Error::Usage(format!("{}: cannot be a probe for fit: {what}", p.name))
 }
@@ -325,7 +515,8 @@ impl ScaledRun {
                 a.batch, b.batch
             )));
         }
-        let (ra, rb) = (Recorded::of(a)?, Recorded::of(b)?);
+        let (ra, ga) = without_modelled_staging(a, Recorded::of(a)?);
+        let (rb, gb) = without_modelled_staging(b, Recorded::of(b)?);
         let (ka, kb) = (op_keys(a, &ra), op_keys(b, &rb));
         let per_batch = f64::from(b.batch) - f64::from(a.batch);
         let mut run = ScaledRun {
@@ -335,6 +526,7 @@ impl ScaledRun {
             scaling_allocations: 0,
             bytes_per_sample: 0.0,
             unpaired_operations: 0,
+            modelled_reductions: 0,
         };
         let mut names = Names {
             next: 1,
@@ -350,16 +542,19 @@ impl ScaledRun {
                     let (oa, ob) = (ra.ops[i].0, rb.ops[j].0);
                     let op = names.rename(oa, true, Some(ob));
                     run.push_paired(op, ob, per_batch);
+                    run.push_scratch(op, [(ga[i], a.batch), (gb[j], b.batch)], &mut names);
                 }
                 continue;
             }
             for i in old {
                 let op = names.rename(ra.ops[i].0, true, None);
                 run.push_unpaired(op, Presence::Below(b.batch));
+                run.push_scratch(op, [(ga[i], a.batch)], &mut names);
             }
             for j in new {
                 let op = names.rename(rb.ops[j].0, false, None);
                 run.push_unpaired(op, Presence::From(b.batch));
+                run.push_scratch(op, [(gb[j], b.batch)], &mut names);
             }
         }
         // Probes of different code pair little: no model then.
@@ -405,6 +600,49 @@ impl ScaledRun {
         self.ops.push((run_op, Presence::Always));
     }
 
+    /// After the allocation `op` of a sum's output: its kernel's staging
+    /// buffers at any batch, from the sum's rows per sample as the probes
+    /// that ran it saw it (`seen`: each probe's geometry, if it found one,
+    /// and batch), the larger probe's first. Every probe that found one
+    /// left its recorded buffers out, so one is always pushed then; the
+    /// probes disagree only where one took a wrong neighbour for the sum's
+    /// input (the nearer batch is trusted).
+    fn push_scratch(
+        &mut self,
+        op: Op,
+        seen: impl AsRef<[(Option<SumGeometry>, u32)]>,
+        names: &mut Names,
+    ) {
+        let Op::Alloc { stream, tag, .. } = op else {
+            return;
+        };
+        let per_sample = seen
+            .as_ref()
+            .iter()
+            .rev()
+            .filter_map(|&(g, batch)| Some((g?, u64::from(batch))))
+            .find(|(g, batch)| g.rows.is_multiple_of(*batch));
+        let Some((g, batch)) = per_sample else {
+            return;
+        };
+        let ids = [names.next, names.next + 1];
+        names.next += 2;
+        self.modelled_reductions += 1;
+        // The presence of the sum itself (the op just pushed).
+        let presence = self.ops.last().map_or(Presence::Always, |&(_, p)| p);
+        self.ops.push((
+            RunOp::Scratch {
+                ids,
+                rows_per_batch: g.rows / batch,
+                width: g.width,
+                elem_size: g.elem_size,
+                stream,
+                tag,
+            },
+            presence,
+        ));
+    }
+
     fn push_unpaired(&mut self, op: Op, presence: Presence) {
         self.unpaired_operations += 1;
         if let Op::Alloc { .. } = op {
@@ -413,27 +651,72 @@ impl ScaledRun {
         self.ops.push((RunOp::Fixed(op), presence));
     }
 
+    /// The staging buffers and semaphores (bytes) the modelled reductions
+    /// allocate at `batch`, in the run's order (none below the sizes where
+    /// the kernel splits its sums across blocks).
+    pub fn staging_at(&self, batch: u32) -> Vec<(u64, u64)> {
+        self.ops
+            .iter()
+            .filter_map(|(op, _)| match *op {
+                RunOp::Scratch {
+                    rows_per_batch,
+                    width,
+                    elem_size,
+                    ..
+                } => Some(scratch(rows_per_batch * u64::from(batch), width, elem_size)),
+                _ => None,
+            })
+            .filter(|&(staging, _)| staging > 0)
+            .collect()
+    }
+
     /// The run's operations at batch size `batch`.
     pub fn ops_at(&self, batch: u32) -> Vec<Op> {
         let dx = f64::from(batch) - f64::from(self.base_batch);
-        self.ops
-            .iter()
-            .filter(|(_, presence)| presence.at(batch))
-            .map(|(op, _)| match *op {
+        let mut ops = Vec::with_capacity(self.ops.len());
+        for (op, _) in self.ops.iter().filter(|(_, presence)| presence.at(batch)) {
+            match *op {
                 RunOp::Alloc {
                     id,
                     base,
                     slope,
                     stream,
                     tag,
-                } => Op::Alloc {
+                } => ops.push(Op::Alloc {
                     id,
                     size: (base as f64 + slope * dx).round().max(1.0) as u64,
                     stream,
                     tag,
-                },
-                RunOp::Fixed(op) => op,
-            })
-            .collect()
+                }),
+                RunOp::Scratch {
+                    ids,
+                    rows_per_batch,
+                    width,
+                    elem_size,
+                    stream,
+                    tag,
+                    ..
+                } => {
+                    let rows = rows_per_batch * u64::from(batch);
+                    let (staging, semaphores) = scratch(rows, width, elem_size);
+                    if staging == 0 {
+                        continue;
+                    }
+                    // Allocated for the kernel's launch and freed after it,
+                    // the semaphores first (as C++ destroys them).
+                    for (id, size) in ids.into_iter().zip([staging, semaphores]) {
+                        ops.push(Op::Alloc {
+                            id,
+                            size,
+                            stream,
+                            tag,
+                        });
+                    }
+                    ops.extend(ids.into_iter().rev().map(|id| Op::Free { id }));
+                }
+                RunOp::Fixed(op) => ops.push(op),
+            }
+        }
+        ops
     }
 }

@@ -26,6 +26,13 @@ pub fn text(r: &FitReport) -> String {
         b.allocations,
         format_bytes(b.bytes_per_sample)
     );
+    if b.modelled_reductions > 0 {
+        out.push_str(&format!(
+            "  {} sums of bias gradients get their reduction kernel's staging buffers computed at \
+             each batch (PyTorch's Reduce.cuh, on an H100's or H200's 132 multiprocessors)\n",
+            b.modelled_reductions
+        ));
+    }
     let limit = r.limit_bytes.map(format_bytes);
     if let Some(p) = &r.predicted {
         out.push_str(&line(p, limit.as_deref()));
