@@ -861,9 +861,17 @@ def device_figures(torch: Any) -> List[Dict[str, Any]]:
     cuda = torch.cuda
     try:
         d = int(cuda.current_device())
-        row: Dict[str, Any] = {"device": d, "total_memory": int(cuda.get_device_properties(d).total_memory)}
+        props = cuda.get_device_properties(d)
+        row: Dict[str, Any] = {"device": d, "total_memory": int(props.total_memory)}
     except Exception:
         return []
+    # How reduction kernels split their sums (their staging buffers, which
+    # `memlens fit` computes at other batch sizes).
+    for key, attr in (("multiprocessors", "multi_processor_count"),
+                      ("threads_per_multiprocessor", "max_threads_per_multi_processor")):
+        value = getattr(props, attr, None)
+        if isinstance(value, int) and value > 0:
+            row[key] = value
     fraction = getattr(cuda, "get_per_process_memory_fraction", None) or getattr(
         getattr(cuda, "memory", None), "get_per_process_memory_fraction", None
     )

@@ -741,6 +741,29 @@ def test_the_device_figures_are_written_beside_every_snapshot(gpu, tmp_path):
         assert 0 < row["free_memory"] <= 80 << 30
 
 
+def test_the_device_file_names_the_gpu_s_multiprocessors(gpu, tmp_path):
+    """How reduction kernels split their sums (their staging buffers, which
+    `memlens fit` computes at other batch sizes) depends on the GPU's
+    multiprocessors: written when torch gives them, left out when not."""
+    import json
+    import types
+
+    import torch
+
+    torch.cuda.get_device_properties = lambda d=None: types.SimpleNamespace(
+        total_memory=80 << 30, multi_processor_count=108, max_threads_per_multi_processor=2048
+    )
+    with memlens.record(tmp_path / "snaps") as rec:
+        gpu.alloc(MIB)
+    (row,) = json.loads(open(rec.snapshots[-1] + _capture.DEVICE_SUFFIX).read())["devices"]
+    assert row["multiprocessors"] == 108 and row["threads_per_multiprocessor"] == 2048
+    torch.cuda.get_device_properties = lambda d=None: types.SimpleNamespace(total_memory=80 << 30)
+    with memlens.record(tmp_path / "plain") as rec:
+        gpu.alloc(MIB)
+    (row,) = json.loads(open(rec.snapshots[-1] + _capture.DEVICE_SUFFIX).read())["devices"]
+    assert "multiprocessors" not in row
+
+
 def test_no_device_file_when_torch_cannot_tell(gpu, tmp_path):
     """A torch without the device's properties costs only the file."""
     import torch

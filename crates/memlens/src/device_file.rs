@@ -71,6 +71,14 @@ pub struct RecordedDevice {
     /// CUDA context and the libraries loaded by then.
     #[serde(default)]
     pub outside_pytorch_at_start: Option<u64>,
+    /// Its streaming multiprocessors (`multi_processor_count`): how
+    /// PyTorch's reduction kernels split their sums, and so their staging
+    /// buffers (`fit::reduce_scratch`).
+    #[serde(default)]
+    pub multiprocessors: Option<u64>,
+    /// Threads per multiprocessor (`max_threads_per_multi_processor`).
+    #[serde(default)]
+    pub threads_per_multiprocessor: Option<u64>,
 }
 
 /// The device's used memory as nvidia-smi shows it, reconciled part by

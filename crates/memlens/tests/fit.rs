@@ -273,3 +273,83 @@ fn staging_buffers_computed_from_small_probes_are_those_the_gpu_allocated() {
         );
     }
 }
+
+/// The GPU `memlens.record` wrote beside the larger probe
+/// (`<probe>.device.json`) is the one the staging buffers are computed for:
+/// an H100's 132 multiprocessors give the same answer as none recorded
+/// (taken as an H100's or H200's); an A100's 108 are read and split the sums
+/// otherwise.
+#[test]
+fn staging_buffers_follow_the_gpu_recorded_beside_the_probes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let copy = |n: u32| {
+        let to = dir.path().join(format!("vit.b{n}.pickle.zst"));
+        std::fs::copy(corpus().join(format!("vit.b{n}.pickle.zst")), &to).expect("copy");
+        to
+    };
+    let (pa, pb) = (copy(2), copy(4));
+    let (a, b) = (
+        Snapshot::load(&pa).expect("reads"),
+        Snapshot::load(&pb).expect("reads"),
+    );
+    let (na, nb) = (pa.display().to_string(), pb.display().to_string());
+    let predict = |sms: Option<u64>| {
+        let device = pb.display().to_string() + ".device.json";
+        match sms {
+            Some(n) => std::fs::write(
+                &device,
+                format!(
+                    r#"{{"format": "memlens-device/1", "devices": [{{"device": 0, "total_memory": 85520809984, "multiprocessors": {n}, "threads_per_multiprocessor": 2048}}]}}"#
+                ),
+            )
+            .expect("device file"),
+            None => {
+                let _ = std::fs::remove_file(&device);
+            }
+        }
+        let ps = [
+            Probe {
+                name: &na,
+                snap: &a,
+                batch: 2,
+            },
+            Probe {
+                name: &nb,
+                snap: &b,
+                batch: 4,
+            },
+        ];
+        let opts = FitOptions {
+            batch: Some(32),
+            ..FitOptions::default()
+        };
+        fit(&ps, &opts).expect("fit")
+    };
+    let assumed = predict(None);
+    assert!(!assumed.basis.multiprocessors_recorded);
+    assert_eq!(assumed.basis.multiprocessors, 132);
+    let h100 = predict(Some(132));
+    assert!(h100.basis.multiprocessors_recorded);
+    assert_eq!(h100.predicted, assumed.predicted);
+    let a100 = predict(Some(108));
+    assert_eq!(a100.basis.multiprocessors, 108);
+    // On 108 multiprocessors a sum long enough to fill the GPU splits
+    // otherwise (at batch 32 the ViT's sums are split by their length
+    // alone, and the peak did not move; at 512 the GPU's size bounds them).
+    let mut run = memlens::fit::probes::ScaledRun::from_probes(
+        &Probe {
+            name: &na,
+            snap: &a,
+            batch: 2,
+        },
+        &Probe {
+            name: &nb,
+            snap: &b,
+            batch: 4,
+        },
+    )
+    .expect("pairs");
+    let on_h100 = run.staging_at(512);
+    run.gpu.sms = 108;
+    assert_ne!(run.staging_at(512), on_h100);
+}

@@ -112,6 +112,12 @@ pub struct Basis {
     /// H200's 132 multiprocessors): a small probe runs none, a large batch
     /// does. 0 when the probes have no C++ frames to name them.
     pub modelled_reductions: usize,
+    /// The multiprocessors those buffers are computed for: the probes' GPU
+    /// as `memlens.record` wrote it beside them (`<probe>.device.json`),
+    /// else an H100's or H200's 132.
+    pub multiprocessors: u64,
+    /// Whether `multiprocessors` was recorded (else assumed).
+    pub multiprocessors_recorded: bool,
 }
 
 /// `memlens fit`'s answer.
@@ -141,7 +147,11 @@ pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> 
         )));
     };
     let (a, b) = if a.batch <= b.batch { (a, b) } else { (b, a) };
-    let run = ScaledRun::from_probes(a, b)?;
+    let mut run = ScaledRun::from_probes(a, b)?;
+    let recorded_gpu = recorded_gpu(b);
+    if let Some(gpu) = recorded_gpu {
+        run.gpu = gpu;
+    }
     let config = opts.config_for(b.snap);
     let model = Model {
         run: &run,
@@ -169,6 +179,8 @@ pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> 
         bytes_per_sample: run.bytes_per_sample.max(0.0).round() as u64,
         config: config.to_conf_string(),
         modelled_reductions: run.modelled_reductions,
+        multiprocessors: run.gpu.sms,
+        multiprocessors_recorded: recorded_gpu.is_some(),
     };
     let predicted = opts.batch.map(|n| model.predict(n)).transpose()?;
     let largest_batch = match opts.limit {
@@ -188,6 +200,20 @@ pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> 
         limit_bytes: opts.limit,
         basis,
         warnings,
+    })
+}
+
+/// The GPU probe `p` ran on, as `memlens.record` wrote it in the device
+/// file beside it; `None` without one (a snapshot from `_dump_snapshot`).
+fn recorded_gpu(p: &Probe<'_>) -> Option<reduce_scratch::Gpu> {
+    let devices = crate::device_file::beside(std::path::Path::new(p.name))?;
+    let d = crate::device_file::of_device(&devices, p.snap.first_traced_device())?;
+    Some(reduce_scratch::Gpu {
+        sms: d.multiprocessors.filter(|&n| n > 0)?,
+        threads_per_sm: d
+            .threads_per_multiprocessor
+            .filter(|&n| n > 0)
+            .unwrap_or(reduce_scratch::HOPPER_THREADS_PER_SM),
     })
 }
 

@@ -125,6 +125,8 @@ pub struct ScaledRun {
     /// are computed at each batch (their recorded ones dropped): the probes'
     /// C++ frames name the sum and the matrix products beside it.
     pub modelled_reductions: usize,
+    /// The GPU the reductions' staging buffers are computed for.
+    pub gpu: Gpu,
 }
 
 /// The event of an operation that stands for a block live before the trace.
@@ -241,10 +243,9 @@ impl Recorded {
 }
 
 /// The staging buffer and semaphores (bytes) of a sum of `rows` x `width`
-/// over its rows, on the GPU the probes ran on. The probes do not say which:
-/// an H100's or H200's multiprocessors are taken (the harness's GPUs).
-fn scratch(rows: u64, width: u64, elem_size: u64) -> (u64, u64) {
-    Reduction::over_rows(rows, width, elem_size).scratch(Gpu::default())
+/// over its rows on `gpu`.
+fn scratch(rows: u64, width: u64, elem_size: u64, gpu: Gpu) -> (u64, u64) {
+    Reduction::over_rows(rows, width, elem_size).scratch(gpu)
 }
 
 /// What an allocation of a probe is, for the model of reductions' staging
@@ -527,6 +528,7 @@ impl ScaledRun {
             bytes_per_sample: 0.0,
             unpaired_operations: 0,
             modelled_reductions: 0,
+            gpu: Gpu::default(),
         };
         let mut names = Names {
             next: 1,
@@ -663,7 +665,12 @@ impl ScaledRun {
                     width,
                     elem_size,
                     ..
-                } => Some(scratch(rows_per_batch * u64::from(batch), width, elem_size)),
+                } => Some(scratch(
+                    rows_per_batch * u64::from(batch),
+                    width,
+                    elem_size,
+                    self.gpu,
+                )),
                 _ => None,
             })
             .filter(|&(staging, _)| staging > 0)
@@ -698,7 +705,7 @@ impl ScaledRun {
                     ..
                 } => {
                     let rows = rows_per_batch * u64::from(batch);
-                    let (staging, semaphores) = scratch(rows, width, elem_size);
+                    let (staging, semaphores) = scratch(rows, width, elem_size, self.gpu);
                     if staging == 0 {
                         continue;
                     }

@@ -27,9 +27,17 @@ pub fn text(r: &FitReport) -> String {
         format_bytes(b.bytes_per_sample)
     );
     if b.modelled_reductions > 0 {
+        let gpu = if b.multiprocessors_recorded {
+            format!("the probes' GPU, {} multiprocessors", b.multiprocessors)
+        } else {
+            format!(
+                "{} multiprocessors, an H100's or H200's: the probes do not say which GPU ran them",
+                b.multiprocessors
+            )
+        };
         out.push_str(&format!(
             "  {} sums of bias gradients get their reduction kernel's staging buffers computed at \
-             each batch (PyTorch's Reduce.cuh, on an H100's or H200's 132 multiprocessors)\n",
+             each batch (PyTorch's Reduce.cuh, for {gpu})\n",
             b.modelled_reductions
         ));
     }
