@@ -169,3 +169,37 @@ fn fit_replays_a_step_traced_with_fake_tensors_and_other_commands_refuse_it() {
         assert_eq!(err.lines().count(), 1, "{command}: one line: {err}");
     }
 }
+
+/// The contract's changes fit cannot make to a recording yet are refused in
+/// one line (exit 2) that names what predicts them, never guessed.
+#[test]
+fn changes_not_made_to_a_recording_are_refused_with_the_way_that_predicts_them() {
+    let (a, b) = (probe("gpt.b2.pickle.zst"), probe("gpt.b4.pickle.zst"));
+    for (flag, value, names) in [
+        ("--precision", "bf16", "precision=\"bf16\""),
+        ("--optimizer", "sgd", "optimizer=\"sgd\""),
+        ("--grad-accum", "4", "accumulates over 4 micro-batches"),
+        ("--seq", "1024", "seq=1024"),
+    ] {
+        let out = run::memlens(&[
+            "fit",
+            &a,
+            &b,
+            "--recorded-batch",
+            "2,4",
+            "--batch",
+            "16",
+            flag,
+            value,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{flag}");
+        assert!(out.stdout.is_empty(), "{flag}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim_end().lines().count(), 1, "{flag}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("memlens.predict("),
+            "{err}"
+        );
+        assert!(err.contains(names), "{flag}: {err}");
+    }
+}

@@ -49,13 +49,68 @@ pub struct Args {
     /// probes' recorded settings).
     #[arg(long)]
     pub config: Option<String>,
+    /// Another precision (`bf16`, `fp16`, `fp32`): not from a recording
+    /// (autocast changes which operators run); the answer names the way
+    /// that predicts it (a step traced with fake tensors).
+    #[arg(long, value_name = "P")]
+    pub precision: Option<String>,
+    /// Another optimizer: not from a recording; the answer names the way.
+    #[arg(long, value_name = "O")]
+    pub optimizer: Option<String>,
+    /// Gradient accumulation over K micro-batches: not from a recording;
+    /// the answer names the way.
+    #[arg(long, value_name = "K")]
+    pub grad_accum: Option<u32>,
+    /// Another sequence length: not from a recording; the answer names the
+    /// way.
+    #[arg(long, value_name = "L")]
+    pub seq: Option<u32>,
     /// Print the JSON document instead of text.
     #[arg(long)]
     pub json: bool,
 }
 
+/// The changes of the contract `fit` cannot yet make to a recording, each
+/// with what predicts it instead: refused in one line, not guessed.
+fn not_from_a_recording(args: &Args) -> Option<String> {
+    let traced = "memlens.predict(build, step, batch=N, limit=..., largest=True) in Python traces \
+                  the step with fake tensors (no GPU memory used) and replays it";
+    if let Some(p) = &args.precision {
+        return Some(format!(
+            "--precision {p}: not from a recording yet (autocast changes which operators run and \
+             what type each output has, which a recording does not show); {traced} with \
+             precision=\"{p}\" (or memlens.predict_config(config, precision=\"{p}\") for a Hugging \
+             Face model)"
+        ));
+    }
+    if let Some(o) = &args.optimizer {
+        return Some(format!(
+            "--optimizer {o}: not from a recording yet; {traced} with the step's optimizer changed \
+             (or memlens.predict_config(config, optimizer=\"{o}\"): adamw, adamw-fused, \
+             adamw-for-loop, adam, sgd)"
+        ));
+    }
+    if let Some(k) = args.grad_accum {
+        return Some(format!(
+            "--grad-accum {k}: not from a recording yet (the gradients held across micro-batches \
+             change the peak, which a recording of plain steps does not show); {traced}, with a \
+             step that accumulates over {k} micro-batches"
+        ));
+    }
+    if let Some(l) = args.seq {
+        return Some(format!(
+            "--seq {l}: not from a recording yet (eager attention's memory grows with the square \
+             of the sequence); {traced} at that length (or memlens.predict_config(config, seq={l}))"
+        ));
+    }
+    None
+}
+
 /// Runs `memlens fit`.
 pub fn run(args: Args) -> anyhow::Result<u8> {
+    if let Some(why) = not_from_a_recording(&args) {
+        return Err(memlens::Error::usage(why).into());
+    }
     let snaps = super::load_all_replayable(&args.probes)?;
     let opts = FitOptions {
         batch: args.batch,
