@@ -339,6 +339,36 @@ fn site_display(site: &str, function: &str, path: Vec<String>) -> String {
     .display()
 }
 
+/// `(staging buffer bytes, semaphore bytes)` PyTorch's CUDA `sum`/`mean`
+/// kernel allocates for a tensor of `shape` and `strides` (elements)
+/// reduced over `reduced`, by the one model (`memlens::fit::reduce_scratch`,
+/// which `fit` from probes uses too); `(0, 0)` when it reduces within each
+/// block. The fake tracer calls it for every reduction it traces.
+#[pyfunction]
+#[pyo3(signature = (shape, strides, reduced, elem_size, acc_size, sms, threads_per_sm))]
+fn reduction_scratch(
+    shape: Vec<u64>,
+    strides: Vec<u64>,
+    reduced: Vec<usize>,
+    elem_size: u64,
+    acc_size: u64,
+    sms: u64,
+    threads_per_sm: u64,
+) -> (u64, u64) {
+    use memlens::fit::reduce_scratch::{Gpu, Reduction};
+    Reduction {
+        shape,
+        strides,
+        reduced,
+        elem_size,
+        acc_size,
+    }
+    .scratch(Gpu {
+        sms,
+        threads_per_sm,
+    })
+}
+
 /// The extension module `memlens._native`.
 #[pymodule]
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -353,6 +383,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(fit_json, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
     m.add_function(wrap_pyfunction!(frame_kind, m)?)?;
+    m.add_function(wrap_pyfunction!(reduction_scratch, m)?)?;
     m.add_function(wrap_pyfunction!(site_display, m)?)?;
     Ok(())
 }
