@@ -61,11 +61,18 @@ DEFAULT_CASES = [f"{w}:{p}" for w in PROBE_WORKLOADS + list(HF_FAMILIES) for p i
 
 
 def trace_module():
-    """memlens._trace without the package's __init__ (which needs the
-    native module, not built on the GPU host): a bare package over
-    python/memlens, so that its own relative imports resolve."""
+    """memlens._trace: from the installed package (its native module holds
+    the reductions' staging-buffer model the tracer calls), else, with no
+    wheel installed, a bare package over python/memlens (its own relative
+    imports resolve; tracing then fails at its first reduction)."""
     import types
 
+    try:
+        import memlens  # noqa: F401
+
+        return importlib.import_module("memlens._trace")
+    except ImportError:
+        sys.modules.pop("memlens", None)
     if "memlens" not in sys.modules:
         package = types.ModuleType("memlens")
         package.__path__ = [os.path.join(ROOT, "python", "memlens")]
