@@ -353,15 +353,17 @@ fn without_modelled_staging(p: &Probe<'_>, r: Recorded) -> (Recorded, Vec<Option
             _ => Role::Other,
         })
         .collect();
-    // Under autocast a linear layer's gradients are half precision.
-    let autocast = snap.traces.iter().any(|t| {
-        t.events.iter().any(|e| {
-            e.action == Action::Alloc
-                && snap
-                    .stack(e.stack)
-                    .iter()
-                    .any(|&f| snap.str(snap.frame(f).name).contains("at::autocast::"))
-        })
+    // Under autocast a linear layer's gradients are half precision. Each
+    // distinct stack is read once (a long recording repeats a few hundred).
+    let stacks: hashbrown::HashSet<StackId> = r
+        .ops
+        .iter()
+        .filter_map(|&(op, stack)| matches!(op, Op::Alloc { .. }).then_some(stack).flatten())
+        .collect();
+    let autocast = stacks.iter().any(|&s| {
+        snap.stack(s)
+            .iter()
+            .any(|&f| snap.str(snap.frame(f).name).contains("at::autocast::"))
     });
     let elem = if autocast { 2 } else { 4 };
     let mut keep = vec![true; r.ops.len()];
