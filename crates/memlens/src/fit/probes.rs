@@ -10,10 +10,12 @@
 //! one), and each allocation in both gets `size(n) = size_a + slope * (n -
 //! batch_a)`, with `slope = (size_b - size_a) / (batch_b - batch_a)`:
 //! parameters, gradients, optimizer state and workspaces come out flat,
-//! activations and inputs linear. Some kernels allocate only past a size
-//! (a reduction's staging buffer at the larger batch): an operation only the
-//! larger probe ran is kept, at its size, from that batch on; one only the
-//! smaller ran, below it. Where the probes hardly pair (different code, a
+//! activations and inputs linear. Some kernels allocate only past a size:
+//! the staging buffers of a bias gradient's sum, which the probes' C++
+//! frames name, are left out of both probes and computed at every batch
+//! from the sum's rows ([`reduce_scratch`](super::reduce_scratch)); any
+//! other operation only the larger probe ran is kept, at its size, from
+//! that batch on, and one only the smaller ran, below it. Where the probes hardly pair (different code, a
 //! trace that began late), there is no honest model and the caller gets an
 //! error saying which.
 
@@ -91,9 +93,8 @@ enum RunOp {
     },
     /// The staging buffer and semaphores of the reduction kernel of the sum
     /// just allocated (a bias's gradient over `rows_per_batch` x batch rows
-    /// of `width`), allocated
-    /// and freed at once; their sizes follow the rows at each batch
-    /// ([`reduce_scratch`](super::reduce_scratch)).
+    /// of `width`), allocated and freed at once; their sizes follow the
+    /// rows at each batch ([`reduce_scratch`](super::reduce_scratch)).
     Scratch {
         ids: [u64; 2],
         rows_per_batch: u64,
