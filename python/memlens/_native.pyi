@@ -36,7 +36,7 @@ def reduction_scratch(
     reduced: Sequence[int],
     elem_size: int,
     acc_size: int,
-    sms: int,
-    threads_per_sm: int,
+    sms: Optional[int] = None,
+    threads_per_sm: Optional[int] = None,
 ) -> Tuple[int, int]: ...
 def site_display(site: str, function: str = "", path: Sequence[str] = ...) -> str: ...

@@ -23,13 +23,9 @@ indexing (split into several kernels) and the other reductions (``amax``,
 ``var``, norms), whose buffers are smaller or rarer in training.
 """
 
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 from . import _native
-
-# An H100's (and an H200's): the defaults of reduction_scratch.
-HOPPER_SMS = 132
-HOPPER_THREADS_PER_SM = 2048
 
 
 def reduction_scratch(
@@ -38,14 +34,16 @@ def reduction_scratch(
     reduced: Sequence[int],
     elem_size: int,
     acc_size: int,
-    sms: int = HOPPER_SMS,
-    threads_per_sm: int = HOPPER_THREADS_PER_SM,
+    sms: Optional[int] = None,
+    threads_per_sm: Optional[int] = None,
 ) -> Tuple[int, int]:
     """``(staging buffer bytes, semaphore bytes)`` PyTorch's CUDA sum or mean
     of a tensor of ``shape`` and ``strides`` (elements of ``elem_size``
     bytes) over the dimensions ``reduced`` (negative ones counted from the
-    end) allocates, accumulating in ``acc_size`` bytes; (0, 0) when it
-    reduces within each block."""
+    end) allocates, accumulating in ``acc_size`` bytes, on a GPU of ``sms``
+    multiprocessors of ``threads_per_sm`` threads (None: an H100's or
+    H200's, the Rust model's default); (0, 0) when it reduces within each
+    block."""
     ndim = len(shape)
     dims = sorted({d % ndim for d in reduced}) if ndim else []
     return tuple(

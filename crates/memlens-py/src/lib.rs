@@ -343,19 +343,21 @@ fn site_display(site: &str, function: &str, path: Vec<String>) -> String {
 /// kernel allocates for a tensor of `shape` and `strides` (elements)
 /// reduced over `reduced`, by the one model (`memlens::fit::reduce_scratch`,
 /// which `fit` from probes uses too); `(0, 0)` when it reduces within each
-/// block. The fake tracer calls it for every reduction it traces.
+/// block. The GPU's shape defaults to an H100's or H200's. The fake tracer
+/// calls it for every reduction it traces.
 #[pyfunction]
-#[pyo3(signature = (shape, strides, reduced, elem_size, acc_size, sms, threads_per_sm))]
+#[pyo3(signature = (shape, strides, reduced, elem_size, acc_size, sms = None, threads_per_sm = None))]
 fn reduction_scratch(
     shape: Vec<u64>,
     strides: Vec<u64>,
     reduced: Vec<usize>,
     elem_size: u64,
     acc_size: u64,
-    sms: u64,
-    threads_per_sm: u64,
+    sms: Option<u64>,
+    threads_per_sm: Option<u64>,
 ) -> (u64, u64) {
     use memlens::fit::reduce_scratch::{Gpu, Reduction};
+    let hopper = Gpu::default();
     Reduction {
         shape,
         strides,
@@ -364,8 +366,8 @@ fn reduction_scratch(
         acc_size,
     }
     .scratch(Gpu {
-        sms,
-        threads_per_sm,
+        sms: sms.unwrap_or(hopper.sms),
+        threads_per_sm: threads_per_sm.unwrap_or(hopper.threads_per_sm),
     })
 }
 

@@ -108,9 +108,9 @@ pub struct Basis {
     /// The allocator settings predicted under (`PYTORCH_CUDA_ALLOC_CONF`).
     pub config: String,
     /// Sums of bias gradients whose reduction kernel's staging buffers are
-    /// computed at each batch (PyTorch's `Reduce.cuh`, for an H100's or
-    /// H200's 132 multiprocessors): a small probe runs none, a large batch
-    /// does. 0 when the probes have no C++ frames to name them.
+    /// computed at each batch (PyTorch's `Reduce.cuh`, for `multiprocessors`):
+    /// a small probe runs none, a large batch does. 0 when the probes have
+    /// no C++ frames to name them.
     pub modelled_reductions: usize,
     /// The multiprocessors those buffers are computed for: the probes' GPU
     /// as `memlens.record` wrote it beside them (`<probe>.device.json`),

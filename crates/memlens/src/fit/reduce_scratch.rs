@@ -10,11 +10,11 @@
 //! split, so a prediction at a larger one must add them ([`super::probes`]).
 //!
 //! The figures follow `setReduceConfig` and `gpu_reduce_kernel` in
-//! `aten/src/ATen/native/cuda/Reduce.cuh` (PyTorch 2.11), as
-//! `python/memlens/_reduce_scratch.py` does for fake traces (the two are
-//! checked against the same recorded buffers): TensorIterator's view of the
-//! input, the block shape, the split across warps and blocks, and
-//! `global_memory_size()` / `semaphore_size()`.
+//! `aten/src/ATen/native/cuda/Reduce.cuh` (PyTorch 2.11): TensorIterator's
+//! view of the input, the block shape, the split across warps and blocks,
+//! and `global_memory_size()` / `semaphore_size()`. This is memlens's one
+//! model of them: the fake tracer calls it too, through
+//! `memlens._native.reduction_scratch` (`python/memlens/_reduce_scratch.py`).
 
 /// An H100's (and an H200's) multiprocessors.
 pub const HOPPER_SMS: u64 = 132;
