@@ -3,27 +3,39 @@
 //! loop: on every real snapshot we have (the fixtures and the test corpus)
 //! and on generated pickles that mix the shapes the fast paths read with
 //! those they leave to the loop (first frames, odd values, unknown actions,
-//! keys out of order, memo puts out of order, cut files).
+//! keys out of order, memo puts out of order, cut files). Reading ahead
+//! (`pickle/ahead.rs`: entries decoded on other threads before the reader
+//! reaches them) is a fourth way, forced on here at any size and in tiny
+//! pieces, so that its guesses of where entries start are often wrong.
 
 mod common;
 
-use memlens::pickle::Limits;
+use memlens::pickle::{Limits, ReadAhead};
 use memlens::snapshot::build::load_bytes_with;
 use memlens::Snapshot;
 use std::path::{Path, PathBuf};
 
-/// The three ways to read: the general loop alone, the fast path without
-/// the entry path, and both (the default).
-const WAYS: [(&str, bool, bool); 3] = [
-    ("general loop", false, false),
-    ("fast path", true, false),
-    ("entry path", true, true),
+/// The ways to read: the general loop alone, the fast path without the
+/// entry path, both, and both with entries read ahead.
+const WAYS: [(&str, bool, bool, bool); 4] = [
+    ("general loop", false, false, false),
+    ("fast path", true, false, false),
+    ("entry path", true, true, false),
+    ("read ahead", true, true, true),
 ];
 
-fn limits(fast: bool, entry: bool) -> Limits {
+/// Reading ahead at any size, in pieces of 1.5 KiB, three at a time.
+const AHEAD_ALWAYS: ReadAhead = ReadAhead {
+    pieces: 3,
+    piece_bytes: 1536,
+    min_bytes: 0,
+};
+
+fn limits(fast: bool, entry: bool, ahead: bool) -> Limits {
     Limits {
         fast_path: fast,
         entry_path: entry,
+        read_ahead: if ahead { AHEAD_ALWAYS } else { ReadAhead::OFF },
         ..Limits::default()
     }
 }
@@ -50,12 +62,12 @@ fn assert_same(a: &Snapshot, b: &Snapshot, what: &str) {
     assert_eq!(a.warnings, b.warnings, "{what}: warnings");
 }
 
-/// Reads `bytes` the three ways; all must succeed alike or fail alike.
+/// Reads `bytes` every way; all must succeed alike or fail alike.
 fn compare(bytes: &[u8], what: &str) -> Option<Snapshot> {
     let name = Path::new(what);
-    let [slow, rest @ ..] =
-        WAYS.map(|(_, fast, entry)| load_bytes_with(bytes, name, limits(fast, entry)));
-    for ((way, _, _), other) in WAYS[1..].iter().zip(&rest) {
+    let [slow, rest @ ..] = WAYS
+        .map(|(_, fast, entry, ahead)| load_bytes_with(bytes, name, limits(fast, entry, ahead)));
+    for ((way, _, _, _), other) in WAYS[1..].iter().zip(&rest) {
         match (other, &slow) {
             (Ok(f), Ok(s)) => assert_same(f, s, &format!("{what} ({way})")),
             (Err(f), Err(s)) => {
@@ -72,8 +84,8 @@ fn compare(bytes: &[u8], what: &str) -> Option<Snapshot> {
             ),
         }
     }
-    let [_, entry] = rest;
-    entry.ok()
+    let [_, _, ahead] = rest;
+    ahead.ok()
 }
 
 fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
@@ -87,6 +99,21 @@ fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
         .collect();
     out.sort();
     out
+}
+
+/// The pickle inside a compressed snapshot file, `None` for a plain one.
+fn decompressed(path: &Path, bytes: &[u8]) -> Option<Vec<u8>> {
+    let name = path.to_string_lossy();
+    if name.ends_with(".zst") {
+        Some(zstd::decode_all(bytes).unwrap_or_else(|e| panic!("{name}: {e}")))
+    } else if name.ends_with(".gz") {
+        let mut out = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::MultiGzDecoder::new(bytes), &mut out)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        Some(out)
+    } else {
+        None
+    }
 }
 
 #[test]
@@ -105,6 +132,12 @@ fn fast_path_equals_general_loop_on_every_fixture_and_corpus_file() {
         let snap = compare(&bytes, &f.display().to_string())
             .unwrap_or_else(|| panic!("{} does not read", f.display()));
         events += snap.event_count();
+        // A compressed file is streamed: read its pickle in place too, where
+        // entries are read ahead.
+        if let Some(raw) = decompressed(f, &bytes) {
+            compare(&raw, &format!("{} (decompressed)", f.display()))
+                .unwrap_or_else(|| panic!("{} does not read decompressed", f.display()));
+        }
     }
     // `long` alone holds 449,619 trace entries (BENCHMARKS.md): the fast
     // path had real work to do.

@@ -48,6 +48,28 @@ pub(super) struct KeyTable {
 }
 
 impl KeyTable {
+    /// A table whose keys are the strings `first..first + 9` (tests).
+    #[cfg(test)]
+    pub(super) fn for_tests(first: u32) -> KeyTable {
+        let packed = |i: u32| Memo::handle(Value::Str(first + i)).unwrap_or(0);
+        KeyTable {
+            action: packed(0),
+            addr: packed(1),
+            device_free: packed(2),
+            size: packed(3),
+            stream: packed(4),
+            time_us: packed(5),
+            compile_context: packed(6),
+            user_metadata: packed(7),
+            frames: packed(8),
+        }
+    }
+
+    /// The `action` key as a memo slot holds it.
+    pub(super) fn action(&self) -> u32 {
+        self.action
+    }
+
     /// The table for `keys`, or `None` when a key cannot be packed.
     pub(super) fn new(keys: &EntryKeys) -> Option<KeyTable> {
         let packed = |id| Memo::handle(Value::Str(id));
@@ -110,20 +132,30 @@ impl<'a> Span<'a> {
 /// start with a reference (a `SETITEMS`, say) or the slot does not exist:
 /// that equals no key.
 #[inline(always)]
-fn slot_in(memo: &Memo, w: u64) -> (u32, usize) {
+fn slot_in(slots: &[u32], w: u64) -> (u32, usize) {
     let (i, n) = match w as u8 {
         vm::BINGET => ((w >> 8) as u8 as usize, 2),
         vm::LONG_BINGET => ((w >> 8) as u32 as usize, 5),
         _ => return (vm::MEMO_EMPTY, 0),
     };
-    (memo.slots.get(i).copied().unwrap_or(vm::MEMO_EMPTY), n)
+    (slots.get(i).copied().unwrap_or(vm::MEMO_EMPTY), n)
+}
+
+/// The memo index of the reference at the start of `w` (a `BINGET` or
+/// `LONG_BINGET`, as [`slot_in`] found).
+#[inline(always)]
+fn memo_index(w: u64) -> usize {
+    match w as u8 {
+        vm::BINGET => (w >> 8) as u8 as usize,
+        _ => (w >> 8) as u32 as usize,
+    }
 }
 
 /// The id of the string that the reference at the start of `w` names, and
 /// the reference's length.
 #[inline(always)]
-fn str_in(memo: &Memo, w: u64) -> Option<(u32, usize)> {
-    let (slot, n) = slot_in(memo, w);
+fn str_in(slots: &[u32], w: u64) -> Option<(u32, usize)> {
+    let (slot, n) = slot_in(slots, w);
     Some((Memo::kind_id(slot, vm::KIND_STR)?, n))
 }
 
@@ -213,18 +245,22 @@ impl Text {
 }
 
 /// What the first phase found.
-struct Decoded {
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Decoded {
     fields: EntryFields,
     compile_context: Option<Text>,
     user_metadata: Option<Text>,
     /// Whether the frames list is memoized.
     list_memoized: bool,
+    /// Ahead of the reader: the memo slot that holds the entry's stack
+    /// (`frames` a reference past the memo as it was), read at the commit.
+    stack_slot: Option<usize>,
     /// Key/value pairs read.
     pairs: usize,
     /// Memo bytes the builder is charged.
     charge: usize,
     /// Bytes the dict takes after its `EMPTY_DICT`.
-    len: usize,
+    pub(super) len: usize,
 }
 
 /// Reads the dict whose `EMPTY_DICT` is just before `b` when it is a trace
@@ -237,9 +273,55 @@ pub(super) fn read<B: Builder>(
     builder: &mut B,
     keys: &KeyTable,
 ) -> Result<Option<usize>, Fault> {
-    let Some(d) = Span::of(b).and_then(|span| decode(&vm.memo, &mut vm.fast, span, keys)) else {
+    let memo = &vm.memo.slots;
+    let Some(d) =
+        Span::of(b).and_then(|span| decode::<false>(memo, memo.len(), &mut vm.fast, span, keys))
+    else {
         return Ok(None);
     };
+    let highest_frame = vm.fast.frames.iter().copied().max();
+    if !builder.takes_entry(d.fields.action, highest_frame) {
+        return Ok(None);
+    }
+    commit(vm, b, builder, &mut { d }).map(Some)
+}
+
+/// The first phase on another thread, ahead of the reader (module
+/// `ahead`): decodes the dict whose `EMPTY_DICT` is just before `b` with the
+/// memo slots `slots` (a prefix of the memo that does not change while the
+/// result waits) into a [`Decoded`] and `s`'s frames. Gives what [`read`]'s
+/// first phase gives at the same bytes, but that a memo put other than
+/// `MEMOIZE` is never taken: its slot's index depends on where the reader
+/// is, unknown here. `None` where [`read`] would not take the dict, or
+/// might not.
+pub(super) fn decode_ahead(
+    slots: &[u32],
+    s: &mut Scratch,
+    b: &[u8],
+    keys: &KeyTable,
+) -> Option<Decoded> {
+    // No BINPUT or LONG_BINPUT index reaches this: only MEMOIZE fills it.
+    const NO_PUT_INDEX: usize = 1 << 40;
+    decode::<true>(slots, NO_PUT_INDEX, s, Span::of(b)?, keys)
+}
+
+/// The second phase for an entry [`decode_ahead`] decoded at the bytes
+/// just after the `EMPTY_DICT` before `b`, its frames already in the
+/// reader's scratch: what [`read`] does after its first phase, the
+/// builder's say included.
+pub(super) fn commit_ahead<B: Builder>(
+    vm: &mut Vm,
+    b: &[u8],
+    builder: &mut B,
+    d: &mut Decoded,
+) -> Result<Option<usize>, Fault> {
+    if let Some(i) = d.stack_slot {
+        let slot = vm.memo.slots.get(i).copied().unwrap_or(vm::MEMO_EMPTY);
+        match Memo::kind_id(slot, vm::KIND_STACK) {
+            Some(id) => d.fields.frames = EntryFrames::Stack(id),
+            None => return Ok(None),
+        }
+    }
     let highest_frame = vm.fast.frames.iter().copied().max();
     if !builder.takes_entry(d.fields.action, highest_frame) {
         return Ok(None);
@@ -256,14 +338,20 @@ pub(super) fn read<B: Builder>(
 /// the steps are done must be the `SETITEMS`: a key out of order, twice, or
 /// unknown makes the dict the fast path's.
 #[inline(always)]
-fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Decoded> {
-    let memo_len = memo.slots.len();
+fn decode<const AHEAD: bool>(
+    memo: &[u32],
+    memo_len: usize,
+    s: &mut Scratch,
+    b: Span,
+    keys: &KeyTable,
+) -> Option<Decoded> {
     s.frames.clear();
     let mut d = Decoded {
         fields: EntryFields::default(),
         compile_context: None,
         user_metadata: None,
         list_memoized: false,
+        stack_slot: None,
         pairs: 0,
         charge: 0,
         len: 0,
@@ -348,7 +436,17 @@ fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Deco
         } else {
             // The same stack as an earlier entry's: one list object.
             let (slot, m) = slot_in(memo, v);
-            d.fields.frames = EntryFrames::Stack(Memo::kind_id(slot, vm::KIND_STACK)?);
+            d.fields.frames = match Memo::kind_id(slot, vm::KIND_STACK) {
+                Some(id) => EntryFrames::Stack(id),
+                // Ahead of the reader, a slot filled since the memo was
+                // taken (a block's free names the list its allocation made,
+                // often a few entries before): looked up at the commit.
+                None if AHEAD && slot == vm::MEMO_EMPTY && m > 0 => {
+                    d.stack_slot = Some(memo_index(v));
+                    EntryFrames::Stack(0)
+                }
+                None => return None,
+            };
             p += m;
         }
         d.pairs += 1;
@@ -366,7 +464,7 @@ fn decode(memo: &Memo, s: &mut Scratch, b: Span, keys: &KeyTable) -> Option<Deco
 /// must fill slot `next`. Its length in bytes and the memo charge.
 #[inline(always)]
 fn read_text(
-    memo: &Memo,
+    memo: &[u32],
     s: &Scratch,
     b: Span,
     p: usize,
@@ -403,7 +501,7 @@ fn read_text(
 /// `MARK refs APPENDS`, or `ref APPEND`) into the scratch's frames; the
 /// position just past them.
 #[inline(always)]
-fn read_frames(memo: &Memo, s: &mut Scratch, b: Span, mut p: usize) -> Option<usize> {
+fn read_frames(memo: &[u32], s: &mut Scratch, b: Span, mut p: usize) -> Option<usize> {
     let frame = |slot: u32| Memo::kind_id(slot, vm::KIND_FRAME);
     loop {
         let w = b.word(p);
@@ -453,7 +551,7 @@ fn commit<B: Builder>(
     vm: &mut Vm,
     b: &[u8],
     builder: &mut B,
-    mut d: Decoded,
+    d: &mut Decoded,
 ) -> Result<usize, Fault> {
     // Errors are the SETITEMS's, as on the fast path.
     let at = |m: String| Fault::At(d.len as u64, m);

@@ -81,6 +81,15 @@ pub(super) struct Scratch {
 }
 
 impl Scratch {
+    /// Fresh working storage for a thread reading ahead (module `ahead`),
+    /// remembering the strings this one does.
+    pub(super) fn for_ahead(&self) -> Scratch {
+        Scratch {
+            cache: self.cache,
+            ..Scratch::default()
+        }
+    }
+
     /// The value the string cache holds for `b[start..start + len]`, if any.
     #[inline(always)]
     pub(super) fn cached_at(&self, b: &[u8], start: usize, len: usize) -> Option<Value> {
@@ -149,13 +158,33 @@ fn entries_after<S: Source, B: Builder>(
     mut done: usize,
 ) -> Result<(), Fault> {
     loop {
+        let offset = input.offset();
         let window = input.window(WANT + 1)?;
         let Some((&vm::EMPTY_DICT, rest)) = window.split_first() else {
             return Ok(());
         };
+        // A long run of entries in memory: decode the next ones ahead on
+        // the other cores (module `ahead`), then take what was kept here.
+        if let Some(ahead) = vm.ahead.as_mut().filter(|a| a.due(offset, window.len())) {
+            ahead.decode_round(window, offset, &vm.memo.slots, &vm.fast, table);
+        }
+        let mut read = Ok(None);
+        // Out of the reader while it is used: nothing here puts into the
+        // memo by index (which would make it forget).
+        if let Some(mut ahead) = vm.ahead.take() {
+            if let Some((decoded, frames)) = ahead.take(offset) {
+                vm.fast.frames.clear();
+                vm.fast.frames.extend_from_slice(frames);
+                read = super::entry::commit_ahead(vm, rest, builder, decoded);
+            }
+            vm.ahead = Some(ahead);
+        }
+        if matches!(read, Ok(None)) {
+            read = super::entry::read(vm, rest, builder, table);
+        }
         // This entry's offsets are from its own EMPTY_DICT, `done + 1` bytes
         // past the step's opcode.
-        let n = match super::entry::read(vm, rest, builder, table) {
+        let n = match read {
             Ok(Some(n)) => n,
             Ok(None) => return Ok(()),
             Err(Fault::At(at, m)) => return Err(Fault::At(at + done as u64 + 1, m)),

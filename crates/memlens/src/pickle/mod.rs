@@ -22,11 +22,13 @@
 //! their fields are decoded straight into an [`EntryFields`], with no dict of
 //! generic values in between.
 
+mod ahead;
 mod entry;
 mod fast;
 pub mod input;
 pub mod vm;
 
+pub use ahead::ReadAhead;
 pub use input::{Input, Mapped, Region, Source};
 pub use vm::{parse, Limits};
 

@@ -25,6 +25,10 @@ pub struct Limits {
     /// by field (module `pickle::entry`) when the builder takes them. On by
     /// default; tests turn it off to prove it gives what the fast path gives.
     pub entry_path: bool,
+    /// Decoding trace entries ahead of the reader on other threads (module
+    /// `pickle::ahead`), when the input is in memory. Tests turn it off, or
+    /// on at any size, to prove it reads what the reader alone reads.
+    pub read_ahead: super::ReadAhead,
 }
 
 /// The default largest string or bytes object: 64 MiB. The longest string in
@@ -50,6 +54,7 @@ impl Default for Limits {
             max_memo_gap: 1 << 20,
             fast_path: true,
             entry_path: true,
+            read_ahead: super::ReadAhead::default(),
         }
     }
 }
@@ -417,6 +422,7 @@ pub fn parse<S: Source, B: Builder>(
         },
         limits,
         fast: super::fast::Scratch::default(),
+        ahead: super::ahead::Ahead::new(limits.read_ahead),
     };
     vm.run(input, builder)
 }
@@ -428,6 +434,10 @@ pub(super) struct Vm {
     pub(super) limits: Limits,
     /// Working storage of the fast path, reused from dict to dict.
     pub(super) fast: super::fast::Scratch,
+    /// Trace entries decoded ahead of the reader (module `pickle::ahead`),
+    /// when it reads ahead. Boxed, so that taking it out while its result
+    /// is committed moves a pointer.
+    pub(super) ahead: Option<Box<super::ahead::Ahead>>,
 }
 
 /// An error before it is given its byte offset.
@@ -690,6 +700,12 @@ impl Vm {
                     .stack
                     .last()
                     .ok_or_else(|| "PUT with an empty stack".to_string())?;
+                if i < self.memo.slots.len() {
+                    // A slot overwritten: what was decoded ahead may have read it.
+                    if let Some(ahead) = &mut self.ahead {
+                        ahead.forget();
+                    }
+                }
                 let grow = (i + 1).saturating_sub(self.memo.slots.len());
                 builder.charge(grow * 4 + memo_cost(v))?;
                 self.memo.put(i, v, &self.limits)?;
