@@ -10,9 +10,25 @@ use memlens::replay::ReplayOptions;
 use std::path::Path;
 
 /// Runs every analysis the fuzz target covers on `data`; returns whether the
-/// bytes were a snapshot.
+/// bytes were a snapshot. Also reads them with trace entries decoded ahead
+/// on other threads (forced on at any size, in tiny pieces), which must give
+/// the same snapshot or the same error.
 pub fn exercise(data: &[u8]) -> bool {
-    let Ok(snap) = memlens::Snapshot::from_bytes(data, Path::new("fuzz.pickle")) else {
+    let name = Path::new("fuzz.pickle");
+    let read = memlens::Snapshot::from_bytes(data, name);
+    let ahead = memlens::snapshot::build::load_bytes_with(data, name, read_ahead_always());
+    match (&read, &ahead) {
+        (Ok(a), Ok(b)) => {
+            assert_eq!(a.traces.len(), b.traces.len(), "read ahead: traces differ");
+            for (x, y) in a.traces.iter().zip(&b.traces) {
+                assert_eq!(x.events, y.events, "read ahead: events differ");
+            }
+            assert_eq!(a.stack_frames, b.stack_frames, "read ahead: stacks differ");
+        }
+        (Err(a), Err(b)) => assert_eq!(a.to_string(), b.to_string(), "read ahead: errors differ"),
+        _ => panic!("read ahead: one way reads, the other fails"),
+    }
+    let Ok(snap) = read else {
         return false;
     };
     let _ = memlens::analysis::summary::summarize(&snap);
@@ -29,4 +45,17 @@ pub fn exercise(data: &[u8]) -> bool {
     };
     let _ = memlens::replay::simulate::simulate(&snap, device, &opts);
     true
+}
+
+/// The reader's limits with reading ahead on at any size, in pieces of 256
+/// bytes, four at a time.
+fn read_ahead_always() -> memlens::pickle::Limits {
+    memlens::pickle::Limits {
+        read_ahead: memlens::pickle::ReadAhead {
+            pieces: 4,
+            piece_bytes: 256,
+            min_bytes: 0,
+        },
+        ..memlens::pickle::Limits::default()
+    }
 }
