@@ -20,7 +20,7 @@
 //! same result. Trace entries in PyTorch's own key order go one step further
 //! (`entry.rs`, when the builder asks for it with [`Builder::entry_keys`]):
 //! their fields are decoded straight into an [`EntryFields`], with no dict of
-//! generic values in between. On a machine of four cores or more, a long run
+//! generic values in between. On a machine of eight cores or more, a long run
 //! of such entries in memory is decoded ahead on the other cores
 //! (`ahead.rs`, [`ReadAhead`]) and the reader only commits the results, in
 //! order.
