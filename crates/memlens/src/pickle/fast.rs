@@ -160,26 +160,29 @@ fn entries_after<S: Source, B: Builder>(
     loop {
         let offset = input.offset();
         let window = input.window(WANT + 1)?;
-        let Some((&vm::EMPTY_DICT, rest)) = window.split_first() else {
-            return Ok(());
-        };
-        // A long run of entries in memory: decode the next ones ahead on
-        // the other cores (module `ahead`), then take what was kept here.
-        if let Some(ahead) = vm.ahead.as_mut().filter(|a| a.due(offset, window.len())) {
-            ahead.decode_round(window, offset, &vm.memo.slots, &vm.fast, table);
-        }
         let mut read = Ok(None);
         // Out of the reader while it is used: nothing here puts into the
         // memo by index (which would make it forget).
         if let Some(mut ahead) = vm.ahead.take() {
+            // A long run of entries in memory: decode the next ones ahead on
+            // the other cores (module `ahead`), then take what was kept here.
+            if ahead.due(offset, window.len()) && window.first() == Some(&vm::EMPTY_DICT) {
+                ahead.decode_round(window, offset, &vm.memo.slots, &vm.fast, table);
+            }
+            // Kept for this offset: an EMPTY_DICT stands there (the thread
+            // that decoded it looked), so its bytes are not read again here.
             if let Some((decoded, frames)) = ahead.take(offset) {
                 vm.fast.frames.clear();
                 vm.fast.frames.extend_from_slice(frames);
+                let rest = window.get(1..).unwrap_or_default();
                 read = super::entry::commit_ahead(vm, rest, builder, decoded);
             }
             vm.ahead = Some(ahead);
         }
         if matches!(read, Ok(None)) {
+            let Some((&vm::EMPTY_DICT, rest)) = window.split_first() else {
+                return Ok(());
+            };
             read = super::entry::read(vm, rest, builder, table);
         }
         // This entry's offsets are from its own EMPTY_DICT, `done + 1` bytes
