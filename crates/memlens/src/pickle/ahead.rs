@@ -387,7 +387,7 @@ fn step_over_dict(bytes: &[u8], p: usize) -> Option<usize> {
             depth = depth.checked_sub(pop).filter(|&d| d >= floor.max(1))?;
         }
         depth += push;
-        i = i.checked_add(1 + len)?;
+        i = i.checked_add(len)?.checked_add(1)?;
         if depth == 1
             && marks.is_empty()
             && matches!(
@@ -476,6 +476,11 @@ mod tests {
         let mut bad = b;
         bad[5] = b'c';
         assert_eq!(step_over_dict(&bad, 0), None);
+        // A string claiming to be longer than memory: no length, no overflow.
+        let mut huge = vec![vm::EMPTY_DICT, vm::MEMOIZE, vm::MARK, vm::BINUNICODE8];
+        huge.extend_from_slice(&(u64::MAX - 8).to_le_bytes());
+        huge.extend_from_slice(&[vm::SETITEMS, vm::EMPTY_DICT]);
+        assert_eq!(step_over_dict(&huge, 0), None);
     }
 
     #[test]
