@@ -13,9 +13,16 @@
 //!
 //! A thread does not know where its piece's first entry starts: it looks for
 //! the bytes an entry starts with. It may guess wrong, and it gives up on an
-//! entry it cannot decode ahead (one naming a stack first seen after the
+//! entry it cannot decode ahead (one naming a frame first seen after the
 //! pieces were cut, one with a `FRAME` opcode inside, a memo put by index):
-//! then it steps over that dict opcode by opcode, or stops. None of that can
+//! then it steps over that dict opcode by opcode, or stops. (A stack first
+//! seen after the cut, as when a block's free names the list its allocation
+//! made, is looked up when the reader commits the entry.)
+//!
+//! It runs where it pays (measured: BENCHMARKS.md, "Reading ahead on the
+//! other cores"): rayon's pool has 8 threads or more, and 16 MB or more of
+//! the input is in memory in front of the reader. A streamed (compressed)
+//! file is read by the reader alone. None of that can
 //! change what is read: a result is used only where the reader itself stands
 //! at that offset about to decode an entry, and it is then what the reader
 //! would have decoded there, since the memo slots it read cannot have changed
@@ -32,8 +39,9 @@ use rayon::prelude::*;
 /// reader's [`Limits`](super::Limits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ReadAhead {
-    /// Pieces decoded at once, each on a thread of its own: 0 for one per
-    /// thread of rayon's pool, twice over. Below 2, nothing is read ahead.
+    /// Pieces decoded at once, each on a thread of its own: 0 for two per
+    /// thread of rayon's pool, or none below 8 threads. Below 2, nothing is
+    /// read ahead.
     pub pieces: usize,
     /// Bytes of a piece.
     pub piece_bytes: usize,
