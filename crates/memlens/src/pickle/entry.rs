@@ -133,21 +133,21 @@ impl<'a> Span<'a> {
 /// that equals no key.
 #[inline(always)]
 fn slot_in(slots: &[u32], w: u64) -> (u32, usize) {
-    let (i, n) = match w as u8 {
-        vm::BINGET => ((w >> 8) as u8 as usize, 2),
-        vm::LONG_BINGET => ((w >> 8) as u32 as usize, 5),
-        _ => return (vm::MEMO_EMPTY, 0),
+    let Some((i, n)) = reference(w) else {
+        return (vm::MEMO_EMPTY, 0);
     };
     (slots.get(i).copied().unwrap_or(vm::MEMO_EMPTY), n)
 }
 
-/// The memo index of the reference at the start of `w` (a `BINGET` or
-/// `LONG_BINGET`, as [`slot_in`] found).
+/// The memo index that the reference at the start of `w` (a `BINGET` or
+/// `LONG_BINGET`) names, and the reference's length; `None` for any other
+/// opcode.
 #[inline(always)]
-fn memo_index(w: u64) -> usize {
+fn reference(w: u64) -> Option<(usize, usize)> {
     match w as u8 {
-        vm::BINGET => (w >> 8) as u8 as usize,
-        _ => (w >> 8) as u32 as usize,
+        vm::BINGET => Some(((w >> 8) as u8 as usize, 2)),
+        vm::LONG_BINGET => Some(((w >> 8) as u32 as usize, 5)),
+        _ => None,
     }
 }
 
@@ -273,17 +273,28 @@ pub(super) fn read<B: Builder>(
     builder: &mut B,
     keys: &KeyTable,
 ) -> Result<Option<usize>, Fault> {
-    let memo = &vm.memo.slots;
     let Some(d) =
-        Span::of(b).and_then(|span| decode::<false>(memo, memo.len(), &mut vm.fast, span, keys))
+        Span::of(b).and_then(|span| decode::<false>(&vm.memo.slots, &mut vm.fast, span, keys))
     else {
         return Ok(None);
     };
+    offer(vm, b, builder, &mut { d })
+}
+
+/// The second phase when the builder takes the entry `d` (its frames in
+/// the reader's scratch); `Ok(None)`, with nothing changed, when it does not.
+#[inline(always)]
+fn offer<B: Builder>(
+    vm: &mut Vm,
+    b: &[u8],
+    builder: &mut B,
+    d: &mut Decoded,
+) -> Result<Option<usize>, Fault> {
     let highest_frame = vm.fast.frames.iter().copied().max();
     if !builder.takes_entry(d.fields.action, highest_frame) {
         return Ok(None);
     }
-    commit(vm, b, builder, &mut { d }).map(Some)
+    commit(vm, b, builder, d).map(Some)
 }
 
 /// The first phase on another thread, ahead of the reader (module
@@ -300,9 +311,7 @@ pub(super) fn decode_ahead(
     b: &[u8],
     keys: &KeyTable,
 ) -> Option<Decoded> {
-    // No BINPUT or LONG_BINPUT index reaches this: only MEMOIZE fills it.
-    const NO_PUT_INDEX: usize = 1 << 40;
-    decode::<true>(slots, NO_PUT_INDEX, s, Span::of(b)?, keys)
+    decode::<true>(slots, s, Span::of(b)?, keys)
 }
 
 /// The second phase for an entry [`decode_ahead`] decoded at the bytes
@@ -322,11 +331,7 @@ pub(super) fn commit_ahead<B: Builder>(
             None => return Ok(None),
         }
     }
-    let highest_frame = vm.fast.frames.iter().copied().max();
-    if !builder.takes_entry(d.fields.action, highest_frame) {
-        return Ok(None);
-    }
-    commit(vm, b, builder, d).map(Some)
+    offer(vm, b, builder, d)
 }
 
 /// The first phase: decodes `b` into a [`Decoded`] and the scratch's frames,
@@ -340,11 +345,13 @@ pub(super) fn commit_ahead<B: Builder>(
 #[inline(always)]
 fn decode<const AHEAD: bool>(
     memo: &[u32],
-    memo_len: usize,
     s: &mut Scratch,
     b: Span,
     keys: &KeyTable,
 ) -> Option<Decoded> {
+    // The slot the next memo put fills. Ahead of the reader it is unknown:
+    // no BINPUT or LONG_BINPUT index reaches this one, only MEMOIZE fills it.
+    let memo_len = if AHEAD { 1 << 40 } else { memo.len() };
     s.frames.clear();
     let mut d = Decoded {
         fields: EntryFields::default(),
@@ -442,7 +449,7 @@ fn decode<const AHEAD: bool>(
                 // taken (a block's free names the list its allocation made,
                 // often a few entries before): looked up at the commit.
                 None if AHEAD && slot == vm::MEMO_EMPTY && m > 0 => {
-                    d.stack_slot = Some(memo_index(v));
+                    d.stack_slot = reference(v).map(|(i, _)| i);
                     EntryFrames::Stack(0)
                 }
                 None => return None,
