@@ -429,33 +429,7 @@ fn decode<const AHEAD: bool>(
     text!(compile_context);
     text!(user_metadata);
     if key == keys.frames {
-        p += n;
-        let v = b.word(p);
-        if v as u8 == vm::EMPTY_LIST {
-            p += 1;
-            if let Some((n, c)) = put_at(b, p, memo_len + puts).ok()? {
-                d.list_memoized = true;
-                d.charge += c;
-                p += n;
-            }
-            p = read_frames(memo, s, b, p)?;
-            d.fields.frames = EntryFrames::List;
-        } else {
-            // The same stack as an earlier entry's: one list object.
-            let (slot, m) = slot_in(memo, v);
-            d.fields.frames = match Memo::kind_id(slot, vm::KIND_STACK) {
-                Some(id) => EntryFrames::Stack(id),
-                // Ahead of the reader, a slot filled since the memo was
-                // taken (a block's free names the list its allocation made,
-                // often a few entries before): looked up at the commit.
-                None if AHEAD && slot == vm::MEMO_EMPTY && m > 0 => {
-                    d.stack_slot = reference(v).map(|(i, _)| i);
-                    EntryFrames::Stack(0)
-                }
-                None => return None,
-            };
-            p += m;
-        }
+        p = frames_value::<AHEAD>(memo, s, b, p + n, memo_len + puts, &mut d)?;
         d.pairs += 1;
     }
     // Past the span, positions wrapped: what was read is not this entry.
@@ -464,6 +438,47 @@ fn decode<const AHEAD: bool>(
     }
     d.len = p + 1;
     Some(d)
+}
+
+/// The `frames` value at `p` into `d` (a new list, read into the scratch,
+/// whose memo put must fill slot `next`; or a reference to an earlier
+/// entry's stack), and the position after it.
+#[inline(always)]
+fn frames_value<const AHEAD: bool>(
+    memo: &[u32],
+    s: &mut Scratch,
+    b: Span,
+    mut p: usize,
+    next: usize,
+    d: &mut Decoded,
+) -> Option<usize> {
+    let v = b.word(p);
+    if v as u8 == vm::EMPTY_LIST {
+        p += 1;
+        if let Some((n, c)) = put_at(b, p, next).ok()? {
+            d.list_memoized = true;
+            d.charge += c;
+            p += n;
+        }
+        p = read_frames(memo, s, b, p)?;
+        d.fields.frames = EntryFrames::List;
+    } else {
+        // The same stack as an earlier entry's: one list object.
+        let (slot, m) = slot_in(memo, v);
+        d.fields.frames = match Memo::kind_id(slot, vm::KIND_STACK) {
+            Some(id) => EntryFrames::Stack(id),
+            // Ahead of the reader, a slot filled since the memo was
+            // taken (a block's free names the list its allocation made,
+            // often a few entries before): looked up at the commit.
+            None if AHEAD && slot == vm::MEMO_EMPTY && m > 0 => {
+                d.stack_slot = reference(v).map(|(i, _)| i);
+                EntryFrames::Stack(0)
+            }
+            None => return None,
+        };
+        p += m;
+    }
+    Some(p)
 }
 
 /// A string value at `p`: a memo reference to a string, or a new short
