@@ -39,6 +39,7 @@ pub mod job;
 pub mod live;
 pub mod oom;
 pub mod pickle;
+mod prefault;
 pub mod profiler;
 pub mod render;
 pub mod replay;

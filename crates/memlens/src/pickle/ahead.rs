@@ -215,7 +215,7 @@ impl Ahead {
     /// Decodes a round ahead: `bytes` are those from the reader's offset
     /// `offset` (where an `EMPTY_DICT` stands) to the end of the input;
     /// `memo` the memo's slots, `scratch` the reader's working storage (for
-    /// the strings it remembers).
+    /// the strings it remembers). Returns how many entries were kept.
     pub(super) fn decode_round(
         &mut self,
         bytes: &[u8],
@@ -223,7 +223,7 @@ impl Ahead {
         memo: &[u32],
         scratch: &Scratch,
         keys: &KeyTable,
-    ) {
+    ) -> usize {
         let pieces = self.settings.pieces().max(1);
         let piece = self.settings.piece_bytes.max(1);
         let end = bytes.len().min(pieces.saturating_mul(piece));
@@ -241,7 +241,7 @@ impl Ahead {
             self.marker = entry_start(memo, keys);
         }
         let Some(marker) = &self.marker else {
-            return;
+            return 0;
         };
         let finder = memchr::memmem::Finder::new(marker);
         self.pieces.par_iter_mut().enumerate().for_each(|(i, out)| {
@@ -258,6 +258,7 @@ impl Ahead {
                 decode_piece(bytes, start, to, offset, settled, &mut s, keys, out);
             }
         });
+        self.pieces.iter().map(|p| p.kept.len()).sum()
     }
 }
 

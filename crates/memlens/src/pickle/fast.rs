@@ -167,7 +167,18 @@ fn entries_after<S: Source, B: Builder>(
             // A long run of entries in memory: decode the next ones ahead on
             // the other cores (module `ahead`), then take what was kept here.
             if ahead.due(offset, window.len()) && window.first() == Some(&vm::EMPTY_DICT) {
-                ahead.decode_round(window, offset, &vm.memo.slots, &vm.fast, table);
+                let entries = ahead.decode_round(window, offset, &vm.memo.slots, &vm.fast, table);
+                // The idle threads fault in the room for those entries'
+                // events and memo slots (an entry fills one to three: its
+                // dict, a new frames list, new strings), so that this thread
+                // does not (module `prefault`).
+                if let Some(room) = builder.room_for_entries(entries) {
+                    crate::prefault::populate(room);
+                }
+                crate::prefault::populate(crate::prefault::room_for(
+                    &mut vm.memo.slots,
+                    3 * entries,
+                ));
             }
             // Kept for this offset: an EMPTY_DICT stands there (the thread
             // that decoded it looked), so its bytes are not read again here.

@@ -156,6 +156,16 @@ pub trait Builder {
         let _ = bytes;
         Ok(())
     }
+    /// About `entries` more trace entries are coming (decoded ahead on other
+    /// threads, module `ahead`): the builder may make room for what it will
+    /// store for them and return the addresses of that room, not yet written,
+    /// which the reader's idle threads then fault in (`prefault::populate`)
+    /// so that the reading thread does not. `None` (the default): nothing to
+    /// fault in.
+    fn room_for_entries(&mut self, entries: usize) -> Option<std::ops::Range<usize>> {
+        let _ = entries;
+        None
+    }
     /// The keys that make a dict worth the reader's fast path: `Some` turns it
     /// on for dicts whose first key is `first` (a trace entry's `action`), with
     /// an inline list of frames accepted as the value of `list` (`frames`).

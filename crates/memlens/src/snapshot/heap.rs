@@ -641,6 +641,11 @@ impl Heap {
 }
 
 impl Builder for Heap {
+    fn room_for_entries(&mut self, entries: usize) -> Option<std::ops::Range<usize>> {
+        // Each entry is one event; the events are most of what is written.
+        Some(crate::prefault::room_for(&mut self.events, entries))
+    }
+
     fn string(&mut self, s: &str) -> Value {
         let n = self.strings.len();
         let id = self.strings.intern(s);
