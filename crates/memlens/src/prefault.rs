@@ -35,22 +35,21 @@ pub(crate) fn room_for<T>(v: &mut Vec<T>, items: usize) -> Range<usize> {
     v.reserve(items);
     let size = std::mem::size_of::<T>();
     let start = v.as_ptr() as usize + v.len() * size;
-    start..start + items.min(v.capacity() - v.len()) * size
+    start..start + items * size
 }
 
-/// Faults in the whole pages of `span` on rayon's threads, as a write would,
-/// without writing. The caller waits until they are in.
-pub(crate) fn populate(span: Range<usize>) {
-    let first = span.start.next_multiple_of(PAGE);
-    let end = span.end / PAGE * PAGE;
-    if end <= first {
-        return;
-    }
-    (first..end)
-        .step_by(CHUNK)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .for_each(|at| populate_span(at, (end - at).min(CHUNK)));
+/// Faults in the whole pages of each span on rayon's threads, all in one
+/// parallel pass, as a write would, without writing. The caller waits until
+/// they are in.
+pub(crate) fn populate<const N: usize>(spans: [Range<usize>; N]) {
+    spans.into_par_iter().for_each(|span| {
+        let first = span.start.next_multiple_of(PAGE);
+        let end = span.end / PAGE * PAGE;
+        (first..end.max(first))
+            .into_par_iter()
+            .step_by(CHUNK)
+            .for_each(|at| populate_span(at, (end - at).min(CHUNK)));
+    });
 }
 
 #[cfg(target_os = "linux")]
@@ -76,14 +75,15 @@ mod tests {
         let room = room_for(&mut v, 1_000_000);
         assert_eq!(room.start, v.as_ptr() as usize + 1000 * 8);
         assert_eq!(room.end - room.start, 1_000_000 * 8);
-        populate(room.clone());
+        populate([room.clone()]);
         let base = v.as_ptr() as usize;
         v.extend(1000..1_001_000);
         // No move: the room was made before.
         assert_eq!(v.as_ptr() as usize, base);
         assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
         // Populating what is already written leaves it as it is.
-        populate(base..base + v.len() * 8);
+        let written = base..base + v.len() * 8;
+        populate([written]);
         assert!(v.iter().enumerate().all(|(i, &x)| x == i as u64));
     }
 
@@ -92,9 +92,9 @@ mod tests {
         let mut v: Vec<u8> = Vec::new();
         let room = room_for(&mut v, 0);
         assert!(room.is_empty());
-        populate(room);
+        populate([room]);
         let room = room_for(&mut v, 10);
-        populate(room);
+        populate([room, 3..5]);
         assert!(v.capacity() >= 10);
     }
 }

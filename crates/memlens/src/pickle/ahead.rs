@@ -153,9 +153,6 @@ pub(super) struct Ahead {
     until: u64,
     /// The bytes an entry starts with, once found (see [`entry_start`]).
     marker: Option<Vec<u8>>,
-    /// Whether a round was decoded: from then on, rounds need no
-    /// `min_bytes` at hand.
-    started: bool,
 }
 
 impl Ahead {
@@ -170,7 +167,6 @@ impl Ahead {
             at: 0,
             until: 0,
             marker: None,
-            started: false,
         }))
     }
 
@@ -178,7 +174,14 @@ impl Ahead {
     /// `offset` with `at_hand` bytes in memory in front of it.
     #[inline(always)]
     pub(super) fn due(&self, offset: u64, at_hand: usize) -> bool {
-        offset >= self.until && (self.started || at_hand >= self.settings.min_bytes)
+        offset >= self.until && (self.started() || at_hand >= self.settings.min_bytes)
+    }
+
+    /// Whether a round was decoded (it set `until` past a byte): from then
+    /// on, rounds need no `min_bytes` at hand.
+    #[inline(always)]
+    fn started(&self) -> bool {
+        self.until > 0
     }
 
     /// Drops everything kept: a memo slot the results may have read changed.
@@ -236,7 +239,6 @@ impl Ahead {
         let end = bytes.len().min(pieces.saturating_mul(piece));
         self.until = offset + end as u64;
         self.at = 0;
-        self.started = true;
         let count = end.div_ceil(piece);
         self.pieces.resize_with(count, Piece::default);
         for p in &mut self.pieces {

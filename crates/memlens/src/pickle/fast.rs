@@ -172,13 +172,9 @@ fn entries_after<S: Source, B: Builder>(
                 // events and memo slots (an entry fills one to three: its
                 // dict, a new frames list, new strings), so that this thread
                 // does not (module `prefault`).
-                if let Some(room) = builder.room_for_entries(entries) {
-                    crate::prefault::populate(room);
-                }
-                crate::prefault::populate(crate::prefault::room_for(
-                    &mut vm.memo.slots,
-                    3 * entries,
-                ));
+                let events = builder.room_for_entries(entries).unwrap_or_default();
+                let slots = crate::prefault::room_for(&mut vm.memo.slots, 3 * entries);
+                crate::prefault::populate([events, slots]);
             }
             // Kept for this offset: an EMPTY_DICT stands there (the thread
             // that decoded it looked), so its bytes are not read again here.
