@@ -174,7 +174,12 @@ pub fn is_backward_frame(filename: &str, function: &str) -> bool {
     let python_entry =
         (function == "backward" || function == "_engine_run_backward" || function == "grad")
             && (filename.contains("torch/autograd") || filename.ends_with("torch/_tensor.py"));
+    // A compiled backward (torch.compile's AOT autograd) runs on the engine's
+    // thread from `CompiledFunction.backward`, under no Python entry point.
+    let compiled = (function == "backward" || function == "_backward_impl")
+        && filename.contains("torch/_functorch/");
     python_entry
+        || compiled
         || function.contains("autograd::Engine::")
         || function.contains("autograd::PythonEngine::")
         || function.contains("evaluate_function")
@@ -281,6 +286,10 @@ mod tests {
         ));
         assert!(is_backward_frame(
             "/venv/lib/python3.12/site-packages/torch/_tensor.py",
+            "backward"
+        ));
+        assert!(is_backward_frame(
+            "/venv/lib/python3.12/site-packages/torch/_functorch/_aot_autograd/runtime_wrappers.py",
             "backward"
         ));
     }

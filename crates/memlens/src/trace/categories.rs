@@ -25,8 +25,9 @@ pub enum Category {
     Gradient = 1,
     /// Made in an optimizer step, alive across steps (Adam moments, momentum).
     OptimizerState = 2,
-    /// Made in a forward pass, freed in backward (saved for the gradient), or
-    /// kept alive past its step.
+    /// Made in a forward pass (or by user code: a loss) and freed in backward
+    /// (saved for the gradient), or made in a forward pass and kept alive
+    /// past its step.
     Activation = 3,
     /// Freed in the phase that made it.
     Temporary = 4,
@@ -79,9 +80,9 @@ impl Category {
     pub fn rule(self) -> &'static str {
         match self {
             Category::Parameter => "made while building or moving the model (nn.Module code, not in a forward call) and alive past that step",
-            Category::Gradient => "made in backward (autograd frames) and outliving it, until zero_grad or later",
+            Category::Gradient => "made in backward (autograd frames, a compiled backward's too) and outliving it, until zero_grad or later; or freed by zero_grad",
             Category::OptimizerState => "made in an optimizer step (torch/optim frames, or a hand-written optimizer's own `step`) and outliving that step",
-            Category::Activation => "made in a forward pass and freed in backward, or still alive after its step",
+            Category::Activation => "made in a forward pass (or by user code) and freed in backward, or made in a forward pass and still alive after its step",
             Category::Temporary => "freed in the same phase that made it",
             Category::Input => "made by user code outside any model call and alive to the next step or later",
             Category::Other => "none of the above, or a cuBLAS workspace (a block of a cuBLAS workspace size made at the first matrix multiply of a stream and thread, never freed)",
@@ -145,6 +146,9 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
     if stack == EMPTY_STACK {
         return Phase::Unknown;
     }
+    if engine_runs_python_backward(snap, stack) {
+        return Phase::Backward;
+    }
     let mut forward = false;
     let mut module = false;
     let mut python = false;
@@ -175,14 +179,19 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
         {
             forward = true;
         }
-        if file.contains("/torch/nn/")
-            || file.contains("/transformers/")
-            || file.contains("/timm/")
-            || file.contains("/torchvision/")
-            || file.ends_with("torch/serialization.py")
-            || file.contains("/safetensors/")
-            || file.contains("/accelerate/")
-            || (kind == FrameKind::Torch && is_move(name))
+        // Library code that builds, moves or loads a model; not the ops
+        // (`torch.nn.functional`) or a generation loop it calls.
+        let ops =
+            file.ends_with("torch/nn/functional.py") || file.contains("/transformers/generation/");
+        if !ops
+            && (file.contains("/torch/nn/")
+                || file.contains("/transformers/")
+                || file.contains("/timm/")
+                || file.contains("/torchvision/")
+                || file.ends_with("torch/serialization.py")
+                || file.contains("/safetensors/")
+                || file.contains("/accelerate/")
+                || (kind == FrameKind::Torch && is_move(name)))
         {
             module = true;
         }
@@ -198,6 +207,21 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
     } else {
         Phase::User
     }
+}
+
+/// Whether the outermost Python frame of a stack is the autograd engine
+/// calling a Python `backward` (`BackwardCFunction.apply`, the engine's
+/// thread has no other Python frame): a custom `autograd.Function`'s or a
+/// compiled graph's backward. The same `Function.apply` in a forward pass
+/// has its callers' frames below it.
+fn engine_runs_python_backward(snap: &Snapshot, stack: StackId) -> bool {
+    let outermost = snap.stack(stack).iter().rev().find_map(|&f| {
+        let fr = snap.frame(f);
+        let (file, name) = (snap.str(fr.filename), snap.str(fr.name));
+        (frames::classify(file, name) != FrameKind::Native).then_some((file, name))
+    });
+    outermost
+        .is_some_and(|(file, name)| name == "apply" && file.ends_with("torch/autograd/function.py"))
 }
 
 /// Functions that move or load weights (`Module._apply`, `.to`, `.cuda`,
@@ -268,8 +292,9 @@ pub const CUBLAS_WORKSPACE_SIZES: [u64; 3] = [32 << 20, 4096 * 1024 * 2 + 16 * 1
 /// engine's device thread (no Python stack) in training. Judged on lifetime,
 /// one would be a kept activation and the other a gradient. So: a block of a
 /// workspace size never freed in the trace, the first such block on its
-/// stream with a Python stack or the first without, born in a forward pass,
-/// in backward or with no stack, and of a size that no block made while
+/// stream from the user's thread or the first from the engine's, born in a forward pass,
+/// in backward, with no stack, or in user code right after the output of its
+/// op (a product on a side stream), and of a size that no block made while
 /// building the model has (a gradient of a parameter of that size would).
 pub fn cublas_workspaces(
     snap: &Snapshot,
@@ -288,9 +313,10 @@ pub fn cublas_workspaces(
 pub struct WorkspaceCandidates {
     /// Workspace sizes some block made while building the model also has.
     param_sized: Vec<u64>,
-    /// Allocations of a workspace size born in a forward pass, in backward
-    /// or with no stack, in trace order.
-    candidates: Vec<u32>,
+    /// Allocations of a workspace size born in a forward pass, in backward,
+    /// with no stack, or in user code after its op's output, in trace order,
+    /// each with whether it was made on the autograd engine's thread.
+    candidates: Vec<(u32, bool)>,
 }
 
 impl WorkspaceCandidates {
@@ -305,7 +331,17 @@ impl WorkspaceCandidates {
             }
             match phase(i) {
                 Phase::ModelBuild if !c.param_sized.contains(&e.size) => c.param_sized.push(e.size),
-                Phase::Forward | Phase::Backward | Phase::Unknown => c.candidates.push(i as u32),
+                // The engine's thread has its own handle, so its own
+                // workspace: in backward, or with no stack at all (a
+                // compiled backward has Python frames there).
+                Phase::Backward | Phase::Unknown => c.candidates.push((i as u32, true)),
+                Phase::Forward => c.candidates.push((i as u32, false)),
+                // A matrix product in user code (on a side stream, say): the
+                // op's output is allocated just before the workspace, under
+                // the same stack. A tensor the user makes is not.
+                Phase::User if follows_an_output_of_its_op(events, i) => {
+                    c.candidates.push((i as u32, false))
+                }
                 _ => {}
             }
         }
@@ -313,19 +349,19 @@ impl WorkspaceCandidates {
     }
 
     /// The workspaces among the candidates: never freed, the first of each
-    /// (stream, has a Python stack) pair, of a size no model-building block
-    /// has; sorted.
+    /// (stream, thread: the engine's or the user's) pair, of a size no
+    /// model-building block has; sorted.
     pub fn settle(&self, snap: &Snapshot, trace: usize, free_of: &[u32]) -> Vec<u32> {
         let events = &snap.traces[trace].events;
-        // (stream, has a Python stack) pairs that already have their workspace.
+        // (stream, on the engine's thread) pairs that already have their workspace.
         let mut seen: Vec<(u16, bool)> = Vec::new();
         let mut out = Vec::new();
-        for &i in &self.candidates {
+        for &(i, engine) in &self.candidates {
             let e = &events[i as usize];
             if free_of.get(i as usize) != Some(&u32::MAX) {
                 continue;
             }
-            let slot = (e.stream, e.stack != EMPTY_STACK);
+            let slot = (e.stream, engine);
             if seen.contains(&slot) || self.param_sized.contains(&e.size) {
                 continue;
             }
@@ -334,6 +370,25 @@ impl WorkspaceCandidates {
         }
         out
     }
+}
+
+/// Whether the `alloc` event `i` directly follows (segment events aside)
+/// another `alloc` on its stream under the same stack: the output of the op
+/// whose first cuBLAS call then allocated a workspace.
+fn follows_an_output_of_its_op(events: &[crate::snapshot::TraceEvent], i: usize) -> bool {
+    let e = &events[i];
+    let before = events[..i].iter().rev().find(|p| {
+        !matches!(
+            p.action,
+            Action::SegmentAlloc | Action::SegmentMap | Action::SegmentFree | Action::SegmentUnmap
+        )
+    });
+    before.is_some_and(|p| {
+        p.action == Action::Alloc
+            && p.stack == e.stack
+            && p.stream == e.stream
+            && p.stack != EMPTY_STACK
+    })
 }
 
 /// Classifies one block from the phase of its birth and of its death (`None`
@@ -350,9 +405,15 @@ pub fn classify(birth: Phase, death: Option<Phase>, outlived_step: bool) -> Cate
         Phase::Optimizer if kept => Category::OptimizerState,
         Phase::Forward => match death {
             Some(Phase::Backward) => Category::Activation,
+            // Freed by `zero_grad`: a gradient a compiled forward allocated
+            // (AOT autograd may make one there, the embedding's).
+            Some(Phase::Optimizer) => Category::Gradient,
             _ if kept => Category::Activation,
             _ => Category::Temporary,
         },
+        // Freed by backward: the graph saved it (a loss computed in user
+        // code, `F.cross_entropy` on the logits), like a forward's output.
+        Phase::User if death == Some(Phase::Backward) => Category::Activation,
         Phase::User if kept => Category::Input,
         Phase::Unknown if death.is_none() => Category::Other,
         _ => Category::Temporary,

@@ -41,6 +41,13 @@ pub struct TraceFacts {
     pub steps: Steps,
     /// For each step: whether a backward pass ran in it.
     pub backward_in_step: Vec<bool>,
+    /// The events where a run of model work (a forward or backward pass)
+    /// begins, in order.
+    pub model_runs: Vec<u32>,
+    /// Stacks of blocks made in a forward pass and freed by the optimizer
+    /// (`zero_grad`), sorted: gradients a compiled forward makes, so the
+    /// same stack's block still alive is one too.
+    pub forward_made_gradients: Vec<StackId>,
 }
 
 /// A snapshot with its analysis done once.
@@ -195,6 +202,54 @@ pub enum BlockSiteKey {
     BackwardPass,
 }
 
+/// The events where a forward or backward pass begins: an event in one whose
+/// predecessor was in neither (events of no phase, such as frees with no
+/// stack, do not end a run).
+fn model_run_starts(ev_phase: &[Phase]) -> Vec<u32> {
+    let mut in_model = false;
+    let mut starts = Vec::new();
+    for (i, p) in ev_phase.iter().enumerate() {
+        match p {
+            Phase::Forward | Phase::Backward => {
+                if !in_model {
+                    starts.push(i as u32);
+                }
+                in_model = true;
+            }
+            Phase::Unknown => {}
+            _ => in_model = false,
+        }
+    }
+    starts
+}
+
+/// The stacks (sorted, once each) of `alloc` events in a forward pass whose
+/// block the optimizer freed.
+fn forward_stacks_freed_by_optimizer(
+    snap: &Snapshot,
+    trace: usize,
+    ev_phase: &[Phase],
+    allocs: &[u32],
+    free_of: &[u32],
+) -> Vec<StackId> {
+    let events = &snap.traces[trace].events;
+    let phase = |i: usize| ev_phase.get(i).copied().unwrap_or(Phase::Unknown);
+    let mut stacks: Vec<StackId> = allocs
+        .iter()
+        .map(|&a| a as usize)
+        .filter(|&a| phase(a) == Phase::Forward)
+        .filter(|&a| {
+            free_of
+                .get(a)
+                .is_some_and(|&f| f != u32::MAX && phase(f as usize) == Phase::Optimizer)
+        })
+        .map(|a| events[a].stack)
+        .collect();
+    stacks.sort_unstable();
+    stacks.dedup();
+    stacks
+}
+
 /// For each step: whether a backward pass allocated in it. Step by step: the
 /// phases (a byte an event) are read first, and a step's events only until
 /// its first backward `alloc`.
@@ -244,7 +299,7 @@ impl TraceFacts {
                 let steps = steps::detect(snap, trace, &ev_phase);
                 let candidates = WorkspaceCandidates::new(snap, trace, &ev_phase);
                 let backward_in_step = backward_in_each_step(snap, trace, &ev_phase, &steps);
-                let allocs = (snap.traces[trace].events.iter().enumerate())
+                let allocs: Vec<u32> = (snap.traces[trace].events.iter().enumerate())
                     .filter(|(_, e)| e.action == Action::Alloc)
                     .map(|(i, _)| i as u32)
                     .collect();
@@ -252,6 +307,9 @@ impl TraceFacts {
             },
         );
         let workspaces = candidates.settle(snap, trace, &free_of);
+        let model_runs = model_run_starts(&ev_phase);
+        let forward_made_gradients =
+            forward_stacks_freed_by_optimizer(snap, trace, &ev_phase, &allocs, &free_of);
         TraceFacts {
             trace,
             device: snap.traces[trace].device,
@@ -261,7 +319,18 @@ impl TraceFacts {
             workspaces,
             steps,
             backward_in_step,
+            model_runs,
+            forward_made_gradients,
         }
+    }
+
+    /// Whether a forward or backward pass began after event `birth` and
+    /// before event `death`: a block alive then was there while the model ran.
+    pub fn model_ran_between(&self, birth: usize, death: usize) -> bool {
+        let k = self.model_runs.partition_point(|&s| s as usize <= birth);
+        self.model_runs
+            .get(k)
+            .is_some_and(|&s| (s as usize) < death)
     }
 
     /// Whether a model ran before event `end`: some event of the trace was
@@ -366,7 +435,23 @@ impl<'a> BlockClassifier<'a> {
                 let ai = ai as usize;
                 let birth = phase_at(ai);
                 match self.free_of(ai) {
-                    Some(fi) => (birth, Some(phase_at(fi)), fi >= step_end(ai)),
+                    // Weights moved to the GPU and freed at the end of an
+                    // inference run (no steps to outlive) lived while the
+                    // model ran: that is outliving the step that made them.
+                    Some(fi) => {
+                        let outlived = fi >= step_end(ai)
+                            || (birth == Phase::ModelBuild && self.facts.model_ran_between(ai, fi));
+                        (birth, Some(phase_at(fi)), outlived)
+                    }
+                    None if birth == Phase::Forward
+                        && self
+                            .facts
+                            .forward_made_gradients
+                            .binary_search(&stack)
+                            .is_ok() =>
+                    {
+                        return (Category::Gradient, birth)
+                    }
                     None => (birth, None, true),
                 }
             }
