@@ -122,15 +122,33 @@ pub enum Phase {
 /// The phase of every stack of a snapshot.
 pub struct Phases {
     of: Vec<Phase>,
+    /// Stacks in user code that ran a `torch.nn.functional` op, sorted.
+    functional: Vec<StackId>,
 }
 
 impl Phases {
     /// Classifies every stack of `snap`.
     pub fn new(snap: &Snapshot) -> Self {
-        let of = (0..snap.stack_ranges.len() as StackId)
+        let of: Vec<Phase> = (0..snap.stack_ranges.len() as StackId)
             .map(|s| phase_of(snap, s))
             .collect();
-        Phases { of }
+        let functional = (0..of.len() as StackId)
+            .filter(|&s| of[s as usize] == Phase::User)
+            .filter(|&s| {
+                snap.stack(s).iter().any(|&f| {
+                    snap.str(snap.frame(f).filename)
+                        .ends_with("torch/nn/functional.py")
+                })
+            })
+            .collect();
+        Phases { of, functional }
+    }
+
+    /// Whether `stack` is user code running a `torch.nn.functional` op
+    /// outside any module (a loss on the logits): what it makes belongs to
+    /// the forward computation's graph, not to the data.
+    pub fn is_functional_op(&self, stack: StackId) -> bool {
+        self.functional.binary_search(&stack).is_ok()
     }
 
     /// The phase of a stack.

@@ -457,6 +457,14 @@ impl<'a> BlockClassifier<'a> {
             }
             None => (self.phases.of(stack), None, true),
         };
+        // A loss (any functional op on the graph) kept past its step keeps
+        // the graph: not a batch of data.
+        if birth == Phase::User
+            && (death.is_none() || outlived)
+            && self.phases.is_functional_op(stack)
+        {
+            return (Category::Activation, birth);
+        }
         (classify(birth, death, outlived), birth)
     }
 }
