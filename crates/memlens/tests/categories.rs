@@ -185,3 +185,29 @@ fn resnet50s_activations_under_autocast_are_activations_however_recorded() {
         );
     }
 }
+
+#[test]
+fn a_kept_loss_is_the_graph_it_keeps_not_a_parameter_or_an_input() {
+    // tests/corpus/leak_losses: `losses.append(loss)` keeps every step's
+    // graph; its largest holder is the loss line (F.cross_entropy in user
+    // code), 64 MiB a step. It was "parameter" (torch/nn frames taken for
+    // model building), then "input".
+    let snap = Snapshot::load(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/corpus/leak_losses.pickle.zst"),
+    )
+    .expect("corpus file loads");
+    let p = peak(&snap, 10);
+    let loss = p
+        .live_at_peak
+        .iter()
+        .find(|l| l.site.ends_with("model.py:121") && l.bytes > 256 * MIB)
+        .unwrap_or_else(|| panic!("the loss line holds the graph: {:?}", p.live_at_peak));
+    assert_eq!(loss.category.as_str(), "activation");
+    assert!(
+        bytes(&p.categories, "parameter") < 64 * MIB,
+        "{:?}",
+        p.categories
+    );
+    assert!(bytes(&p.categories, "input") < MIB, "{:?}", p.categories);
+}
