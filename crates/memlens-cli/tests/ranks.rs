@@ -274,3 +274,80 @@ fn an_ab_pair_on_one_gpu_is_two_runs_not_two_ranks() {
     let v = doctor_json(&["--no-report", &a, &c]);
     assert_eq!(v["diagnosis"]["inputs"]["kind"], "ranks");
 }
+
+fn runs_dir(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/runs")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+fn runs_truth(dir: &str) -> serde_json::Value {
+    let text = std::fs::read_to_string(format!("{}/truth.json", runs_dir(dir))).expect("truth");
+    serde_json::from_str(&text).expect("json")
+}
+
+/// Issue 31 item 2, on a real A/B pair (tests/corpus/runs/ab, recorded on an
+/// H200 by tests/corpus/gen/runs.sh): two processes of one program on one GPU
+/// at the same time, one with expandable segments. Two runs, each with its
+/// own exact peaks, not "rank 0 / rank 1".
+#[test]
+fn a_recorded_ab_pair_is_two_runs_with_their_own_peaks() {
+    let dir = runs_dir("ab");
+    let a = format!("{dir}/ab_default.pickle.zst");
+    let b = format!("{dir}/ab_expandable.pickle.zst");
+    let v = doctor_json(&["--no-report", &a, &b]);
+    let inputs = &v["diagnosis"]["inputs"];
+    assert_eq!(inputs["kind"], "runs", "{inputs}");
+    assert!(
+        inputs["reason"]
+            .as_str()
+            .unwrap()
+            .contains("A/B comparison"),
+        "{inputs}"
+    );
+    assert!(v["ranks"].is_null(), "no ranks: {}", v["ranks"]);
+    let truth = runs_truth("ab");
+    for (file, run) in [(&a, "ab_default"), (&b, "ab_expandable")] {
+        let p = run::json(&["peak", "--json", file]);
+        let stats = &truth["runs"][run]["memory_stats"];
+        assert_eq!(
+            p["peak_allocated_bytes"], stats["allocated_bytes.all.peak"],
+            "{run}"
+        );
+        assert_eq!(
+            p["peak_reserved_bytes"], stats["reserved_bytes.all.peak"],
+            "{run}"
+        );
+    }
+}
+
+/// Issue 31 item 2, on a real 12-step DDP folder (tests/corpus/runs/ddp12: two
+/// ranks, a snapshot every 2 steps, memory flat from step 1): the ranks of one
+/// job with each rank's exact peak, and no leak found from so little
+/// evidence: nothing above low confidence, and "no leak" said.
+#[test]
+fn a_short_clean_ddp_folder_raises_no_leak() {
+    let dir = runs_dir("ddp12");
+    let truth = runs_truth("ddp12");
+    let v = doctor_json(&["--no-report", &dir]);
+    assert_eq!(v["diagnosis"]["inputs"]["kind"], "ranks");
+    let ranks = v["ranks"].as_array().expect("ranks");
+    assert_eq!(ranks.len(), 2);
+    for (r, row) in ranks.iter().enumerate() {
+        let stats = &truth["ranks"][format!("rank{r}")]["memory_stats"];
+        assert_eq!(
+            row["peak_allocated_bytes"], stats["allocated_bytes.all.peak"],
+            "rank {r}"
+        );
+    }
+    let text =
+        String::from_utf8_lossy(&memlens(&["doctor", "--no-report", &dir]).stdout).into_owned();
+    assert!(text.contains("no leak"), "{text}");
+    assert!(!text.contains("Leak"), "{text}");
+    let l = run::json(&["leaks", "--json", &dir]);
+    for leak in l["leaks"].as_array().expect("leaks") {
+        assert_eq!(leak["confidence"], "low", "{leak}");
+    }
+}
