@@ -1,19 +1,23 @@
 """The ``memlens`` console script: runs the ``memlens`` binary.
 
-The Python extension depends on the memlens library only (no command line, no
-terminal UI, no NVML). The command line is the Rust binary itself, which the
-wheel carries inside the package (``memlens/_bin/memlens``, put there by
-``tests/python/run.sh`` before ``maturin build``; a plain ``pip install .``
-falls back to a ``memlens`` built by ``cargo install``). This script finds it and
-replaces the Python process with it, so exit codes, signals and closed pipes
-behave as the binary's own. ``MEMLENS_BIN`` names another binary to run.
+The command line is the Rust binary, which the wheel carries inside the
+package (``memlens/_bin/memlens``, put there by ``tests/python/run.sh`` before
+``maturin build``), or a ``memlens`` built by ``cargo install`` on the PATH.
+This script finds it and replaces the Python process with it, so exit codes,
+signals and closed pipes behave as the binary's own. ``MEMLENS_BIN`` names
+another binary to run. A package built by a plain ``pip install .`` has no
+binary (maturin builds the extension module only): then the same command line,
+compiled into the extension, runs in this process (``_native.run_cli``), with
+Ctrl-C and closed pipes set back to end the process as they would the binary.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -49,11 +53,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv if argv is None else argv)[1:]
     exe = binary()
     if exe is None:
-        sys.stderr.write(
-            "memlens: error: the memlens binary is not in this installation "
-            "(install it with `cargo install --locked --path crates/memlens-cli` or set MEMLENS_BIN)\n"
-        )
-        return 2
+        return _run_in_process(args, whole_process=argv is None)
     # Python's buffered output must come out before the binary writes to the same fds.
     sys.stdout.flush()
     sys.stderr.flush()
@@ -62,3 +62,19 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # to hold Ctrl-C in a flag.
         os.execv(exe, ["memlens", *args])
     return subprocess.run([exe, *args]).returncode
+
+
+def _run_in_process(args: Sequence[str], whole_process: bool) -> int:
+    """The command line compiled into the extension module, run here;
+    `whole_process`: this process is the console script, not a caller's."""
+    from memlens import _native
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if whole_process and os.name == "posix" and threading.current_thread() is threading.main_thread():
+        # Python ignores SIGPIPE and turns SIGINT into an exception it checks
+        # between bytecodes: neither reaches Rust code, so give both their
+        # default (end the process), as the binary has them.
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return int(_native.run_cli(["memlens", *args]))

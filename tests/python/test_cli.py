@@ -53,3 +53,29 @@ def test_closed_pipe_is_quiet(memlens_exe):
     err = proc.stderr.read().decode()
     proc.wait()
     assert "Traceback" not in err and "panicked" not in err
+
+
+# A package built by a plain `pip install .` has no binary beside it (maturin
+# builds the extension module only): the command line compiled into the
+# extension runs instead, with the binary's exit codes, output and pipes.
+NO_BINARY = "import sys, memlens._cli as c; c.binary = lambda: None; sys.exit(c.main())"
+
+
+def test_without_a_binary_the_command_line_runs_in_the_extension(fixtures_dir):
+    fixture = str(fixtures_dir / "resnet.pickle.zst")
+    inproc = run("summary", fixture, exe=[sys.executable, "-c", NO_BINARY])
+    assert inproc.returncode == 0, inproc.stderr
+    assert inproc.stdout == run("summary", fixture, exe=[sys.executable, "-m", "memlens"]).stdout
+    v = run("--version", exe=[sys.executable, "-c", NO_BINARY])
+    assert v.returncode == 0 and v.stdout.strip() == f"memlens {memlens.__version__}"
+    bad = run("summary", "/nonexistent/nope.pickle", exe=[sys.executable, "-c", NO_BINARY])
+    assert bad.returncode == 2 and bad.stderr.startswith("memlens: error: ") and "Traceback" not in bad.stderr
+
+
+def test_without_a_binary_a_closed_pipe_is_quiet():
+    proc = subprocess.Popen([sys.executable, "-c", NO_BINARY, "--help"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(1)
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait()
+    assert "Traceback" not in err and "panicked" not in err

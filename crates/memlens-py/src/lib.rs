@@ -300,6 +300,15 @@ fn parse_size(text: &str) -> PyResult<u64> {
     memlens::units::parse_size(text).map_err(to_py_err)
 }
 
+/// Runs the `memlens` command line in this process with `argv` (the program
+/// name first) and returns its exit code: what the package's `memlens`
+/// command falls back to when no binary came with it (`pip install .`).
+/// The GIL is released while it runs.
+#[pyfunction]
+fn run_cli(py: Python<'_>, argv: Vec<String>) -> u8 {
+    py.detach(move || memlens_cli::run(argv))
+}
+
 /// Formats bytes for people: `1.50 GiB`, `20.00 MiB`, `512 B`.
 #[pyfunction]
 fn format_bytes(bytes: u64) -> String {
@@ -384,6 +393,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(parse_size, m)?)?;
     m.add_function(wrap_pyfunction!(fit_json, m)?)?;
     m.add_function(wrap_pyfunction!(format_bytes, m)?)?;
+    m.add_function(wrap_pyfunction!(run_cli, m)?)?;
     m.add_function(wrap_pyfunction!(frame_kind, m)?)?;
     m.add_function(wrap_pyfunction!(reduction_scratch, m)?)?;
     m.add_function(wrap_pyfunction!(site_display, m)?)?;
