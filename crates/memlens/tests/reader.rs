@@ -555,3 +555,28 @@ fn cancelled_load_stops_with_its_own_error() {
     let snap = Snapshot::load_cancellable(&path, go).expect("loads");
     assert_eq!(canon(&snap), canon(&load("long.pickle.zst")));
 }
+
+/// Issue 31 item 1: a snapshot pickled with protocol 5 (which PyTorch's web
+/// viewer shows as empty) reads like any other. The file is the
+/// `checkpointed` fixture loaded with Python's `pickle` and dumped again
+/// with `protocol=5` (tests/corpus/proto5).
+#[test]
+fn a_protocol_5_pickle_reads_like_the_same_snapshot_in_protocol_4() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/corpus/proto5/checkpointed.proto5.pickle.zst");
+    let five = Snapshot::load(&path).expect("protocol 5 reads");
+    let four = load("checkpointed.pickle.zst");
+    assert_eq!(
+        serde_json::to_value(summarize(&five)).unwrap(),
+        serde_json::to_value(summarize(&four)).unwrap()
+    );
+    let (p5, p4) = (
+        memlens::analysis::peak::peak(&five, 20),
+        memlens::analysis::peak::peak(&four, 20),
+    );
+    assert_eq!(
+        serde_json::to_value(&p5).unwrap(),
+        serde_json::to_value(&p4).unwrap()
+    );
+    assert!(five.traces.iter().map(|t| t.events.len()).sum::<usize>() > 0);
+}
