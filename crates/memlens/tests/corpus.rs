@@ -338,6 +338,27 @@ fn legacy_history_gives_each_block_its_stack() {
     }
 }
 
+/// Issue 31 item 1: a series of legacy snapshots (PyTorch <= 2.0: stacks only
+/// in each block's history, no trace) finds the leak by the blocks' history:
+/// the kept-logits leak's periodic snapshots in that form (`gen/legacy.py`).
+#[test]
+fn a_leak_is_found_across_legacy_snapshots_by_their_block_history() {
+    let names: Vec<String> = [2, 4, 6, 8]
+        .iter()
+        .map(|k| format!("legacy_kept_logits.step{k}"))
+        .collect();
+    let snaps: Vec<Snapshot> = names.iter().map(|n| load(n)).collect();
+    let named: Vec<(String, &Snapshot)> = names
+        .iter()
+        .zip(&snaps)
+        .map(|(n, s)| (format!("{n}.pickle.zst"), s))
+        .collect();
+    let l = find(&named);
+    // Its truth is the recording's: the same call path and bytes a step.
+    assert_planted_leak_found("legacy_kept_logits.step8", &l, "legacy series");
+    assert_eq!(l.leaks[0].site, "/home/user/proj/model.py:77", "{l:#?}");
+}
+
 /// A tensor kept every 10th step of 300 (`gen/leak_every.py`, recorded from
 /// the start with PyTorch's default recording): 25.6 KiB a step on average,
 /// below the per-step noise floor, and no growth in 9 steps of 10. The same

@@ -129,6 +129,21 @@ def main():
     truth["oom"] = {"requested_bytes": entry["size"], "device_free_bytes": entry["device_free"],
                     "message": open(os.path.join(d, "oom", "frag_cap.message.txt")).read().strip()}
     write(d, name, snap, truth)
+    # 4. The kept-logits leak's periodic snapshots (steps 2, 4, 6, 8), each as
+    # torch 2.0 would have dumped it: a series to find the leak across by the
+    # blocks' history alone.
+    leak_truth = json.load(open(os.path.join(d, "leak_kept_logits.truth.json")))
+    for k in (2, 4, 6, 8):
+        src = load_zst(os.path.join(d, f"leak_kept_logits.step{k}.pickle.zst"))
+        stats = leak_truth["periodic_memory_stats"][f"leak_kept_logits.step{k}.pickle"]
+        segs = [legacy_segment(s) for s in src["segments"]]
+        total_active = sum(s["active_size"] for s in segs)
+        snap = {"segments": segs, "device_traces": [[{"action": "snapshot", "addr": 0, "size": total_active, "stream": 0}]]}
+        name = f"legacy_kept_logits.step{k}"
+        truth = truth_of(name, f"leak_kept_logits.step{k}.pickle.zst", segs, stats,
+                         f"Legacy form (torch ~2.0) of the kept-logits leak after step {k}: one of a series of four.")
+        truth["leak"] = {k2: leak_truth["leak"][k2] for k2 in ("planted_line", "alloc_path", "entry_lines", "bytes_kept_per_step")}
+        write(d, name, snap, truth)
 
 
 def write(d, name, obj, truth):
