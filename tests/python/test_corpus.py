@@ -16,19 +16,21 @@ CORPUS = Path(__file__).resolve().parent.parent / "corpus"
 
 
 def snapshots():
-    """(snapshot file, its memory_stats) for every final and periodic snapshot."""
+    """(snapshot file, its memory_stats) for every final and periodic snapshot,
+    and the category recordings (tests/corpus/categories)."""
     out = []
-    for truth_file in sorted(CORPUS.glob("*.truth.json")):
+    for truth_file in sorted(CORPUS.glob("*.truth.json")) + sorted(CORPUS.glob("categories/*.truth.json")):
         truth = json.loads(truth_file.read_text())
-        out.append((f"{truth['name']}.pickle.zst", truth["memory_stats"]))
+        folder = truth_file.parent.relative_to(CORPUS)
+        out.append((str(folder / f"{truth['name']}.pickle.zst"), truth["memory_stats"]))
         for name, stats in sorted(truth.get("periodic_memory_stats", {}).items()):
-            out.append((f"{name}.zst", stats))
+            out.append((str(folder / f"{name}.zst"), stats))
     return out
 
 
 def test_the_corpus_is_all_there():
     names = {p.name for p in CORPUS.glob("*.truth.json")}
-    assert len(names) == 16 and len(snapshots()) == 32
+    assert len(names) == 20 and len(snapshots()) == 36 + 7
     for file, _ in snapshots():
         assert (CORPUS / file).is_file(), file
 
