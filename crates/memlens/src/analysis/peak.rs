@@ -7,7 +7,7 @@
 //! category ([`super::categories`]); the trace is also cut into steps
 //! ([`super::steps`]) with each step's peak and what it left behind.
 
-use super::categories::{classify, Category};
+use super::categories::Category;
 use super::sites::{stack_lines, Site};
 use super::steps::StepMethod;
 use crate::replay::during_read::{PeakPass, PendingPass, RecordedPasses};
@@ -363,7 +363,9 @@ fn empty(an: &Analysed, top: usize) -> PeakReport {
         .flat_map(|seg| &seg.blocks)
         .filter(|b| b.state == crate::snapshot::BlockState::ActiveAllocated)
         .map(|b| {
-            let cat = classify(an.phases.of(b.stack), None, true);
+            let cat = an
+                .phases
+                .classify_block(b.stack, an.phases.of(b.stack), None, true);
             (an.sites.describe(b.stack), cat, b.stack, None, b.size)
         });
     let groups = group(snap, blocks, top);

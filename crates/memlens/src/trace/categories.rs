@@ -151,6 +151,25 @@ impl Phases {
         self.functional.binary_search(&stack).is_ok()
     }
 
+    /// [`classify`] for a block made under `stack`, with what the stack
+    /// itself tells: a loss (any functional op on the graph) kept past its
+    /// step keeps the graph, so it is an activation, not a batch of data.
+    /// Every classification by birth and death goes through here, with a
+    /// trace or without (a legacy snapshot's blocks).
+    pub fn classify_block(
+        &self,
+        stack: StackId,
+        birth: Phase,
+        death: Option<Phase>,
+        outlived_step: bool,
+    ) -> Category {
+        let kept = death.is_none() || outlived_step;
+        if birth == Phase::User && kept && self.is_functional_op(stack) {
+            return Category::Activation;
+        }
+        classify(birth, death, outlived_step)
+    }
+
     /// The phase of a stack.
     pub fn of(&self, stack: StackId) -> Phase {
         self.of

@@ -14,7 +14,7 @@ pub mod steps;
 use crate::replay::during_read::{PeakPass, PendingPass, RecordedPasses};
 use crate::snapshot::{Action, Snapshot, StackId};
 use categories::{
-    classify, event_phases, free_index_of_allocs, Category, Phase, Phases, WorkspaceCandidates,
+    event_phases, free_index_of_allocs, Category, Phase, Phases, WorkspaceCandidates,
 };
 use sites::{Site, SiteIndex, BACKWARD_PASS, BEFORE_RECORDING, NO_STACK};
 use std::sync::Arc;
@@ -457,14 +457,9 @@ impl<'a> BlockClassifier<'a> {
             }
             None => (self.phases.of(stack), None, true),
         };
-        // A loss (any functional op on the graph) kept past its step keeps
-        // the graph: not a batch of data.
-        if birth == Phase::User
-            && (death.is_none() || outlived)
-            && self.phases.is_functional_op(stack)
-        {
-            return (Category::Activation, birth);
-        }
-        (classify(birth, death, outlived), birth)
+        (
+            self.phases.classify_block(stack, birth, death, outlived),
+            birth,
+        )
     }
 }
