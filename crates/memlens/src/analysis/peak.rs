@@ -488,7 +488,11 @@ fn group(snap: &Snapshot, blocks: impl Iterator<Item = Grouped>, top: usize) -> 
             live
         })
         .collect();
-    sites.sort_by(|a, b| (b.bytes, &a.site, &a.path).cmp(&(a.bytes, &b.site, &b.path)));
+    // The category breaks the last ties: a site's rows of one size in two
+    // categories came out of the map in any order.
+    sites.sort_by(|a, b| {
+        (b.bytes, &a.site, &a.path, a.category).cmp(&(a.bytes, &b.site, &b.path, b.category))
+    });
     let other_sites = sites.len().saturating_sub(top);
     sites.truncate(top);
     LiveGroups {
