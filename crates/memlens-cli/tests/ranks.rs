@@ -7,12 +7,18 @@ use std::path::PathBuf;
 mod run;
 use run::{fixture, memlens};
 
-fn corpus(name: &str) -> String {
+/// A file of tests/corpus/`folder`.
+fn corpus_in(folder: &str, name: &str) -> String {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/corpus/ranks")
+        .join("../../tests/corpus")
+        .join(folder)
         .join(name)
         .to_string_lossy()
         .into_owned()
+}
+
+fn corpus(name: &str) -> String {
+    corpus_in("ranks", name)
 }
 
 fn truth() -> serde_json::Value {
@@ -220,6 +226,19 @@ fn each_ranks_peak_is_the_highest_of_its_snapshots() {
         .ends_with("job.rank0.step1.pickle.zst"));
 }
 
+/// `doctor --json` took its inputs as an A/B pair: two runs, not ranks.
+fn assert_ab_runs(v: &serde_json::Value) {
+    let inputs = &v["diagnosis"]["inputs"];
+    assert_eq!(inputs["kind"], "runs", "{inputs}");
+    assert!(
+        inputs["reason"]
+            .as_str()
+            .unwrap()
+            .contains("A/B comparison"),
+        "{inputs}"
+    );
+}
+
 /// Issue 31 item 2: one program run twice on one GPU at the same time under
 /// different allocator settings (an A/B pair) is two runs, not two ranks.
 /// The same pair under one setting, or named as ranks, is still a job.
@@ -259,15 +278,7 @@ fn an_ab_pair_on_one_gpu_is_two_runs_not_two_ranks() {
     let a = write("run_a.json", "", false, 1);
     let b = write("run_b.json", "expandable_segments:True", true, 2);
     let v = doctor_json(&["--no-report", &a, &b]);
-    let inputs = &v["diagnosis"]["inputs"];
-    assert_eq!(inputs["kind"], "runs", "{inputs}");
-    assert!(
-        inputs["reason"]
-            .as_str()
-            .unwrap()
-            .contains("A/B comparison"),
-        "{inputs}"
-    );
+    assert_ab_runs(&v);
     assert!(v["ranks"].is_null());
     // Under one setting, the same pair is one job's two ranks.
     let c = write("run_c.json", "", false, 3);
@@ -276,11 +287,7 @@ fn an_ab_pair_on_one_gpu_is_two_runs_not_two_ranks() {
 }
 
 fn runs_dir(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/corpus/runs")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
+    corpus_in("runs", name)
 }
 
 fn runs_truth(dir: &str) -> serde_json::Value {
@@ -298,15 +305,7 @@ fn a_recorded_ab_pair_is_two_runs_with_their_own_peaks() {
     let a = format!("{dir}/ab_default.pickle.zst");
     let b = format!("{dir}/ab_expandable.pickle.zst");
     let v = doctor_json(&["--no-report", &a, &b]);
-    let inputs = &v["diagnosis"]["inputs"];
-    assert_eq!(inputs["kind"], "runs", "{inputs}");
-    assert!(
-        inputs["reason"]
-            .as_str()
-            .unwrap()
-            .contains("A/B comparison"),
-        "{inputs}"
-    );
+    assert_ab_runs(&v);
     assert!(v["ranks"].is_null(), "no ranks: {}", v["ranks"]);
     let truth = runs_truth("ab");
     for (file, run) in [(&a, "ab_default"), (&b, "ab_expandable")] {

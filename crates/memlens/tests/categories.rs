@@ -6,7 +6,7 @@
 //! storages, and the bytes alive under its marked lines).
 
 use memlens::analysis::peak::peak;
-use memlens::analysis::state::state_at_event;
+use memlens::analysis::state::{state_at_event, EventState};
 use memlens::trace::Analysed;
 use memlens::Snapshot;
 use serde_json::Value;
@@ -35,13 +35,16 @@ fn figure(truth: &Value, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("truth has {key}"))
 }
 
-/// Bytes by category right after the trace's last event: the dump.
-fn at_dump(snap: &Snapshot) -> BTreeMap<String, u64> {
+/// The state right after the trace's last event: the dump.
+fn dump_state(snap: &Snapshot) -> EventState {
     let an = Analysed::new(snap);
     let last = snap.traces[0].events.len() - 1;
-    state_at_event(&an, None, last, 100)
-        .expect("state at the last event")
-        .categories
+    state_at_event(&an, None, last, 100).expect("state at the last event")
+}
+
+/// Bytes by category at the dump.
+fn at_dump(snap: &Snapshot) -> BTreeMap<String, u64> {
+    dump_state(snap).categories
 }
 
 fn bytes(cats: &BTreeMap<String, u64>, category: &str) -> u64 {
@@ -98,9 +101,7 @@ fn a_cuda_graphs_weights_are_parameters_and_each_stream_has_its_workspace() {
 #[test]
 fn a_side_streams_cublas_workspace_is_a_workspace_not_an_input() {
     let (snap, truth) = load("sidestream");
-    let an = Analysed::new(&snap);
-    let last = snap.traces[0].events.len() - 1;
-    let state = state_at_event(&an, None, last, 100).expect("state");
+    let state = dump_state(&snap);
     // The main thread's, the autograd engine's and the side stream's.
     assert_eq!(
         bytes(&state.categories, "other"),

@@ -228,20 +228,25 @@ fn planted_leaks_are_found_from_one_trace() {
     }
 }
 
+/// `leaks` over the periodic snapshots `NAME.step{2,4,6,8}` of the corpus.
+fn leaks_over_steps(name: &str) -> LeakReport {
+    let files: Vec<String> = [2, 4, 6, 8]
+        .iter()
+        .map(|k| format!("{name}.step{k}"))
+        .collect();
+    let snaps: Vec<Snapshot> = files.iter().map(|f| load(f)).collect();
+    let named: Vec<(String, &Snapshot)> = files
+        .iter()
+        .zip(&snaps)
+        .map(|(f, s)| (format!("{f}.pickle.zst"), s))
+        .collect();
+    find(&named)
+}
+
 #[test]
 fn planted_leaks_are_found_from_periodic_snapshots_alone() {
     for name in LEAKS {
-        let files: Vec<String> = [2, 4, 6, 8]
-            .iter()
-            .map(|k| format!("{name}.step{k}"))
-            .collect();
-        let snaps: Vec<Snapshot> = files.iter().map(|f| load(f)).collect();
-        let named: Vec<(String, &Snapshot)> = files
-            .iter()
-            .zip(&snaps)
-            .map(|(f, s)| (format!("{f}.pickle.zst"), s))
-            .collect();
-        let l = find(&named);
+        let l = leaks_over_steps(name);
         assert_planted_leak_found(name, &l, "periodic");
         // Rates are per step (snapshots are two steps apart).
         let kept = truth(name)["leak"]["bytes_kept_per_step"]
@@ -343,17 +348,7 @@ fn legacy_history_gives_each_block_its_stack() {
 /// the kept-logits leak's periodic snapshots in that form (`gen/legacy.py`).
 #[test]
 fn a_leak_is_found_across_legacy_snapshots_by_their_block_history() {
-    let names: Vec<String> = [2, 4, 6, 8]
-        .iter()
-        .map(|k| format!("legacy_kept_logits.step{k}"))
-        .collect();
-    let snaps: Vec<Snapshot> = names.iter().map(|n| load(n)).collect();
-    let named: Vec<(String, &Snapshot)> = names
-        .iter()
-        .zip(&snaps)
-        .map(|(n, s)| (format!("{n}.pickle.zst"), s))
-        .collect();
-    let l = find(&named);
+    let l = leaks_over_steps("legacy_kept_logits");
     // Its truth is the recording's: the same call path and bytes a step.
     assert_planted_leak_found("legacy_kept_logits.step8", &l, "legacy series");
     assert_eq!(l.leaks[0].site, "/home/user/proj/model.py:77", "{l:#?}");
