@@ -435,13 +435,15 @@ def bytes_under(path, site):
     return {"bytes": total, "count": count}
 
 
-def main():
-    global OUT, NAME
-    OUT = os.path.abspath(sys.argv[1])
-    os.makedirs(OUT, exist_ok=True)
+def run_workloads(module, finish):
+    """Runs each workload NAME named on the command line (`module.w_NAME`) with
+    `module.OUT` and `module.NAME` set, then `finish(snapshot path, truth)`, and
+    writes OUT/NAME.truth.json. Shared by train.py and categories.py."""
+    module.OUT = os.path.abspath(sys.argv[1])
+    os.makedirs(module.OUT, exist_ok=True)
     for name in sys.argv[2:]:
-        NAME = name
-        fn = globals()[f"w_{name}"]
+        module.NAME = name
+        fn = getattr(module, f"w_{name}")
         truth = {"name": name, "description": fn.__doc__, "torch": torch.__version__,
                  "gpu": torch.cuda.get_device_name(), "pid": os.getpid()}
         t0 = time.time()
@@ -452,13 +454,20 @@ def main():
             print(f"FAILED {name}")
             continue
         truth["seconds"] = round(time.time() - t0, 1)
-        leak = truth.get("leak")
-        if leak:
-            final = os.path.join(OUT, f"{name}.pickle")
-            leak["final_alive_under_entry_lines"] = {e: bytes_under(final, e) for e in leak["entry_lines"]}
-        with open(os.path.join(OUT, f"{name}.truth.json"), "w") as f:
+        finish(os.path.join(module.OUT, f"{name}.pickle"), truth)
+        with open(os.path.join(module.OUT, f"{name}.truth.json"), "w") as f:
             json.dump(truth, f, indent=1)
         print(f"done {name} in {truth['seconds']} s")
+
+
+def add_leak_bytes(final, truth):
+    leak = truth.get("leak")
+    if leak:
+        leak["final_alive_under_entry_lines"] = {e: bytes_under(final, e) for e in leak["entry_lines"]}
+
+
+def main():
+    run_workloads(sys.modules[__name__], add_leak_bytes)
 
 
 if __name__ == "__main__":
