@@ -373,7 +373,7 @@ impl TraceFacts {
 
 /// Tells what a block is from its birth and death in one trace: the phase of
 /// its `alloc` event, the phase of its free (or none), and whether it outlived
-/// the step that made it ([`classify`]).
+/// the step that made it ([`Phases::classify_block`]).
 #[derive(Clone, Copy)]
 pub struct BlockClassifier<'a> {
     facts: &'a TraceFacts,
