@@ -115,12 +115,16 @@ fn the_largest_batch_under_a_cap_never_claims_more_than_the_gpu_ran() {
             .expect("some batch fits");
         let truth = capped["largest_batch"].as_u64().expect("largest") as u32;
         // Never a batch the GPU could not run; exact on the LMs and the ViT,
-        // 3 below on the ResNet (its cuDNN workspaces do not scale linearly).
+        // one below on the ResNet: its cuDNN workspaces, which cuDNN sizes
+        // anew for each shape, are extrapolated over (its allocated peak 3-5%
+        // high), but a convolution runs without one when memory is short, as
+        // under the cap, so none of them decides whether a batch fits (it
+        // was 3 below, 20 against 23, when they did).
         assert!(predicted <= truth, "{w}: {predicted} > {truth}");
         if w != "resnet_amp" {
             assert_eq!(predicted, truth, "{w}");
         } else {
-            assert!(predicted + 3 >= truth, "{w}: {predicted} vs {truth}");
+            assert_eq!(predicted + 1, truth, "{w}: {predicted} vs {truth}");
         }
     }
 }

@@ -503,3 +503,54 @@ fn empty_cache_in_a_program_returns_the_cache() {
         before.stats.allocated_bytes.all.current
     );
 }
+
+#[test]
+fn a_workspace_that_cannot_be_had_is_done_without_not_a_failure() {
+    // A cuDNN convolution whose workspace does not fit under the cap runs
+    // with the next algorithm (PyTorch catches the OutOfMemoryError): the
+    // allocator's attempt is counted, the program goes on.
+    let opts = SimulateOptions {
+        config: AllocatorConfig::parse("per_process_memory_fraction:0.01").unwrap(),
+        device_memory: Some(H100_TOTAL),
+        overhead: Some(0),
+        ..Default::default()
+    };
+    let mib = 1 << 20;
+    let program = |workspace: Op| {
+        vec![
+            Op::Alloc {
+                id: 1,
+                size: 600 * mib,
+                stream: 0,
+                tag: 0,
+            },
+            workspace,
+            Op::Free { id: 2 },
+            Op::Alloc {
+                id: 3,
+                size: 100 * mib,
+                stream: 0,
+                tag: 0,
+            },
+        ]
+    };
+    let optional = Op::Optional {
+        id: 2,
+        size: 400 * mib,
+        stream: 0,
+        tag: 0,
+    };
+    let r = simulate_ops(&program(optional), 0, &opts).unwrap();
+    assert!(r.first_oom.is_none(), "{:?}", r.first_oom);
+    assert_eq!(r.num_ooms, 1);
+    assert_eq!(r.peak_allocated_bytes, 700 * mib);
+    // The same request as a tensor the program needs: its failure.
+    let needed = Op::Alloc {
+        id: 2,
+        size: 400 * mib,
+        stream: 0,
+        tag: 0,
+    };
+    let r = simulate_ops(&program(needed), 0, &opts).unwrap();
+    assert_eq!(r.first_oom.map(|f| f.event_index), Some(1));
+}

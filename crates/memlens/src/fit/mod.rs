@@ -118,6 +118,11 @@ pub struct Basis {
     pub multiprocessors: u64,
     /// Whether `multiprocessors` was recorded (else assumed).
     pub multiprocessors_recorded: bool,
+    /// Allocations of cuDNN convolutions' workspaces (made by
+    /// `run_conv_plan`, told by C++ frames): under the limit, one that
+    /// cannot be had is done without, as PyTorch runs the convolution with
+    /// another algorithm then, so none decides whether a batch fits.
+    pub conv_workspaces: usize,
 }
 
 /// `memlens fit`'s answer.
@@ -181,6 +186,7 @@ pub fn fit(probes: &[Probe<'_>], opts: &FitOptions) -> crate::Result<FitReport> 
         modelled_reductions: run.modelled_reductions,
         multiprocessors: run.gpu.sms,
         multiprocessors_recorded: recorded_gpu.is_some(),
+        conv_workspaces: run.conv_workspaces,
     };
     let predicted = opts.batch.map(|n| model.predict(n)).transpose()?;
     let largest_batch = match opts.limit {

@@ -90,6 +90,9 @@ enum RunOp {
         slope: f64,
         stream: u64,
         tag: u64,
+        /// A cuDNN convolution's workspace, which the run can do without
+        /// ([`Op::Optional`]).
+        optional: bool,
     },
     /// The staging buffer and semaphores of the reduction kernel of the sum
     /// just allocated (a bias's gradient over `rows_per_batch` x batch rows
@@ -128,6 +131,9 @@ pub struct ScaledRun {
     pub modelled_reductions: usize,
     /// The GPU the reductions' staging buffers are computed for.
     pub gpu: Gpu,
+    /// Allocations of cuDNN convolutions' workspaces, which the run can do
+    /// without ([`Op::Optional`]).
+    pub conv_workspaces: usize,
 }
 
 /// The event of an operation that stands for a block live before the trace.
@@ -262,6 +268,10 @@ enum Role {
     /// cuBLAS's workspace, made at a handle's first use (in the first
     /// step's backward, between a linear layer's two gradient products).
     Workspace,
+    /// A cuDNN convolution's workspace (made by `run_conv_plan`): its size
+    /// is the algorithm's, which cuDNN's heuristics pick anew for each
+    /// shape, and a convolution runs without it when memory is short.
+    ConvWorkspace,
     /// A matrix product of a linear layer's backward (`AddmmBackward0`).
     AddmmGrad,
     /// A gradient reshaped in the backward (`ReshapeAliasBackward0`,
@@ -278,6 +288,8 @@ fn role_of(snap: &Snapshot, stack: StackId, memo: &mut HashMap<StackId, Role>) -
         };
         if names().any(|n| n.contains("gpu_reduce_kernel")) {
             Role::Staging
+        } else if names().any(|n| n.contains("at::native::run_conv_plan")) {
+            Role::ConvWorkspace
         } else if names().any(|n| n.starts_with("at::cuda::") && n.contains("Workspace")) {
             Role::Workspace
         } else if names().any(|n| {
@@ -340,10 +352,18 @@ fn sum_geometry(
     })
 }
 
+/// What [`without_modelled_staging`] keeps of a probe's operations: each
+/// one's sum geometry where it allocates a modelled sum's output, and
+/// whether it allocates a cuDNN convolution's workspace.
+struct Kept {
+    ops: Recorded,
+    geometry: Vec<Option<SumGeometry>>,
+    conv_workspace: Vec<bool>,
+}
+
 /// A probe's operations with the staging buffers of the sums it can model
-/// left out (the model gives them at every batch), and each remaining
-/// operation's sum geometry where it allocates such a sum's output.
-fn without_modelled_staging(p: &Probe<'_>, r: Recorded) -> (Recorded, Vec<Option<SumGeometry>>) {
+/// left out (the model gives them at every batch).
+fn without_modelled_staging(p: &Probe<'_>, r: Recorded) -> Kept {
     let snap = p.snap;
     let mut memo = HashMap::new();
     let roles: Vec<Role> = r
@@ -406,14 +426,20 @@ fn without_modelled_staging(p: &Probe<'_>, r: Recorded) -> (Recorded, Vec<Option
         events: Vec::with_capacity(r.ops.len()),
     };
     let mut geo = Vec::with_capacity(r.ops.len());
+    let mut conv_workspace = Vec::with_capacity(r.ops.len());
     for (k, ((op, ev), g)) in r.ops.into_iter().zip(r.events).zip(geometry).enumerate() {
         if keep[k] {
             out.ops.push(op);
             out.events.push(ev);
             geo.push(g);
+            conv_workspace.push(roles[k] == Role::ConvWorkspace);
         }
     }
-    (out, geo)
+    Kept {
+        ops: out,
+        geometry: geo,
+        conv_workspace,
+    }
 }
 
 fn probe_error(p: &Probe<'_>, what: &str) -> crate::Error {
@@ -450,6 +476,7 @@ fn op_keys(p: &Probe<'_>, r: &Recorded) -> Vec<(u8, u64)> {
                 Op::Free { .. } => 3,
                 Op::EmptyCache => 4,
                 Op::FailedRequest { .. } => 5,
+                Op::Optional { .. } => 6,
             };
             (kind, stack.map_or(0, |s| stack_key(p.snap, s, &mut memo)))
         })
@@ -519,8 +546,16 @@ impl ScaledRun {
                 a.batch, b.batch
             )));
         }
-        let (ra, ga) = without_modelled_staging(a, Recorded::of(a)?);
-        let (rb, gb) = without_modelled_staging(b, Recorded::of(b)?);
+        let Kept {
+            ops: ra,
+            geometry: ga,
+            conv_workspace: wa,
+        } = without_modelled_staging(a, Recorded::of(a)?);
+        let Kept {
+            ops: rb,
+            geometry: gb,
+            conv_workspace: wb,
+        } = without_modelled_staging(b, Recorded::of(b)?);
         let (ka, kb) = (op_keys(a, &ra), op_keys(b, &rb));
         let per_batch = f64::from(b.batch) - f64::from(a.batch);
         let mut run = ScaledRun {
@@ -532,6 +567,7 @@ impl ScaledRun {
             unpaired_operations: 0,
             modelled_reductions: 0,
             gpu: Gpu::default(),
+            conv_workspaces: 0,
         };
         let mut names = Names {
             next: 1,
@@ -546,19 +582,19 @@ impl ScaledRun {
                     paired += 1;
                     let (oa, ob) = (ra.ops[i].0, rb.ops[j].0);
                     let op = names.rename(oa, true, Some(ob));
-                    run.push_paired(op, ob, per_batch);
+                    run.push_paired(op, ob, per_batch, wa[i] && wb[j]);
                     run.push_scratch(op, [(ga[i], a.batch), (gb[j], b.batch)], &mut names);
                 }
                 continue;
             }
             for i in old {
                 let op = names.rename(ra.ops[i].0, true, None);
-                run.push_unpaired(op, Presence::Below(b.batch));
+                run.push_unpaired(op, Presence::Below(b.batch), wa[i]);
                 run.push_scratch(op, [(ga[i], a.batch)], &mut names);
             }
             for j in new {
                 let op = names.rename(rb.ops[j].0, false, None);
-                run.push_unpaired(op, Presence::From(b.batch));
+                run.push_unpaired(op, Presence::From(b.batch), wb[j]);
                 run.push_scratch(op, [(gb[j], b.batch)], &mut names);
             }
         }
@@ -575,7 +611,9 @@ impl ScaledRun {
         Ok(run)
     }
 
-    fn push_paired(&mut self, op: Op, other: Op, per_batch: f64) {
+    /// A pair of the probes' operations; `optional`: both allocate a cuDNN
+    /// convolution's workspace.
+    fn push_paired(&mut self, op: Op, other: Op, per_batch: f64, optional: bool) {
         let run_op = match (op, other) {
             (
                 Op::Alloc {
@@ -592,12 +630,14 @@ impl ScaledRun {
                     self.scaling_allocations += 1;
                     self.bytes_per_sample += slope;
                 }
+                self.conv_workspaces += usize::from(optional);
                 RunOp::Alloc {
                     id,
                     base: size,
                     slope,
                     stream,
                     tag,
+                    optional,
                 }
             }
             (op, _) => RunOp::Fixed(op),
@@ -648,11 +688,32 @@ impl ScaledRun {
         ));
     }
 
-    fn push_unpaired(&mut self, op: Op, presence: Presence) {
+    /// An operation of one probe only; `optional`: it allocates a cuDNN
+    /// convolution's workspace.
+    fn push_unpaired(&mut self, op: Op, presence: Presence, optional: bool) {
         self.unpaired_operations += 1;
-        if let Op::Alloc { .. } = op {
-            self.allocations += 1;
-        }
+        let op = match op {
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                tag,
+            } => {
+                self.allocations += 1;
+                self.conv_workspaces += usize::from(optional);
+                if optional {
+                    Op::Optional {
+                        id,
+                        size,
+                        stream,
+                        tag,
+                    }
+                } else {
+                    op
+                }
+            }
+            op => op,
+        };
         self.ops.push((RunOp::Fixed(op), presence));
     }
 
@@ -692,12 +753,25 @@ impl ScaledRun {
                     slope,
                     stream,
                     tag,
-                } => ops.push(Op::Alloc {
-                    id,
-                    size: (base as f64 + slope * dx).round().max(1.0) as u64,
-                    stream,
-                    tag,
-                }),
+                    optional,
+                } => {
+                    let size = (base as f64 + slope * dx).round().max(1.0) as u64;
+                    ops.push(if optional {
+                        Op::Optional {
+                            id,
+                            size,
+                            stream,
+                            tag,
+                        }
+                    } else {
+                        Op::Alloc {
+                            id,
+                            size,
+                            stream,
+                            tag,
+                        }
+                    });
+                }
                 RunOp::Scratch {
                     ids,
                     rows_per_batch,

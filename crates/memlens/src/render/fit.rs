@@ -41,6 +41,13 @@ pub fn text(r: &FitReport) -> String {
             b.modelled_reductions
         ));
     }
+    if b.conv_workspaces > 0 && r.limit_bytes.is_some() {
+        out.push_str(&format!(
+            "  {} cuDNN convolution workspaces are done without where the limit leaves no room \
+             (PyTorch then runs the convolution with another algorithm)\n",
+            b.conv_workspaces
+        ));
+    }
     let limit = r.limit_bytes.map(format_bytes);
     if let Some(p) = &r.predicted {
         out.push_str(&line(p, limit.as_deref()));

@@ -33,6 +33,24 @@ pub enum Op {
         /// The caller's tag.
         tag: u64,
     },
+    /// An allocation the program can do without: a cuDNN convolution's
+    /// workspace. PyTorch runs a convolution with the next algorithm its
+    /// heuristics list when the workspace cannot be had (`try_plans` in
+    /// `aten/src/ATen/native/cudnn/Conv_v8.cpp` catches the
+    /// `OutOfMemoryError`; the last algorithms need none). Where it fails,
+    /// the allocator's attempt happened (its cache flushed, the failure
+    /// counted in `num_ooms`) and the program goes on without it: not the
+    /// program's failure.
+    Optional {
+        /// The tensor's name.
+        id: u64,
+        /// Bytes requested.
+        size: u64,
+        /// Stream key.
+        stream: u64,
+        /// The caller's tag.
+        tag: u64,
+    },
     /// The user freed `id`; the block waits for other streams' work until
     /// [`Op::FreeCompleted`].
     FreeRequested {
@@ -164,6 +182,15 @@ impl Run {
                 tag,
             } => {
                 let h = self.malloc(at, size, stream, tag);
+                self.live.insert(id, h);
+            }
+            Op::Optional {
+                id, size, stream, ..
+            } => {
+                let h = self
+                    .model
+                    .malloc(size, stream, DEFAULT_POOL, at as u64, &mut self.device)
+                    .ok();
                 self.live.insert(id, h);
             }
             Op::FailedRequest { size, stream, tag } => {
