@@ -186,6 +186,17 @@ pub fn is_backward_frame(filename: &str, function: &str) -> bool {
         || backward_node(function).is_some()
 }
 
+/// Whether a C++ frame is the function that allocates a cuDNN convolution's
+/// workspace (`at::native::run_conv_plan`, cuDNN's v8 API, what PyTorch 2.x
+/// runs). PyTorch gives such a workspace up when it cannot have it and runs
+/// the convolution with the next algorithm (`try_plans` in
+/// `aten/src/ATen/native/cudnn/Conv_v8.cpp` catches the `OutOfMemoryError`),
+/// and cuDNN sizes it for the algorithm it picks for each shape: it is
+/// neither a failure of the program nor linear in the batch.
+pub fn is_cudnn_workspace(function: &str) -> bool {
+    function.contains("at::native::run_conv_plan")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -240,3 +240,60 @@ fn with_two_devices_the_report_draws_the_oom_of_the_device_that_failed() {
     );
     assert!(!seg.segments.is_empty());
 }
+
+/// A ResNet-50 under a cap (an H200): cuDNN convolutions' workspaces that
+/// PyTorch could not have and gave up for other algorithms are `oom` entries
+/// of the trace, caught by PyTorch. At batch 23 the run ran its steps: no
+/// surface explains an OOM (doctor said "CUDA out of memory" and advised a
+/// smaller batch). At batch 24 the run failed: the OOM explained is its last
+/// entry, the program's, not one of the 82 workspaces before it.
+#[test]
+fn oom_entries_pytorch_caught_are_not_the_runs_oom() {
+    use memlens::oom::chosen_oom;
+    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom");
+    let ooms = |snap: &Snapshot| -> Vec<(usize, bool)> {
+        snap.traces[0]
+            .events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.action == Action::Oom)
+            .map(|(i, e)| (i, snap.oom_caught_by_pytorch(e)))
+            .collect()
+    };
+
+    let ran = Snapshot::load(&corpus.join("conv_workspace_caught.pickle.zst")).expect("reads");
+    let entries = ooms(&ran);
+    assert_eq!(entries.len(), 4);
+    assert!(entries.iter().all(|&(_, caught)| caught));
+    assert_eq!(chosen_oom(&ran), None);
+    let name = "conv_workspace_caught.pickle.zst";
+    let d = diagnose_inputs(&[(name.to_string(), &ran)], &DoctorOptions::default());
+    assert!(d.oom.is_none());
+    assert!(
+        d.findings.iter().all(|f| f.kind != "oom"),
+        "{:?}",
+        d.findings
+    );
+    let err = oom_doc(&ran, name, &OomOptions::default())
+        .expect_err("no OOM to explain")
+        .to_string();
+    assert!(
+        err.contains("its 4 `oom` entries are cuDNN convolution workspaces"),
+        "{err}"
+    );
+
+    let failed = Snapshot::load(&corpus.join("conv_workspace_oom.pickle.zst")).expect("reads");
+    let entries = ooms(&failed);
+    assert_eq!(entries.len(), 83);
+    assert_eq!(entries.iter().filter(|&&(_, caught)| caught).count(), 82);
+    let (last, caught) = *entries.last().expect("an OOM");
+    assert!(!caught);
+    assert_eq!(chosen_oom(&failed), Some((0, last)));
+    let name = "conv_workspace_oom.pickle.zst";
+    let r = surfaces_agree(name, &failed).expect("an OOM");
+    assert_eq!(r.event_index, last);
+    assert_eq!(r.requested_bytes, 8 << 20);
+    let d = diagnose_inputs(&[(name.to_string(), &failed)], &DoctorOptions::default());
+    let data = memlens::report::from_diagnosis(&[(name.to_string(), &failed)], &d);
+    assert_eq!(data.timeline.expect("a timeline").ooms.len(), 1);
+}

@@ -591,10 +591,7 @@ fn live_by_site_at_steps(
     // tell growth it released itself from growth still held. The end of a
     // trace without an OOM may be the teardown, which frees every kind of
     // memory: no such point there (the last step's end stands for it).
-    let oom = trace
-        .events
-        .iter()
-        .position(|e| e.action == crate::snapshot::Action::Oom);
+    let oom = trace.events.iter().position(|e| an.snap.is_oom_failure(e));
     let oom_point = match oom {
         Some(end) if cuts.last().is_none_or(|&c| c < end) => {
             cuts.push(end);

@@ -4,7 +4,7 @@
 //! at which site.
 
 use super::peak::{peak, peak_analysed, AnalysedSet, PeakReport};
-use crate::snapshot::{Action, Snapshot};
+use crate::snapshot::Snapshot;
 use crate::units::format_bytes;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -157,7 +157,7 @@ pub fn holds_oom(snap: &Snapshot) -> bool {
     snap.traces
         .iter()
         .flat_map(|t| &t.events)
-        .any(|e| e.action == Action::Oom)
+        .any(|e| snap.is_oom_failure(e))
 }
 
 /// Of one rank's snapshots (oldest first) and their peaks, the one with the

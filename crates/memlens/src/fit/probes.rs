@@ -288,7 +288,7 @@ fn role_of(snap: &Snapshot, stack: StackId, memo: &mut HashMap<StackId, Role>) -
         };
         if names().any(|n| n.contains("gpu_reduce_kernel")) {
             Role::Staging
-        } else if names().any(|n| n.contains("at::native::run_conv_plan")) {
+        } else if names().any(crate::frames::is_cudnn_workspace) {
             Role::ConvWorkspace
         } else if names().any(|n| n.starts_with("at::cuda::") && n.contains("Workspace")) {
             Role::Workspace

@@ -19,21 +19,23 @@ pub mod whatif;
 
 pub use cause::{Cause, Fix};
 
-use crate::snapshot::{Action, Snapshot};
+use crate::snapshot::Snapshot;
 
 /// The OOM every command explains when a snapshot holds several: the last one
 /// of the first trace that has one (the one that ended the run; the earlier
-/// ones were caught by the program). `oom`, `doctor`, `report` and the Python
-/// OOM hook all use this, so they speak of the same failure.
+/// ones were caught by the program), PyTorch's own caught ones aside
+/// ([`Snapshot::oom_caught_by_pytorch`]). `oom`, `doctor`, `report` and the Python OOM hook
+/// all use this, so they speak of the same failure.
 /// Returns (trace index, event index).
 pub fn chosen_oom(snap: &Snapshot) -> Option<(usize, usize)> {
     snap.traces.iter().enumerate().find_map(|(ti, t)| {
         t.events
             .iter()
-            .rposition(|e| e.action == Action::Oom)
+            .rposition(|e| snap.is_oom_failure(e))
             .map(|i| (ti, i))
     })
 }
+
 pub use fixes::{BatchFit, FixKind, OomFix};
 pub use message::{parse, OomMessage};
 pub use snapshot::{

@@ -381,7 +381,7 @@ pub fn analyze_observed(
     };
     let t = &snap.traces[trace];
     let oom = t.events[k];
-    let ooms_in_trace = t.events.iter().filter(|e| e.action == Action::Oom).count();
+    let ooms_in_trace = t.events.iter().filter(|e| snap.is_oom_failure(e)).count();
     let config = recorded_config(&snap.settings);
     let request = oom.size;
     let tried = allocation_size(&config, request);

@@ -215,7 +215,11 @@ pub fn report_doc_in<'s>(
 /// there is nothing to explain, and an empty document would read as an answer.
 pub fn oom_doc(snap: &Snapshot, name: &str, opts: &OomOptions) -> Result<OomReport> {
     let opts = with_recorded_device(opts, name);
-    no_oom_is_an_error(crate::oom::analyze_snapshot(snap, &opts)?, name)
+    no_oom_is_an_error(
+        crate::oom::analyze_snapshot(snap, &opts)?,
+        name,
+        caught_ooms(snap),
+    )
 }
 
 /// `opts` with what `memlens.record` wrote beside the snapshot `name`
@@ -235,13 +239,30 @@ pub fn oom_doc_analysed(
     opts: &OomOptions,
 ) -> Result<OomReport> {
     let opts = with_recorded_device(opts, name);
-    no_oom_is_an_error(crate::oom::snapshot::analyze_analysed(an, &opts)?, name)
+    let report = crate::oom::snapshot::analyze_analysed(an, &opts)?;
+    no_oom_is_an_error(report, name, caught_ooms(an.snap))
 }
 
-fn no_oom_is_an_error(report: Option<OomReport>, name: &str) -> Result<OomReport> {
+/// `oom` entries PyTorch caught itself ([`crate::Snapshot::oom_caught_by_pytorch`]).
+fn caught_ooms(snap: &crate::Snapshot) -> usize {
+    snap.traces
+        .iter()
+        .flat_map(|t| &t.events)
+        .filter(|e| snap.oom_caught_by_pytorch(e))
+        .count()
+}
+
+fn no_oom_is_an_error(report: Option<OomReport>, name: &str, caught: usize) -> Result<OomReport> {
     report.ok_or_else(|| {
+        let why = match caught {
+            0 => "no `oom` event".to_string(),
+            n => format!(
+                "its {n} `oom` entries are cuDNN convolution workspaces that PyTorch gave up to \
+                 run the convolution with another algorithm, not failures of the program"
+            ),
+        };
         Error::usage(format!(
-            "{name}: the trace holds no OOM (no `oom` event): dump the snapshot in the `except \
+            "{name}: the trace holds no OOM ({why}): dump the snapshot in the `except \
              torch.OutOfMemoryError` handler with the trace recording on, or pass the error text \
              with --message"
         ))

@@ -62,7 +62,8 @@ pub struct Watched {
     /// The starts of the runs of segment frees that were `empty_cache()`
     /// calls, in order.
     pub empty_cache_at: Vec<usize>,
-    /// The state right before each OOM event (the first [`MAX_OOM_STATES`]).
+    /// The state right before each OOM event: the first
+    /// [`MAX_OOM_STATES`] less one, and the latest.
     pub before_oom: Vec<OomMoment>,
     /// Whether the trace had more OOM events than were kept.
     pub more_ooms: bool,
@@ -167,22 +168,28 @@ impl Watch {
             self.w.empty_cache_at.push(index);
         }
         if e.action == Action::Oom {
+            let t = r.totals();
+            let moment = OomMoment {
+                index,
+                state: StateThen {
+                    allocated: t.all.allocated,
+                    reserved: t.all.reserved,
+                    peak_reserved: self.w.peaks.reserved.0.max(t.all.reserved),
+                    segments: r.segments(),
+                    live: r.live_blocks(),
+                    warnings: r.warnings().to_vec(),
+                    mismatches: r.mismatches(),
+                },
+                totals: t,
+            };
             if self.w.before_oom.len() < MAX_OOM_STATES {
-                let t = r.totals();
-                self.w.before_oom.push(OomMoment {
-                    index,
-                    state: StateThen {
-                        allocated: t.all.allocated,
-                        reserved: t.all.reserved,
-                        peak_reserved: self.w.peaks.reserved.0.max(t.all.reserved),
-                        segments: r.segments(),
-                        live: r.live_blocks(),
-                        warnings: r.warnings().to_vec(),
-                        mismatches: r.mismatches(),
-                    },
-                    totals: t,
-                });
-            } else {
+                self.w.before_oom.push(moment);
+            } else if let Some(last) = self.w.before_oom.last_mut() {
+                // The last slot follows the latest OOM: the one that ended
+                // the run, which every command explains, comes after any
+                // number of caught ones (a ResNet's cuDNN workspaces under a
+                // cap: 82 before the program's own).
+                *last = moment;
                 self.w.more_ooms = true;
             }
         }

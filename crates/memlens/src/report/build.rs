@@ -591,7 +591,9 @@ impl TimelineWalk<'_> {
                 reserved,
                 active: Some(allocated + pending),
                 bands: &self.bands,
-                oom: e.action == Action::Oom,
+                // Marked where the program met an OOM, not where PyTorch
+                // caught one itself (a cuDNN workspace given up).
+                oom: self.snap.is_oom_failure(e),
                 keep: self.keep == Some(index),
             });
         }

@@ -508,6 +508,27 @@ impl Snapshot {
         self.traces.iter().any(DeviceTrace::has_allocations)
     }
 
+    /// Whether the `oom` entry `e` is one PyTorch caught itself: a cuDNN
+    /// convolution's workspace (its C++ frames name the function that
+    /// allocates it, [`crate::frames::is_cudnn_workspace`]), given up for
+    /// another algorithm. A ResNet-50 under a cap that ran its steps logged
+    /// four such entries at batches 22 and 23 (an H200, 2026-11-29), and
+    /// memlens called the run an OOM. With Python frames only it cannot be
+    /// told: such an entry stays the program's.
+    pub fn oom_caught_by_pytorch(&self, e: &TraceEvent) -> bool {
+        e.action == Action::Oom
+            && self
+                .stack(e.stack)
+                .iter()
+                .any(|&f| crate::frames::is_cudnn_workspace(self.str(self.frame(f).name)))
+    }
+
+    /// Whether `e` is an `oom` entry the program saw (not one PyTorch caught
+    /// itself: [`Snapshot::oom_caught_by_pytorch`]).
+    pub fn is_oom_failure(&self, e: &TraceEvent) -> bool {
+        e.action == Action::Oom && !self.oom_caught_by_pytorch(e)
+    }
+
     /// Device ordinals that appear in segments or traces, sorted.
     pub fn devices(&self) -> Vec<u32> {
         let mut d: Vec<u32> = self.segments.iter().map(|s| s.device).collect();
