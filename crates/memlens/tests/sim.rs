@@ -534,23 +534,16 @@ fn a_workspace_that_cannot_be_had_is_done_without_not_a_failure() {
             },
         ]
     };
-    let optional = Op::Optional {
-        id: 2,
-        size: 400 * mib,
-        stream: 0,
-        tag: 0,
-    };
-    let r = simulate_ops(&program(optional), 0, &opts).unwrap();
+    let r = simulate_ops(&program(Op::allocation(2, 400 * mib, 0, 0, true)), 0, &opts).unwrap();
     assert!(r.first_oom.is_none(), "{:?}", r.first_oom);
     assert_eq!(r.num_ooms, 1);
     assert_eq!(r.peak_allocated_bytes, 700 * mib);
     // The same request as a tensor the program needs: its failure.
-    let needed = Op::Alloc {
-        id: 2,
-        size: 400 * mib,
-        stream: 0,
-        tag: 0,
-    };
-    let r = simulate_ops(&program(needed), 0, &opts).unwrap();
+    let r = simulate_ops(
+        &program(Op::allocation(2, 400 * mib, 0, 0, false)),
+        0,
+        &opts,
+    )
+    .unwrap();
     assert_eq!(r.first_oom.map(|f| f.event_index), Some(1));
 }

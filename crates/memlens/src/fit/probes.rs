@@ -701,16 +701,7 @@ impl ScaledRun {
             } => {
                 self.allocations += 1;
                 self.conv_workspaces += usize::from(optional);
-                if optional {
-                    Op::Optional {
-                        id,
-                        size,
-                        stream,
-                        tag,
-                    }
-                } else {
-                    op
-                }
+                Op::allocation(id, size, stream, tag, optional)
             }
             op => op,
         };
@@ -756,21 +747,7 @@ impl ScaledRun {
                     optional,
                 } => {
                     let size = (base as f64 + slope * dx).round().max(1.0) as u64;
-                    ops.push(if optional {
-                        Op::Optional {
-                            id,
-                            size,
-                            stream,
-                            tag,
-                        }
-                    } else {
-                        Op::Alloc {
-                            id,
-                            size,
-                            stream,
-                            tag,
-                        }
-                    });
+                    ops.push(Op::allocation(id, size, stream, tag, optional));
                 }
                 RunOp::Scratch {
                     ids,

@@ -81,6 +81,28 @@ pub enum Op {
     },
 }
 
+impl Op {
+    /// An allocation of `size` bytes named `id`: [`Op::Optional`] when the
+    /// program can do without it, else [`Op::Alloc`].
+    pub fn allocation(id: u64, size: u64, stream: u64, tag: u64, optional: bool) -> Op {
+        if optional {
+            Op::Optional {
+                id,
+                size,
+                stream,
+                tag,
+            }
+        } else {
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                tag,
+            }
+        }
+    }
+}
+
 /// The first allocation that failed in a program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Failure {
