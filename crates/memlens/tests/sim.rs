@@ -536,7 +536,9 @@ fn a_workspace_that_cannot_be_had_is_done_without_not_a_failure() {
     };
     let r = simulate_ops(&program(Op::allocation(2, 400 * mib, 0, 0, true)), 0, &opts).unwrap();
     assert!(r.first_oom.is_none(), "{:?}", r.first_oom);
-    assert_eq!(r.num_ooms, 1);
+    // Not the program's OOM; PyTorch's own count has it.
+    assert_eq!((r.num_ooms, r.workspaces_given_up), (0, 1));
+    assert_eq!(r.stats.num_ooms, 1);
     assert_eq!(r.peak_allocated_bytes, 700 * mib);
     // The same request as a tensor the program needs: its failure.
     let r = simulate_ops(
@@ -546,4 +548,57 @@ fn a_workspace_that_cannot_be_had_is_done_without_not_a_failure() {
     )
     .unwrap();
     assert_eq!(r.first_oom.map(|f| f.event_index), Some(1));
+}
+
+/// The capped ResNet-50 runs of tests/corpus/oom (an H200, 2026-11-29) replayed
+/// as recorded: the workspaces PyTorch gave up are given up again and are not
+/// OOMs, and the one OOM the program saw is where it happened. Before, `tune`
+/// counted every workspace entry an OOM and told a run that did not fail that
+/// expandable segments "avoid the OOM".
+#[test]
+fn workspaces_the_recorded_run_gave_up_are_given_up_again_not_counted_as_ooms() {
+    use memlens::replay::limits::with_inferred;
+    let corpus =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom");
+    let caught_entries = |snap: &Snapshot| {
+        snap.traces[0]
+            .events
+            .iter()
+            .filter(|e| snap.oom_caught_by_pytorch(e))
+            .count() as u64
+    };
+    let as_recorded = |snap: &Snapshot| {
+        let (opts, limits) = with_inferred(snap, 0, &SimulateOptions::default(), None);
+        (simulate(snap, 0, &opts).unwrap(), limits, opts)
+    };
+
+    // Batch 23 ran its steps: 4 workspaces given up, no OOM.
+    let ran = Snapshot::load(&corpus.join("conv_workspace_caught.pickle.zst")).unwrap();
+    let (r, limits, opts) = as_recorded(&ran);
+    // The cap is at least the most PyTorch held in the whole run (850 MiB,
+    // after the first workspace entry), not what it held before that entry.
+    let recorded = memlens::replay::replay_device(&ran, 0, &Default::default());
+    assert_eq!(
+        limits.memory_cap.map(|c| c.bytes),
+        Some(recorded.peak_reserved_bytes)
+    );
+    assert!(r.first_oom.is_none(), "{:?}", r.first_oom);
+    assert_eq!(r.num_ooms, 0);
+    assert_eq!(r.workspaces_given_up, caught_entries(&ran));
+    assert_eq!(r.workspaces_given_up, 4);
+    assert_eq!(r.stats.num_ooms, 4);
+    assert_eq!(r.peak_reserved_bytes, recorded.peak_reserved_bytes);
+    assert_eq!(r.peak_allocated_bytes, recorded.peak_allocated_bytes);
+    let t = tune(&ran, 0, &opts).unwrap();
+    let rec = t.candidates.iter().find(|c| c.recorded).unwrap();
+    assert_eq!((rec.num_ooms, rec.workspaces_given_up), (0, 4));
+    assert!(!t.advice.contains("avoids the OOM"), "{}", t.advice);
+
+    // Batch 24 failed once, at its last entry, after 82 workspaces given up.
+    let failed = Snapshot::load(&corpus.join("conv_workspace_oom.pickle.zst")).unwrap();
+    let (r, _, _) = as_recorded(&failed);
+    let (_, last) = memlens::oom::chosen_oom(&failed).unwrap();
+    assert_eq!(r.first_oom.map(|o| o.event_index), Some(last));
+    assert_eq!((r.num_ooms, r.workspaces_given_up), (1, 82));
+    assert_eq!(r.workspaces_given_up, caught_entries(&failed));
 }

@@ -24,7 +24,7 @@ use crate::replay::initial;
 use crate::replay::simulate::{simulate_ops, SimulateOptions, SimulationResult};
 use crate::sim::program::Op;
 use crate::sim::AllocatorConfig;
-use crate::snapshot::{Action, Snapshot, TraceEvent};
+use crate::snapshot::{Action, Snapshot, StackSet, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
@@ -125,7 +125,7 @@ impl ModelOp {
     }
 
     fn is_alloc(&self) -> bool {
-        matches!(self.op, Op::Alloc { .. })
+        matches!(self.op, Op::Alloc { .. } | Op::Optional { .. })
     }
 }
 
@@ -189,6 +189,7 @@ impl WhatIf {
             snap,
             events: &t.events,
             empty_cache_at,
+            workspaces: snap.cudnn_workspace_stacks(),
         };
         // The state before the trace, as that one replay began from it.
         let pass = an.recorded().of(snap, trace);
@@ -296,6 +297,8 @@ struct Recorded<'a> {
     /// Where the program called `empty_cache()` (the first segment free of
     /// each such release), judged on the recorded run.
     empty_cache_at: &'a HashSet<usize>,
+    /// Stacks of the allocations the program can do without.
+    workspaces: StackSet,
 }
 
 impl Recorded<'_> {
@@ -319,14 +322,17 @@ impl Recorded<'_> {
         out
     }
 
-    /// The allocation event `e` as an operation.
+    /// The allocation event `e` as an operation: [`Op::Optional`] for a
+    /// cuDNN convolution's workspace, which PyTorch gives up when it cannot
+    /// have it.
     fn alloc(&self, e: &TraceEvent) -> Op {
-        Op::Alloc {
-            id: e.addr,
-            size: e.size,
-            stream: self.snap.stream(e.stream) as u64,
-            tag: u64::from(e.stack),
-        }
+        Op::allocation(
+            e.addr,
+            e.size,
+            self.snap.stream(e.stream) as u64,
+            u64::from(e.stack),
+            self.workspaces.contains(e.stack),
+        )
     }
 }
 
@@ -547,6 +553,17 @@ fn template_ops(
                     base: size as f64,
                     slope: slope_of.get(&j).copied().unwrap_or(0.0),
                 }
+            }
+            // A workspace keeps its size: cuDNN sizes it for the algorithm
+            // it picks, which does not follow the batch.
+            Op::Optional {
+                id,
+                size,
+                stream,
+                tag,
+            } => {
+                own.insert(id);
+                ModelOp::fixed(Op::allocation(id | STEP_IDS, size, stream, tag, true))
             }
             Op::FreeRequested { id } | Op::FreeCompleted { id } => {
                 let id = if own.contains(&id) {

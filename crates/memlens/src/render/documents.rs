@@ -45,7 +45,9 @@ pub struct Recorded {
     pub peak_reserved_bytes: u64,
     /// Peak allocated bytes of that replay.
     pub peak_allocated_bytes: u64,
-    /// OOMs in that replay.
+    /// OOMs in that replay: its failed allocations less the `oom` entries
+    /// PyTorch caught itself ([`crate::Snapshot::oom_caught_by_pytorch`]),
+    /// as the simulation's `num_ooms` counts them.
     pub num_ooms: u64,
 }
 
@@ -73,7 +75,12 @@ pub fn simulate_doc(
             config: crate::replay::config::recorded_config(&snap.settings).to_conf_string(),
             peak_reserved_bytes: recorded.peak_reserved_bytes,
             peak_allocated_bytes: recorded.peak_allocated_bytes,
-            num_ooms: recorded.stats.num_ooms,
+            num_ooms: recorded.stats.num_ooms.saturating_sub(
+                snap.device_trace(device)
+                    .iter()
+                    .filter(|e| snap.oom_caught_by_pytorch(e))
+                    .count() as u64,
+            ),
         },
         result,
         limits,

@@ -66,6 +66,14 @@ pub fn text(d: &SimulateDoc) -> String {
         "  segments made {} (cudaMalloc or mapping), freed {}, cache flushes and retries {}, OOMs {}",
         r.num_device_alloc, r.num_device_free, r.num_alloc_retries, r.num_ooms
     );
+    if r.workspaces_given_up > 0 {
+        let _ = writeln!(
+            o,
+            "  cuDNN convolution workspaces given up {} (not OOMs: PyTorch ran those convolutions with \
+             another algorithm)",
+            r.workspaces_given_up
+        );
+    }
     if r.empty_cache_calls > 0 {
         let _ = writeln!(o, "  empty_cache() calls replayed: {}", r.empty_cache_calls);
     }

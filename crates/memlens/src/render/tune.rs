@@ -32,6 +32,37 @@ pub fn text(d: &TuneDoc) -> String {
         );
     }
     let _ = writeln!(o);
+    if let Some(rec) = d.result.candidates.iter().find(|c| c.recorded) {
+        if d.result
+            .candidates
+            .iter()
+            .any(|c| c.workspaces_given_up > 0)
+        {
+            push_wrapped(
+                &mut o,
+                "  ",
+                "  ",
+                &format!(
+                    "not counted as OOMs: cuDNN convolution workspaces that could not be had, \
+                     which PyTorch gives up for a slower algorithm: {} under the recorded \
+                     settings{}",
+                    rec.workspaces_given_up,
+                    match d.result.candidates.first() {
+                        Some(best) if !best.recorded => format!(
+                            ", {} under {}",
+                            best.workspaces_given_up,
+                            if best.config.is_empty() {
+                                "the defaults"
+                            } else {
+                                &best.config
+                            }
+                        ),
+                        _ => String::new(),
+                    }
+                ),
+            );
+        }
+    }
     push_wrapped(&mut o, "  ", "  ", &d.result.advice);
     super::layout::fit(o)
 }

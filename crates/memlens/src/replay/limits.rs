@@ -9,8 +9,10 @@
 //! tried to get, H what it held and F the device's free memory:
 //!
 //! * F >= R: the device had room, so a per-process cap refused the segment.
-//!   Every segment made before fitted under it, so the cap is at least the
-//!   peak of reserved memory up to the failure, and below H + R. The lower
+//!   Every segment the run made fitted under it, so the cap is at least the
+//!   peak of reserved memory over the trace (a run goes on past an `oom`
+//!   entry PyTorch caught itself, a cuDNN workspace given up, and past one
+//!   the program caught), and below H + R. The lower
 //!   end is used (predictions then err on the side of an OOM); an OOM message
 //!   that prints "X allowed" gives the cap itself.
 //! * F < R: the device was full: this process could hold at most H + F.
@@ -170,6 +172,8 @@ pub fn infer_from(
             _ => {}
         }
     }
+    // Segments made after an OOM fitted under the same cap.
+    let cap = cap.map(|(lo, hi, at)| (if peak < hi { lo.max(peak) } else { lo }, hi, at));
     let printed_cap = message.and_then(|m| m.memory_cap.map(|c| (c, m.origin)));
     out.memory_cap = match (printed_cap, cap) {
         (Some((c, origin)), _) => Some(Limit {
@@ -179,9 +183,10 @@ pub fn infer_from(
         (None, Some((lo, hi, at))) => Some(Limit {
             bytes: lo,
             source: format!(
-                "inferred from the OOM at event {at}: the device had room for the segment, so a \
+                "inferred from {} at event {at}: the device had room for the segment, so a \
                  per-process cap refused it; the cap is at least {} (the most PyTorch held \
-                 before) and below {}; the lower end is used",
+                 in the run) and below {}; the lower end is used",
+                oom_entry(snap, events, at),
                 format_bytes(lo),
                 format_bytes(hi)
             ),
@@ -191,8 +196,9 @@ pub fn infer_from(
     out.device_room = room.map(|(r, at)| Limit {
         bytes: r,
         source: format!(
-            "inferred from the OOM at event {at}: the device was full; PyTorch held what it \
+            "inferred from {} at event {at}: the device was full; PyTorch held what it \
              had and the device had {} more",
+            oom_entry(snap, events, at),
             format_bytes(r)
         ),
     });
@@ -210,6 +216,17 @@ pub fn infer_from(
         }
     }
     out
+}
+
+/// The `oom` entry at `at`, in words: the run's OOM, or a cuDNN workspace
+/// PyTorch gave up ([`Snapshot::oom_caught_by_pytorch`]).
+fn oom_entry(snap: &Snapshot, events: &[crate::snapshot::TraceEvent], at: usize) -> &'static str {
+    match events.get(at) {
+        Some(e) if snap.oom_caught_by_pytorch(e) => {
+            "the `oom` entry of a cuDNN workspace PyTorch gave up"
+        }
+        _ => "the OOM",
+    }
 }
 
 /// `opts` with the inferred limits filled in where the caller set none

@@ -12,8 +12,12 @@ use super::{ReleaseCause, ReplayOptions};
 use crate::sim::program::{Op, Outcome, Run};
 use crate::sim::rounding::SMALL_BUFFER;
 use crate::sim::{AddressOrder, AllocatorConfig, MemoryStats};
-use crate::snapshot::{Action, Snapshot, StackId};
+use crate::snapshot::{Action, Snapshot, StackId, StackSet};
 use serde::Serialize;
+
+/// Names of the workspaces the recorded run gave up, by event index: above
+/// any address a trace records (below 2^57).
+const GIVEN_UP_IDS: u64 = 1 << 63;
 
 /// Settings of a what-if run.
 #[derive(Clone, Debug, Default)]
@@ -71,8 +75,13 @@ pub struct SimulationResult {
     pub num_device_free: u64,
     /// cudaMalloc retries after a cache flush.
     pub num_alloc_retries: u64,
-    /// Failed allocations.
+    /// Failed allocations the program needed: the run's OOMs. PyTorch's
+    /// `num_ooms` (in `stats`) counts the workspaces given up too.
     pub num_ooms: u64,
+    /// cuDNN convolution workspaces that could not be had and were done
+    /// without (PyTorch catches those failures and runs the convolution with
+    /// another algorithm: [`Op::Optional`]).
+    pub workspaces_given_up: u64,
     /// Sizes of segment allocations (and expandable mappings), in order.
     pub segment_sizes: Vec<u64>,
     /// The first failed allocation.
@@ -95,12 +104,14 @@ pub struct SimulationResult {
 
 /// What a what-if run needs from the recorded trace, computed once for any
 /// number of settings: the state before the first event, where the program
-/// called `empty_cache()`, and the overhead an `oom` event implies.
+/// called `empty_cache()`, which allocations it could do without, and the
+/// overhead an `oom` event implies.
 #[derive(Clone, Debug)]
 pub struct Prepared {
     device: u32,
     initial: InitialState,
     empty_cache_at: Vec<usize>,
+    workspaces: StackSet,
     reserved_at_oom: Option<(u64, u64)>,
 }
 
@@ -153,6 +164,7 @@ impl Prepared {
             device,
             initial,
             empty_cache_at,
+            workspaces: snap.cudnn_workspace_stacks(),
             reserved_at_oom,
         }
     }
@@ -212,19 +224,23 @@ pub fn simulate_prepared(
     let mut empty_cache_at = prep.empty_cache_at.iter().copied().peekable();
     for (i, e) in events.iter().enumerate() {
         let stream = || snap.stream(e.stream) as u64;
+        let tag = u64::from(e.stack);
+        let optional = prep.workspaces.contains(e.stack);
         let op = match e.action {
-            Action::Alloc => Op::Alloc {
-                id: e.addr,
-                size: e.size,
-                stream: stream(),
-                tag: u64::from(e.stack),
-            },
+            Action::Alloc => Op::allocation(e.addr, e.size, stream(), tag, optional),
+            // A workspace PyTorch gave up in the recorded run: tried again,
+            // and where it now fits, held for its convolution only.
+            Action::Oom if optional => {
+                let id = GIVEN_UP_IDS | i as u64;
+                run.apply(i, Op::allocation(id, e.size, stream(), tag, true));
+                Op::Free { id }
+            }
             // The request that failed in the recorded run (its size is
             // already rounded): under other settings it may fit.
             Action::Oom => Op::FailedRequest {
                 size: e.size,
                 stream: stream(),
-                tag: u64::from(e.stack),
+                tag,
             },
             Action::FreeRequested => Op::FreeRequested { id: e.addr },
             Action::FreeCompleted => Op::FreeCompleted { id: e.addr },
@@ -332,7 +348,8 @@ fn result(
         num_device_alloc: st.num_device_alloc,
         num_device_free: st.num_device_free,
         num_alloc_retries: st.num_alloc_retries,
-        num_ooms: st.num_ooms,
+        num_ooms: out.failures,
+        workspaces_given_up: out.given_up,
         segment_sizes: out.segment_sizes,
         first_oom: out.first_failure.map(|f| SimulatedOom {
             event_index: f.at,

@@ -15,8 +15,11 @@ pub struct Candidate {
     pub config: String,
     /// Predicted `reserved_bytes.all.peak`.
     pub peak_reserved_bytes: u64,
-    /// Predicted failed allocations.
+    /// Predicted failed allocations the program needed (its OOMs).
     pub num_ooms: u64,
+    /// Predicted cuDNN convolution workspaces given up (not OOMs: PyTorch
+    /// runs the convolution with another algorithm).
+    pub workspaces_given_up: u64,
     /// Predicted `allocated_bytes.all.peak`.
     pub peak_allocated_bytes: u64,
     /// Predicted cudaMalloc retries (each one a full cache flush).
@@ -126,6 +129,7 @@ pub fn tune_prepared(
             config: r.config,
             peak_reserved_bytes: r.peak_reserved_bytes,
             num_ooms: r.num_ooms,
+            workspaces_given_up: r.workspaces_given_up,
             peak_allocated_bytes: r.peak_allocated_bytes,
             num_alloc_retries: r.num_alloc_retries,
         });

@@ -138,7 +138,13 @@ pub struct Outcome {
     pub empty_cache_calls: u64,
     /// Sizes of segment allocations (and expandable mappings), in order.
     pub segment_sizes: Vec<u64>,
-    /// All statistics at the end (`num_ooms` counts every failure).
+    /// Allocations that failed and that the program needed ([`Op::Alloc`],
+    /// [`Op::FailedRequest`]).
+    pub failures: u64,
+    /// [`Op::Optional`] allocations that failed and were done without.
+    pub given_up: u64,
+    /// All statistics at the end (`num_ooms` counts every failure, both
+    /// kinds, as PyTorch's does).
     pub stats: MemoryStats,
 }
 
@@ -155,6 +161,8 @@ pub struct Run {
     peak_allocated: (u64, Option<usize>),
     frag: (f64, u64),
     first_failure: Option<Failure>,
+    failures: u64,
+    given_up: u64,
     empty_cache_calls: u64,
 }
 
@@ -182,6 +190,8 @@ impl Run {
             peak_allocated: (0, None),
             frag: (0.0, 0),
             first_failure: None,
+            failures: 0,
+            given_up: 0,
             empty_cache_calls: 0,
         }
     }
@@ -213,6 +223,7 @@ impl Run {
                     .model
                     .malloc(size, stream, DEFAULT_POOL, at as u64, &mut self.device)
                     .ok();
+                self.given_up += u64::from(h.is_none());
                 self.live.insert(id, h);
             }
             Op::FailedRequest { size, stream, tag } => {
@@ -254,6 +265,7 @@ impl Run {
         {
             Ok(h) => Some(h),
             Err(oom) => {
+                self.failures += 1;
                 if self.first_failure.is_none() {
                     self.first_failure = Some(Failure {
                         at,
@@ -308,6 +320,8 @@ impl Run {
             first_failure: self.first_failure,
             empty_cache_calls: self.empty_cache_calls,
             segment_sizes,
+            failures: self.failures,
+            given_up: self.given_up,
             stats: self.model.stats().clone(),
         }
     }

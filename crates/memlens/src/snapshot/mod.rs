@@ -34,6 +34,22 @@ pub type StackId = u32;
 /// The stack id used when no frames were recorded.
 pub const EMPTY_STACK: StackId = 0;
 
+/// A set of stacks, by id (see [`Snapshot::cudnn_workspace_stacks`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StackSet(Vec<bool>);
+
+impl StackSet {
+    /// Whether `id` is in the set.
+    pub fn contains(&self, id: StackId) -> bool {
+        self.0.get(id as usize).copied().unwrap_or(false)
+    }
+
+    /// Whether no stack is.
+    pub fn is_empty(&self) -> bool {
+        !self.0.contains(&true)
+    }
+}
+
 /// One Python (or C++) frame: `filename:line` in function `name`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Frame {
@@ -516,11 +532,39 @@ impl Snapshot {
     /// memlens called the run an OOM. With Python frames only it cannot be
     /// told: such an entry stays the program's.
     pub fn oom_caught_by_pytorch(&self, e: &TraceEvent) -> bool {
-        e.action == Action::Oom
-            && self
-                .stack(e.stack)
-                .iter()
-                .any(|&f| crate::frames::is_cudnn_workspace(self.str(self.frame(f).name)))
+        e.action == Action::Oom && self.is_cudnn_workspace_stack(e.stack)
+    }
+
+    /// Whether stack `id` allocates a cuDNN convolution's workspace: one of
+    /// its frames is the function that does
+    /// ([`crate::frames::is_cudnn_workspace`]).
+    pub fn is_cudnn_workspace_stack(&self, id: StackId) -> bool {
+        self.stack(id)
+            .iter()
+            .any(|&f| crate::frames::is_cudnn_workspace(self.str(self.frame(f).name)))
+    }
+
+    /// Every stack that allocates a cuDNN convolution's workspace
+    /// ([`Snapshot::is_cudnn_workspace_stack`]), found once for a walk over
+    /// many events: frames first, so that a snapshot with Python frames only
+    /// costs one pass over its frames.
+    pub fn cudnn_workspace_stacks(&self) -> StackSet {
+        let frames: Vec<bool> = self
+            .frames
+            .iter()
+            .map(|f| crate::frames::is_cudnn_workspace(self.str(f.name)))
+            .collect();
+        if !frames.contains(&true) {
+            return StackSet::default();
+        }
+        let stacks = (0..self.stack_ranges.len())
+            .map(|id| {
+                self.stack(id as StackId)
+                    .iter()
+                    .any(|&f| frames.get(f as usize).copied().unwrap_or(false))
+            })
+            .collect();
+        StackSet(stacks)
     }
 
     /// Whether `e` is an `oom` entry the program saw (not one PyTorch caught
