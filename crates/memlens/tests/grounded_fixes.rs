@@ -1,6 +1,6 @@
 //! A fix is offered only where the recording grounds it (issue 30): no
 //! autocast without activations live at the failure, no "keep shapes
-//! steady" where every line allocated one size.
+//! steady" where no line allocated other sizes from one step to the next.
 
 use memlens::oom::{analyze_snapshot, OomOptions};
 use memlens::Snapshot;
@@ -30,6 +30,22 @@ fn the_fragmentation_oom_of_equal_tensors_gets_no_autocast_and_no_steady_shapes(
     assert!(!kinds.iter().any(|k| k == "mixed_precision"), "{kinds:?}");
     assert!(!kinds.iter().any(|k| k == "steady_shapes"), "{kinds:?}");
     assert!(kinds.iter().any(|k| k == "raise_memory_cap"), "{kinds:?}");
+}
+
+/// The capped ResNet-50 of a constant shape (batch 24 under 851 MiB, an
+/// H200): its layers allocate many sizes from one line in every step alike,
+/// and only its cuDNN workspaces changed between steps (a workspace given up
+/// runs another algorithm with another workspace). "Keep shapes steady" led
+/// its fix list; shapes did not vary.
+#[test]
+fn a_constant_shape_cnn_under_a_cap_gets_no_steady_shapes() {
+    let kinds = oom_fix_kinds("conv_workspace_oom.pickle.zst");
+    assert!(!kinds.iter().any(|k| k == "steady_shapes"), "{kinds:?}");
+    assert_eq!(
+        kinds.first().map(String::as_str),
+        Some("smaller_batch"),
+        "{kinds:?}"
+    );
 }
 
 #[test]

@@ -560,7 +560,12 @@ fn predict_fixes(p: &Predicting<'_, '_>) -> (Option<WhatIf>, fixes::Outcome, Opt
         batch: p.opts.batch,
         batch_axis: p.opts.batch.is_some() || p.classifier.facts().model_ran_before(p.oom_index),
         autocast: uses_autocast(snap),
-        shapes_vary: shapes_vary(snap, &snap.traces[p.trace].events),
+        shapes_vary: shapes_vary(
+            snap,
+            &snap.traces[p.trace].events,
+            an.trace(p.trace).map(|t| &t.steps),
+            p.oom_index,
+        ),
         reserved: st.reserved,
         activation_bytes: activation_bytes(p.groups),
         leftovers,
@@ -757,36 +762,61 @@ fn activation_bytes(groups: &crate::analysis::peak::LiveGroups) -> u64 {
         .sum()
 }
 
-/// Whether some line of the program allocated tensors of several sizes (at
-/// least three of 1 MiB or more from one stack with Python frames): shapes
-/// that vary between steps, which leave freed blocks that do not fit the
-/// next requests.
-fn shapes_vary(snap: &Snapshot, events: &[crate::snapshot::TraceEvent]) -> bool {
+/// Whether shapes varied between steps: a line of the program (a stack with
+/// Python frames) allocated other sizes, in order, in one step than in the
+/// step before (allocations of 1 MiB or more, up to event `until`, the
+/// failure). Such shapes leave freed blocks that do not fit the next
+/// requests. A model's layers allocate many sizes from one line in every
+/// step alike (a ResNet's blocks share their lines), so sizes within a step
+/// say nothing; with fewer than two steps recorded it cannot be told, and
+/// "keep shapes steady" is not offered.
+fn shapes_vary(
+    snap: &Snapshot,
+    events: &[crate::snapshot::TraceEvent],
+    steps: Option<&crate::trace::steps::Steps>,
+    until: usize,
+) -> bool {
     const MIN: u64 = 1 << 20;
-    // Sizes seen by stack; `None`: a stack without Python frames (the
-    // backward pass's kernels serve every shape from one C++ stack).
-    let mut sizes: hashbrown::HashMap<crate::snapshot::StackId, Option<Vec<u64>>> =
+    let Some(steps) = steps else { return false };
+    // Stacks whose sizes are the program's shapes: Python frames, and not a
+    // cuDNN workspace (sized for the algorithm cuDNN picks, which changes
+    // under a cap when one is given up).
+    let mut program_shape: hashbrown::HashMap<crate::snapshot::StackId, bool> =
         hashbrown::HashMap::new();
-    for e in events {
-        if e.action != Action::Alloc || e.size < MIN {
-            continue;
+    // Sizes by stack, in order, in one step.
+    let mut sizes_in = |range: std::ops::Range<usize>| {
+        let mut by_stack: hashbrown::HashMap<crate::snapshot::StackId, Vec<u64>> =
+            hashbrown::HashMap::new();
+        for e in events.get(range.start..range.end.min(until)).unwrap_or(&[]) {
+            if e.action != Action::Alloc || e.size < MIN {
+                continue;
+            }
+            let counts = *program_shape.entry(e.stack).or_insert_with(|| {
+                snap.stack(e.stack)
+                    .iter()
+                    .any(|&f| snap.str(snap.frame(f).filename).ends_with(".py"))
+                    && !snap.is_cudnn_workspace_stack(e.stack)
+            });
+            if counts {
+                by_stack.entry(e.stack).or_default().push(e.size);
+            }
         }
-        let entry = sizes.entry(e.stack).or_insert_with(|| {
-            let python = snap
-                .stack(e.stack)
-                .iter()
-                .any(|&f| snap.str(snap.frame(f).filename).ends_with(".py"));
-            python.then(Vec::new)
-        });
-        let Some(seen) = entry.as_mut() else {
-            continue;
-        };
-        if !seen.contains(&e.size) {
-            seen.push(e.size);
-            if seen.len() >= 3 {
+        by_stack
+    };
+    let last = steps.step_of(until.saturating_sub(1));
+    let mut before: Option<hashbrown::HashMap<crate::snapshot::StackId, Vec<u64>>> = None;
+    for k in 0..=last.min(steps.len().saturating_sub(1)) {
+        let now = sizes_in(steps.range(k));
+        if let Some(prev) = &before {
+            let differ = now.iter().any(|(stack, seq)| {
+                prev.get(stack)
+                    .is_some_and(|p| seq.iter().zip(p).any(|(a, b)| a != b))
+            });
+            if differ {
                 return true;
             }
         }
+        before = Some(now);
     }
     false
 }
@@ -1032,11 +1062,24 @@ fn explain(
             format_bytes(f.device_free)
         )),
         Cause::Fragmentation => {
+            // Under a cap with the device roomy, the cap is what refused
+            // the new segment: the device's free memory says nothing.
+            let no_room = match cap {
+                Some(_) if f.device_free >= f.tried => format!(
+                    "the process's cap of {} left no room for a new {} segment",
+                    cap_in_words(cap),
+                    format_bytes(f.tried)
+                ),
+                _ => format!(
+                    "the device had only {} free for a new segment",
+                    format_bytes(f.device_free)
+                ),
+            };
             s.push_str(&format!(
             "Enough memory was cached and free ({} in {} pieces in this pool and stream{}), but \
              the largest piece was {}: the cache is fragmented, and the segments holding the \
-             pieces also hold live tensors, so they could not be returned to the device; the \
-             device had only {} free for a new segment. ",
+             pieces also hold live tensors, so they could not be returned to the device; \
+             {no_room}. ",
             format_bytes(f.free_here),
             pieces.count,
             if f.other_streams_free > 0 {
@@ -1045,7 +1088,6 @@ fn explain(
                 String::new()
             },
             format_bytes(f.largest_free),
-            format_bytes(f.device_free)
         ))
         }
         Cause::OtherProcesses => s.push_str(&format!(

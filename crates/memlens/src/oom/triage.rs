@@ -394,9 +394,11 @@ fn fixes(f: &Facts, m: &OomMessage, cause: Cause) -> Vec<Fix> {
         }
         Cause::Fragmentation => {
             out.push(expandable_fix(m));
+            // A message alone cannot show that shapes vary between steps
+            // (a snapshot can: `oom::snapshot`): said as a condition.
             out.push(Fix::advice(
-                "Keep tensor shapes steady between steps (pad variable lengths to a few bucket \
-                 sizes) so freed blocks fit the next requests",
+                "If tensor shapes vary between steps (variable sequence lengths), pad them to a \
+                 few bucket sizes so freed blocks fit the next requests",
             ));
             out.push(Fix::advice(format!("Or {LOWER_BATCH}")));
         }
