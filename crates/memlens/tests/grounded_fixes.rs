@@ -48,6 +48,33 @@ fn a_constant_shape_cnn_under_a_cap_gets_no_steady_shapes() {
     );
 }
 
+/// A fragmentation OOM under a cap with the device roomy (138 GiB free on an
+/// H200): the cap refused the new segment, and the explanation says so
+/// rather than "the device had only 138.23 GiB free".
+#[test]
+fn a_fragmentation_oom_under_a_cap_names_the_cap_not_the_devices_free_memory() {
+    for name in ["conv_workspace_oom.pickle.zst", "frag_cap.pickle.zst"] {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/corpus/oom")
+            .join(name);
+        let snap = Snapshot::load(&path).expect("reads");
+        let r = analyze_snapshot(&snap, &OomOptions::default())
+            .expect("analyses")
+            .expect("has an OOM");
+        assert!(
+            r.explanation.contains("the process's cap of"),
+            "{}",
+            r.explanation
+        );
+        assert!(r.explanation.contains("left no room"), "{}", r.explanation);
+        assert!(
+            !r.explanation.contains("device had only"),
+            "{}",
+            r.explanation
+        );
+    }
+}
+
 #[test]
 fn a_training_step_with_activations_live_still_gets_autocast() {
     let kinds = oom_fix_kinds("gpt_warm.pickle.zst");
