@@ -37,7 +37,7 @@ pub enum Severity {
 #[serde(default)]
 pub struct Finding {
     /// `leak`, `oom`, `fragmentation`, `peak`, `snapshot`, `capture`, `info` (the device's
-    /// account) or `imbalance`.
+    /// account), `imbalance` or `workspaces` (cuDNN workspaces given up).
     pub kind: String,
     /// How much it matters.
     pub severity: Severity,
@@ -281,6 +281,7 @@ pub fn diagnose_in<'s>(
         oom_report.as_ref(),
     ));
     findings.extend(peak_finding(&peak, checkpointing.as_deref()));
+    findings.extend(workspaces_finding(analysed));
     findings.extend(caveat_findings(&summary, &peak));
     findings.extend(summary.capture_checks.iter().map(capture_finding));
     findings.extend(
@@ -826,6 +827,42 @@ fn recording_stopped(
     }
     let pass = analysed.recorded().of_device(snap, device)?;
     crate::analysis::capture::recording_stopped(snap, device, pass.live_at_end())
+}
+
+/// The cuDNN convolution workspaces PyTorch could not have and gave up (its
+/// `oom` entries it caught itself, [`Snapshot::oom_caught_by_pytorch`]):
+/// not an OOM, but those convolutions ran with other algorithms, which can
+/// be slower. Worth knowing under a cap, where the run "fits" by giving
+/// them up.
+fn workspaces_finding(an: &crate::trace::Analysed) -> Option<Finding> {
+    let snap = an.snap;
+    let given_up: Vec<&TraceEvent> = snap
+        .traces
+        .iter()
+        .flat_map(|t| &t.events)
+        .filter(|e| snap.oom_caught_by_pytorch(e))
+        .collect();
+    let largest = given_up.iter().copied().max_by_key(|e| e.size)?;
+    let site = an.sites.describe(largest.stack);
+    Some(Finding {
+        kind: "workspaces".into(),
+        severity: Severity::Info,
+        title: format!(
+            "{} cuDNN convolution workspace request(s) could not be had (the largest {}) and were \
+             given up: PyTorch ran those convolutions with other algorithms, which can be \
+             slower; not an OOM",
+            given_up.len(),
+            format_bytes(largest.size)
+        ),
+        site: Some(site.site),
+        bytes: Some(largest.size),
+        suggestion: Some(
+            "nothing to fix for memory; if these steps ran slower than without the limit, \
+             leave the convolutions room for their workspaces (a higher cap or a smaller batch)"
+                .into(),
+        ),
+        ..Default::default()
+    })
 }
 
 /// A failure of the capture ([`crate::analysis::capture`]) with its fix: a

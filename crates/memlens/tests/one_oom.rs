@@ -274,6 +274,32 @@ fn oom_entries_pytorch_caught_are_not_the_runs_oom() {
         "{:?}",
         d.findings
     );
+    // What was given up is said, once, as information; and the C++ stacks'
+    // one use here beside the advice to drop them.
+    let given_up: Vec<_> = d
+        .findings
+        .iter()
+        .filter(|f| f.kind == "workspaces")
+        .collect();
+    assert_eq!(given_up.len(), 1, "{:?}", d.findings);
+    assert!(
+        given_up[0]
+            .title
+            .starts_with("4 cuDNN convolution workspace"),
+        "{}",
+        given_up[0].title
+    );
+    assert_eq!(given_up[0].severity, memlens::doctor::Severity::Info);
+    let cpp = d
+        .findings
+        .iter()
+        .find(|f| f.kind == "capture" && f.title.contains("C++ stacks"))
+        .expect("the stacks=\"all\" check");
+    assert!(
+        cpp.title.contains("tell apart the 4 `oom` entries"),
+        "{}",
+        cpp.title
+    );
     let err = oom_doc(&ran, name, &OomOptions::default())
         .expect_err("no OOM to explain")
         .to_string();
@@ -294,6 +320,12 @@ fn oom_entries_pytorch_caught_are_not_the_runs_oom() {
     assert_eq!(r.event_index, last);
     assert_eq!(r.requested_bytes, 8 << 20);
     let d = diagnose_inputs(&[(name.to_string(), &failed)], &DoctorOptions::default());
+    let given_up = d
+        .findings
+        .iter()
+        .find(|f| f.kind == "workspaces")
+        .expect("said");
+    assert!(given_up.title.starts_with("82 cuDNN"), "{}", given_up.title);
     let data = memlens::report::from_diagnosis(&[(name.to_string(), &failed)], &d);
     assert_eq!(data.timeline.expect("a timeline").ooms.len(), 1);
 }

@@ -137,7 +137,9 @@ fn alloc_conf_not_applied(snap: &Snapshot) -> Option<CaptureCheck> {
 
 /// C++ frames in the stacks: recorded with `stacks="all"` (PyTorch's
 /// default). memlens names sites by the Python lines; the C++ frames make
-/// every dump convert and pickle many times more frames.
+/// every dump convert and pickle many times more frames. They tell one
+/// thing Python frames cannot: a cuDNN workspace given up
+/// ([`Snapshot::oom_caught_by_pytorch`]), said when the run has any.
 fn cpp_stacks(snap: &Snapshot) -> Option<CaptureCheck> {
     let frames = &snap.frames;
     if frames.is_empty() {
@@ -151,18 +153,38 @@ fn cpp_stacks(snap: &Snapshot) -> Option<CaptureCheck> {
     if share < CPP_SHARE {
         return None;
     }
+    // The one thing only C++ frames tell: an `oom` entry that is a cuDNN
+    // workspace PyTorch gave up, not the run's OOM.
+    let given_up = snap
+        .traces
+        .iter()
+        .flat_map(|t| &t.events)
+        .filter(|e| snap.oom_caught_by_pytorch(e))
+        .count();
+    let (tells, but) = if given_up > 0 {
+        (
+            format!(
+                "; here they also tell apart the {given_up} `oom` entries that are cuDNN \
+                 workspaces PyTorch gave up, not OOMs of the run"
+            ),
+            "; with Python stacks such entries read as the run's OOMs",
+        )
+    } else {
+        (" and add nothing memlens names a site by".to_string(), "")
+    };
     Some(CaptureCheck {
         check: "cpp_stacks".into(),
         problem: format!(
             "recorded with C++ stacks (stacks=\"all\", PyTorch's default): {:.0}% of the {} \
              distinct frames are C++; they make each dump convert and pickle far more (minutes on \
-             long runs) and add nothing memlens names a site by",
+             long runs){tells}",
             share * 100.0,
             frames.len()
         ),
-        fix: "record Python stacks only: `torch.cuda.memory._record_memory_history(stacks=\"python\")` \
-              (memlens.record's default)"
-            .into(),
+        fix: format!(
+            "record Python stacks only: `torch.cuda.memory._record_memory_history(stacks=\"python\")` \
+             (memlens.record's default){but}"
+        ),
         serious: false,
     })
 }
