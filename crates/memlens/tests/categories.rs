@@ -212,3 +212,35 @@ fn a_kept_loss_is_the_graph_it_keeps_not_a_parameter_or_an_input() {
     );
     assert!(bytes(&p.categories, "input") < MIB, "{:?}", p.categories);
 }
+
+#[test]
+fn a_batch_made_by_a_training_loops_own_step_function_is_input_not_optimizer_state() {
+    // tests/gpu/fit_probes.py: `def step(): inputs = make(batch); ...;
+    // opt.step()`. The user's `step` was read as a hand-written optimizer's,
+    // so the batch `make` returned (alive across the optimizer step) was
+    // optimizer state, and so was the loss. The SGD momentum buffers
+    // (torch/optim frames, under the same `step`) stay optimizer state.
+    let snap = Snapshot::load(
+        &PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../../tests/corpus/oom/conv_workspace_caught.pickle.zst"),
+    )
+    .expect("corpus file loads");
+    let p = peak(&snap, 20);
+    let at = |line: &str| -> Vec<&str> {
+        p.live_at_peak
+            .iter()
+            .filter(|l| l.site.ends_with(line))
+            .map(|l| l.category.as_str())
+            .collect()
+    };
+    assert_eq!(at("fit_probes.py:107"), ["input"], "{:?}", p.live_at_peak);
+    assert_eq!(at("fit_probes.py:189"), ["optimizer_state"]);
+    assert_eq!(at("fit_probes.py:113"), ["activation"]);
+    // The momentum buffers of ResNet-50's 161 parameters.
+    let state = p
+        .live_at_peak
+        .iter()
+        .find(|l| l.site.ends_with("fit_probes.py:189"))
+        .expect("the optimizer's line");
+    assert_eq!(state.count, 161);
+}

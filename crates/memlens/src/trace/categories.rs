@@ -189,6 +189,7 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
     let mut forward = false;
     let mut module = false;
     let mut python = false;
+    let mut user_inside = false;
     for &f in snap.stack(stack) {
         let fr = snap.frame(f);
         let file = snap.str(fr.filename);
@@ -207,10 +208,18 @@ fn phase_of(snap: &Snapshot, stack: StackId) -> Phase {
             return Phase::Optimizer;
         }
         // A hand-written optimizer: the user's own `step` method, reached
-        // without a model call inside it.
-        if kind == FrameKind::User && (name == "step" || name == "zero_grad") && !forward {
+        // without a model call inside it, making the tensor itself (torch's
+        // frames aside). A training loop's own `step()` that calls the
+        // user's `make_batch()` or `loss()` is not one: what those make is
+        // the batch and the loss, not optimizer state.
+        if kind == FrameKind::User
+            && (name == "step" || name == "zero_grad")
+            && !forward
+            && !user_inside
+        {
             return Phase::Optimizer;
         }
+        user_inside |= kind == FrameKind::User;
         if (name == "_call_impl" || name == "_wrapped_call_impl")
             && file.ends_with("torch/nn/modules/module.py")
         {
