@@ -602,3 +602,54 @@ fn workspaces_the_recorded_run_gave_up_are_given_up_again_not_counted_as_ooms() 
     assert_eq!((r.num_ooms, r.workspaces_given_up), (1, 82));
     assert_eq!(r.workspaces_given_up, caught_entries(&failed));
 }
+
+/// `tune`'s claims about expandable segments on the capped ResNet-50, each
+/// checked by a rerun on the GPU (`conv_workspace_reruns.json`, an H200):
+/// whether the run fails, how many workspaces it gives up (none: with
+/// expandable segments the cache gives them room), and the peak reserved
+/// of the runs that ran, within 2%.
+#[test]
+fn tunes_expandable_segments_verdicts_on_the_capped_resnet_hold_when_rerun() {
+    use memlens::replay::limits::with_inferred;
+    let corpus =
+        std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom");
+    let text = std::fs::read_to_string(corpus.join("conv_workspace_reruns.json")).unwrap();
+    let truth: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let rerun = |batch: u64| {
+        truth["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["batch"] == batch && r["conf"] == "expandable_segments:True")
+            .unwrap()
+            .clone()
+    };
+    for (file, batch) in [
+        ("conv_workspace_caught.pickle.zst", 23),
+        ("conv_workspace_oom.pickle.zst", 24),
+    ] {
+        let snap = Snapshot::load(&corpus.join(file)).unwrap();
+        let (opts, _) = with_inferred(&snap, 0, &SimulateOptions::default(), None);
+        let t = tune(&snap, 0, &opts).unwrap();
+        let c = t
+            .candidates
+            .iter()
+            .find(|c| c.config == "expandable_segments:True")
+            .unwrap();
+        let r = rerun(batch);
+        assert_eq!(c.num_ooms == 0, r["ok"].as_bool().unwrap(), "{file}: {c:?}");
+        assert_eq!(
+            c.workspaces_given_up,
+            r["workspace_oom_entries"].as_u64().unwrap(),
+            "{file}"
+        );
+        if c.num_ooms == 0 {
+            assert_within(
+                c.peak_reserved_bytes,
+                r["max_reserved"].as_u64().unwrap(),
+                0.02,
+                file,
+            );
+        }
+    }
+}

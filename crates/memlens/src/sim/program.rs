@@ -141,7 +141,8 @@ pub struct Outcome {
     /// Allocations that failed and that the program needed ([`Op::Alloc`],
     /// [`Op::FailedRequest`]).
     pub failures: u64,
-    /// [`Op::Optional`] allocations that failed and were done without.
+    /// [`Op::Optional`] allocations that failed and were done without,
+    /// before the program's first failure (the run would stop there).
     pub given_up: u64,
     /// All statistics at the end (`num_ooms` counts every failure, both
     /// kinds, as PyTorch's does).
@@ -223,7 +224,11 @@ impl Run {
                     .model
                     .malloc(size, stream, DEFAULT_POOL, at as u64, &mut self.device)
                     .ok();
-                self.given_up += u64::from(h.is_none());
+                // Counted up to the program's first failure: a real run
+                // stops there, and gives up no workspace after it.
+                if self.first_failure.is_none() {
+                    self.given_up += u64::from(h.is_none());
+                }
                 self.live.insert(id, h);
             }
             Op::FailedRequest { size, stream, tag } => {
