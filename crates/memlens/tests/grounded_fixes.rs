@@ -6,15 +6,19 @@ use memlens::oom::{analyze_snapshot, OomOptions};
 use memlens::Snapshot;
 use std::path::PathBuf;
 
-fn oom_fix_kinds(name: &str) -> Vec<String> {
+/// `oom`'s analysis of the OOM in tests/corpus/oom/`name`.
+fn oom_report(name: &str) -> memlens::oom::OomReport {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/corpus/oom")
         .join(name);
     let snap = Snapshot::load(&path).expect("reads");
-    let r = analyze_snapshot(&snap, &OomOptions::default())
+    analyze_snapshot(&snap, &OomOptions::default())
         .expect("analyses")
-        .expect("has an OOM");
-    let v = serde_json::to_value(&r).expect("serializes");
+        .expect("has an OOM")
+}
+
+fn oom_fix_kinds(name: &str) -> Vec<String> {
+    let v = serde_json::to_value(oom_report(name)).expect("serializes");
     v["fixes"]
         .as_array()
         .expect("fixes")
@@ -54,13 +58,7 @@ fn a_constant_shape_cnn_under_a_cap_gets_no_steady_shapes() {
 #[test]
 fn a_fragmentation_oom_under_a_cap_names_the_cap_not_the_devices_free_memory() {
     for name in ["conv_workspace_oom.pickle.zst", "frag_cap.pickle.zst"] {
-        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../../tests/corpus/oom")
-            .join(name);
-        let snap = Snapshot::load(&path).expect("reads");
-        let r = analyze_snapshot(&snap, &OomOptions::default())
-            .expect("analyses")
-            .expect("has an OOM");
+        let r = oom_report(name);
         assert!(
             r.explanation.contains("the process's cap of"),
             "{}",
@@ -89,13 +87,7 @@ fn a_training_step_with_activations_live_still_gets_autocast() {
 /// with them freed the 2 GiB request succeeds, H100 2026-11-27).
 #[test]
 fn the_fragmentation_oom_without_a_model_gets_no_batch_advice_and_leads_with_the_fix_that_held() {
-    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/corpus/oom/frag_cap.pickle.zst");
-    let snap = Snapshot::load(&path).expect("reads");
-    let r = analyze_snapshot(&snap, &OomOptions::default())
-        .expect("analyses")
-        .expect("has an OOM");
-    let v = serde_json::to_value(&r).expect("serializes");
+    let v = serde_json::to_value(oom_report("frag_cap.pickle.zst")).expect("serializes");
     assert!(v["batch"].is_null(), "{}", v["batch"]);
     assert!(v["batch_model"].is_null(), "{}", v["batch_model"]);
     let all: Vec<&serde_json::Value> = v["fixes"]
