@@ -357,3 +357,49 @@ fn staging_buffers_follow_the_gpu_recorded_beside_the_probes() {
     run.gpu.sms = 108;
     assert_ne!(run.staging_at(512), on_h100);
 }
+
+/// One recording replayed as it ran (`memlens fit FILE --limit`): the capped
+/// ResNet-50 that ran its steps with 4 cuDNN workspaces given up is a run
+/// that completed (it was refused as one that "ran out of memory"); its
+/// workspaces are ones it can do without, so under its cap, with new
+/// segments placed as CUDA mostly places them (downward), it fits, as it did.
+/// The run that failed is still refused.
+#[test]
+fn a_recording_whose_only_oom_entries_are_workspaces_given_up_is_a_run_that_completed() {
+    use memlens::fit::fit_run;
+    use memlens::replay::simulate::{simulate_ops, SimulateOptions};
+    let corpus = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom");
+    let cap = 892_338_175;
+    let ran = Snapshot::load(&corpus.join("conv_workspace_caught.pickle.zst")).expect("reads");
+    let opts = FitOptions {
+        limit: Some(cap),
+        ..Default::default()
+    };
+    let r = fit_run("conv_workspace_caught", &ran, &opts).expect("a run that completed");
+    assert!(r.predicted.fits.is_some());
+    // The program as fit builds it, under the cap, new segments downward.
+    let probe = Probe {
+        name: "conv_workspace_caught",
+        snap: &ran,
+        batch: 1,
+    };
+    let ops = memlens::fit::recorded_program(&probe).expect("ops");
+    let sim = simulate_ops(
+        &ops,
+        0,
+        &SimulateOptions {
+            overhead: Some(0),
+            allowed_memory_maximum: Some(cap),
+            ..Default::default()
+        },
+    )
+    .expect("runs");
+    assert!(sim.first_oom.is_none(), "{:?}", sim.first_oom);
+    assert_eq!(sim.workspaces_given_up, 4);
+
+    let failed = Snapshot::load(&corpus.join("conv_workspace_oom.pickle.zst")).expect("reads");
+    let err = fit_run("conv_workspace_oom", &failed, &opts)
+        .expect_err("a run that failed")
+        .to_string();
+    assert!(err.contains("ran out of memory"), "{err}");
+}

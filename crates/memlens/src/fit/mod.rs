@@ -439,6 +439,34 @@ pub fn answer(
     }
 }
 
+/// A run's every allocation and free, in order, as the program `fit_run`
+/// replays: a cuDNN workspace is one the run can do without, as in every
+/// program made from a trace ([`Op::Optional`]), and a workspace the run gave
+/// up is tried again. A run that failed is refused.
+pub fn recorded_program(probe: &Probe<'_>) -> crate::Result<Vec<Op>> {
+    let rec = probes::Recorded::of_late_start(probe, &RecordedPasses::default())?;
+    let workspaces = probe.snap.cudnn_workspace_stacks();
+    Ok(rec
+        .ops
+        .iter()
+        .map(|&(op, stack)| match op {
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                tag,
+            } => Op::allocation(
+                id,
+                size,
+                stream,
+                tag,
+                stack.is_some_and(|s| workspaces.contains(s)),
+            ),
+            op => op,
+        })
+        .collect())
+}
+
 /// The run in `snap` (named `name`: a recording, or a step traced with fake
 /// tensors by `memlens.trace_step`) replayed through the allocator model
 /// under `opts`' limit and settings: its peaks, and whether it fits. A fake
@@ -455,13 +483,11 @@ pub fn fit_run(
              recording is predicted as it ran (with --limit and --config)",
         ));
     }
-    let probe = Probe {
+    let ops = recorded_program(&Probe {
         name,
         snap,
         batch: 1,
-    };
-    let rec = probes::Recorded::of_late_start(&probe, &RecordedPasses::default())?;
-    let ops: Vec<Op> = rec.ops.iter().map(|&(op, _)| op).collect();
+    })?;
     let config = opts.config_for(snap);
     let device = snap.first_traced_device();
     let fake = snap.fake_trace.as_ref();
@@ -484,7 +510,10 @@ pub fn fit_run(
                 "recorded"
             }
             .into(),
-            allocations: ops.iter().filter(|o| matches!(o, Op::Alloc { .. })).count(),
+            allocations: ops
+                .iter()
+                .filter(|o| matches!(o, Op::Alloc { .. } | Op::Optional { .. }))
+                .count(),
             steps: fake.map(|f| f.steps),
             precision: fake.map(|f| f.precision.clone()),
             world_size: fake.map(|f| f.world_size).filter(|&n| n > 1),

@@ -234,6 +234,20 @@ impl Recorded {
                     empty_cache_at.next();
                     (Op::EmptyCache, None)
                 }
+                // A cuDNN workspace PyTorch gave up (the run went on, with
+                // another algorithm): tried again, as `simulate` does, and
+                // held for its convolution only. Its role makes it one the
+                // program can do without.
+                Action::Oom if snap.oom_caught_by_pytorch(e) => {
+                    let id = crate::sim::program::GIVEN_UP_IDS | i as u64;
+                    let tag = u64::from(e.stack);
+                    ops.push((
+                        Op::allocation(id, e.size, stream, tag, false),
+                        Some(e.stack),
+                    ));
+                    at.push(i);
+                    (Op::Free { id }, Some(e.stack))
+                }
                 Action::Oom => {
                     return Err(probe_error(
                         p,

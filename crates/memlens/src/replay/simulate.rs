@@ -9,15 +9,11 @@
 
 use super::initial::{self, InitialState};
 use super::{ReleaseCause, ReplayOptions};
-use crate::sim::program::{Op, Outcome, Run};
+use crate::sim::program::{Op, Outcome, Run, GIVEN_UP_IDS};
 use crate::sim::rounding::SMALL_BUFFER;
 use crate::sim::{AddressOrder, AllocatorConfig, MemoryStats};
 use crate::snapshot::{Action, Snapshot, StackId, StackSet};
 use serde::Serialize;
-
-/// Names of the workspaces the recorded run gave up, by event index: above
-/// any address a trace records (below 2^57).
-const GIVEN_UP_IDS: u64 = 1 << 63;
 
 /// Settings of a what-if run.
 #[derive(Clone, Debug, Default)]

@@ -15,6 +15,12 @@ use super::device::{DeviceOp, SyntheticDevice};
 use super::stats::MemoryStats;
 use hashbrown::HashMap;
 
+/// Names of the cuDNN workspaces a recorded run gave up (its `oom` entries
+/// PyTorch caught), this bit or'd with the entry's event index: above any
+/// address a trace records (below 2^57). Programs made from a trace try
+/// each again as an [`Op::Optional`] and free it at once.
+pub const GIVEN_UP_IDS: u64 = 1 << 63;
+
 /// One operation of a program. Tensors are named by `id`, any number the
 /// caller chooses (a recorded address, a number of its own); an `id` made
 /// again before its free names the newer tensor.
