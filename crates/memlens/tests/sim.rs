@@ -593,6 +593,12 @@ fn workspaces_the_recorded_run_gave_up_are_given_up_again_not_counted_as_ooms() 
     let rec = t.candidates.iter().find(|c| c.recorded).unwrap();
     assert_eq!((rec.num_ooms, rec.workspaces_given_up), (0, 4));
     assert!(!t.advice.contains("avoids the OOM"), "{}", t.advice);
+    assert!(
+        t.advice
+            .ends_with("cuDNN gives up 0 convolution workspace(s) instead of 4"),
+        "{}",
+        t.advice
+    );
 
     // Batch 24 failed once, at its last entry, after 82 workspaces given up.
     let failed = Snapshot::load(&corpus.join("conv_workspace_oom.pickle.zst")).unwrap();

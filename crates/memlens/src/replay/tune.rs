@@ -201,8 +201,18 @@ fn advise(c: &[Candidate]) -> String {
     } else {
         ""
     };
+    // cuDNN workspaces had rather than given up: the convolutions keep the
+    // algorithms cuDNN chose for them.
+    let workspaces = if best.workspaces_given_up < rec.workspaces_given_up {
+        format!(
+            "; cuDNN gives up {} convolution workspace(s) instead of {}",
+            best.workspaces_given_up, rec.workspaces_given_up
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "set PYTORCH_CUDA_ALLOC_CONF={}: peak reserved {} instead of {} (-{pct:.1}%){oom}",
+        "set PYTORCH_CUDA_ALLOC_CONF={}: peak reserved {} instead of {} (-{pct:.1}%){oom}{workspaces}",
         if best.config.is_empty() {
             "\"\""
         } else {
