@@ -836,12 +836,7 @@ fn recording_stopped(
 /// them up.
 fn workspaces_finding(an: &crate::trace::Analysed) -> Option<Finding> {
     let snap = an.snap;
-    let given_up: Vec<&TraceEvent> = snap
-        .traces
-        .iter()
-        .flat_map(|t| &t.events)
-        .filter(|e| snap.oom_caught_by_pytorch(e))
-        .collect();
+    let given_up: Vec<&TraceEvent> = snap.oom_entries_caught_by_pytorch().collect();
     let largest = given_up.iter().copied().max_by_key(|e| e.size)?;
     let site = an.sites.describe(largest.stack);
     Some(Finding {

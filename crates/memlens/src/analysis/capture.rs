@@ -155,12 +155,7 @@ fn cpp_stacks(snap: &Snapshot) -> Option<CaptureCheck> {
     }
     // The one thing only C++ frames tell: an `oom` entry that is a cuDNN
     // workspace PyTorch gave up, not the run's OOM.
-    let given_up = snap
-        .traces
-        .iter()
-        .flat_map(|t| &t.events)
-        .filter(|e| snap.oom_caught_by_pytorch(e))
-        .count();
+    let given_up = snap.oom_entries_caught_by_pytorch().count();
     let (tells, but) = if given_up > 0 {
         (
             format!(

@@ -239,14 +239,11 @@ impl Recorded {
                 // held for its convolution only. Its role makes it one the
                 // program can do without.
                 Action::Oom if snap.oom_caught_by_pytorch(e) => {
-                    let id = crate::sim::program::GIVEN_UP_IDS | i as u64;
-                    let tag = u64::from(e.stack);
-                    ops.push((
-                        Op::allocation(id, e.size, stream, tag, false),
-                        Some(e.stack),
-                    ));
+                    let [retry, free] =
+                        Op::workspace_tried_again(i, e.size, stream, u64::from(e.stack), false);
+                    ops.push((retry, Some(e.stack)));
                     at.push(i);
-                    (Op::Free { id }, Some(e.stack))
+                    (free, Some(e.stack))
                 }
                 Action::Oom => {
                     return Err(probe_error(

@@ -225,7 +225,7 @@ pub fn oom_doc(snap: &Snapshot, name: &str, opts: &OomOptions) -> Result<OomRepo
     no_oom_is_an_error(
         crate::oom::analyze_snapshot(snap, &opts)?,
         name,
-        caught_ooms(snap),
+        snap.oom_entries_caught_by_pytorch().count(),
     )
 }
 
@@ -247,16 +247,11 @@ pub fn oom_doc_analysed(
 ) -> Result<OomReport> {
     let opts = with_recorded_device(opts, name);
     let report = crate::oom::snapshot::analyze_analysed(an, &opts)?;
-    no_oom_is_an_error(report, name, caught_ooms(an.snap))
-}
-
-/// `oom` entries PyTorch caught itself ([`crate::Snapshot::oom_caught_by_pytorch`]).
-fn caught_ooms(snap: &crate::Snapshot) -> usize {
-    snap.traces
-        .iter()
-        .flat_map(|t| &t.events)
-        .filter(|e| snap.oom_caught_by_pytorch(e))
-        .count()
+    no_oom_is_an_error(
+        report,
+        name,
+        an.snap.oom_entries_caught_by_pytorch().count(),
+    )
 }
 
 fn no_oom_is_an_error(report: Option<OomReport>, name: &str, caught: usize) -> Result<OomReport> {

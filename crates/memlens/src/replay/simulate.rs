@@ -9,7 +9,7 @@
 
 use super::initial::{self, InitialState};
 use super::{ReleaseCause, ReplayOptions};
-use crate::sim::program::{Op, Outcome, Run, GIVEN_UP_IDS};
+use crate::sim::program::{Op, Outcome, Run};
 use crate::sim::rounding::SMALL_BUFFER;
 use crate::sim::{AddressOrder, AllocatorConfig, MemoryStats};
 use crate::snapshot::{Action, Snapshot, StackId, StackSet};
@@ -227,9 +227,9 @@ pub fn simulate_prepared(
             // A workspace PyTorch gave up in the recorded run: tried again,
             // and where it now fits, held for its convolution only.
             Action::Oom if optional => {
-                let id = GIVEN_UP_IDS | i as u64;
-                run.apply(i, Op::allocation(id, e.size, stream(), tag, true));
-                Op::Free { id }
+                let [retry, free] = Op::workspace_tried_again(i, e.size, stream(), tag, true);
+                run.apply(i, retry);
+                free
             }
             // The request that failed in the recorded run (its size is
             // already rounded): under other settings it may fit.

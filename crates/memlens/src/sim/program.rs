@@ -17,9 +17,8 @@ use hashbrown::HashMap;
 
 /// Names of the cuDNN workspaces a recorded run gave up (its `oom` entries
 /// PyTorch caught), this bit or'd with the entry's event index: above any
-/// address a trace records (below 2^57). Programs made from a trace try
-/// each again as an [`Op::Optional`] and free it at once.
-pub const GIVEN_UP_IDS: u64 = 1 << 63;
+/// address a trace records (below 2^57). See [`Op::workspace_tried_again`].
+const GIVEN_UP_IDS: u64 = 1 << 63;
 
 /// One operation of a program. Tensors are named by `id`, any number the
 /// caller chooses (a recorded address, a number of its own); an `id` made
@@ -106,6 +105,25 @@ impl Op {
                 tag,
             }
         }
+    }
+
+    /// The cuDNN workspace a recorded run gave up at its `oom` entry
+    /// `index` (PyTorch caught the failure), tried again as `simulate`'s
+    /// and `fit`'s programs do: its allocation ([`Op::Optional`] when
+    /// `optional`; fit's probes mark theirs by role later) and its free at
+    /// once, so that where it now fits it is held for its convolution only.
+    pub fn workspace_tried_again(
+        index: usize,
+        size: u64,
+        stream: u64,
+        tag: u64,
+        optional: bool,
+    ) -> [Op; 2] {
+        let id = GIVEN_UP_IDS | index as u64;
+        [
+            Op::allocation(id, size, stream, tag, optional),
+            Op::Free { id },
+        ]
     }
 }
 

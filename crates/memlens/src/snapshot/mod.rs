@@ -535,6 +535,15 @@ impl Snapshot {
         e.action == Action::Oom && self.is_cudnn_workspace_stack(e.stack)
     }
 
+    /// Every `oom` entry PyTorch caught itself
+    /// ([`Snapshot::oom_caught_by_pytorch`]), over all traces, in order.
+    pub fn oom_entries_caught_by_pytorch(&self) -> impl Iterator<Item = &TraceEvent> {
+        self.traces
+            .iter()
+            .flat_map(|t| &t.events)
+            .filter(|e| self.oom_caught_by_pytorch(e))
+    }
+
     /// Whether stack `id` allocates a cuDNN convolution's workspace: one of
     /// its frames is the function that does
     /// ([`crate::frames::is_cudnn_workspace`]).
