@@ -154,7 +154,7 @@ pub struct Inputs<'a> {
 /// Whether the block made at alloc event `i` is made once for the run
 /// (parameters, optimizer state, cuBLAS's workspaces: the first step makes
 /// them) rather than by every step.
-fn made_once(c: &BlockClassifier, e: &TraceEvent, i: usize) -> bool {
+pub(super) fn made_once(c: &BlockClassifier, e: &TraceEvent, i: usize) -> bool {
     let (cat, _) = c.classify(Some(i as u32), e.stack);
     matches!(cat, Category::Parameter | Category::OptimizerState)
         || c.is_cublas_workspace(Some(i as u32))

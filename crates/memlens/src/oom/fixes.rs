@@ -546,6 +546,19 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
              the largest batch under this limit"
         ));
     }
+    if w.model.optimizer_state_added_bytes > 0 {
+        // A first step fails before the optimizer made its state, which
+        // every later step holds (all seven workloads of tests/gpu's first-
+        // step OOMs ran their first step one batch over the largest and
+        // failed in the second).
+        warnings.push(format!(
+            "the run failed in its first step, before the optimizer made its state: every figure \
+             counts the state the later steps hold, {} (Adam(W)'s, two tensors the size of each \
+             parameter, assumed: SGD with momentum holds half of it, plain SGD none, which would \
+             leave room for a larger batch)",
+            format_bytes(w.model.optimizer_state_added_bytes)
+        ));
+    }
     let margin = (base.needed / 100).max(2 << 20);
     let helps = |p: &Prediction| (p.fits && !base.fits) || p.needed + margin < base.needed;
 
@@ -593,9 +606,12 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
         None
     };
     match &batch {
-        Some(b) if b.max_fraction > 0.0 && b.max_fraction < 1.0 => {
-            fixes.push(batch_fix(ctx, &base_spec, b))
-        }
+        Some(b) if b.max_fraction > 0.0 && b.max_fraction < 1.0 => fixes.push(batch_fix(
+            ctx,
+            &base_spec,
+            b,
+            w.model.optimizer_state_added_bytes,
+        )),
         Some(b) if b.max_fraction >= 1.0 => {}
         Some(_) => not_helpful.push(OomFix {
             fits: Some(false),
@@ -1039,7 +1055,9 @@ fn batch_fit(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<BatchFit> {
     })
 }
 
-fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
+/// The smaller-batch fix from `b`; `added_state` is the optimizer state the
+/// model added for the steps after a failing first one (0: none).
+fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit, added_state: u64) -> OomFix {
     let pct = (b.max_fraction * 100.0).round();
     let how = match (b.failing_batch, b.max_batch, b.power_of_two_batch) {
         (Some(f), Some(m), Some(p)) if p > 0 => {
@@ -1063,10 +1081,18 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit) -> OomFix {
     } else {
         ""
     };
+    let state = if added_state > 0 {
+        format!(
+            ", counting {} of optimizer state the later steps hold: Adam's, assumed",
+            format_bytes(added_state)
+        )
+    } else {
+        String::new()
+    };
     OomFix {
         action: format!(
             "Lower the batch size: the failing step {fits_at} under {} at up to {pct}% of its batch: \
-             {how}; peak reserved {} there (simulated){caveat}",
+             {how}; peak reserved {} there (simulated{state}){caveat}",
             ctx.limit_text(),
             format_bytes(b.predicted_peak_reserved_bytes)
         ),

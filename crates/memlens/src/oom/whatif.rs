@@ -17,6 +17,7 @@
 //! step's recorded part plus the failed request, scaled by category: a lower
 //! bound, since what came after the failure is unknown.
 
+use super::batch_model::made_once;
 use crate::analysis::categories::{Category, Phase};
 use crate::analysis::peak::BlockClassifier;
 use crate::analysis::steps::Steps;
@@ -35,6 +36,8 @@ use serde::Serialize;
 const STEP_IDS: u64 = 1 << 62;
 /// The name of the failed request's tensor in a step modelled up to the failure.
 const FAILED_REQUEST_ID: u64 = STEP_IDS | (1 << 58);
+/// Optimizer state the model adds is named from here up.
+const ADDED_STATE_IDS: u64 = STEP_IDS | (1 << 57);
 
 /// Where the model of the failing step comes from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -84,6 +87,11 @@ pub struct StepModel {
     /// Share of the failing step's recorded allocations whose size the model
     /// predicts within 1% (1.0 when there is nothing to compare).
     pub agreement: f64,
+    /// Optimizer state the model adds before a first step's failure: the
+    /// state Adam(W) makes at the first `optimizer.step()` (two tensors the
+    /// size of each parameter) and every later step holds. 0 when the run
+    /// already held optimizer state, or held no parameters.
+    pub optimizer_state_added_bytes: u64,
 }
 
 /// One what-if run: the settings and the changes to the failing step.
@@ -127,6 +135,25 @@ impl ModelOp {
     fn is_alloc(&self) -> bool {
         matches!(self.op, Op::Alloc { .. } | Op::Optional { .. })
     }
+
+    /// The operation at batch `x` (relative to the template's): an
+    /// allocation with a slope takes its size there.
+    fn at(&self, x: f64) -> Op {
+        match self.op {
+            Op::Alloc {
+                id, stream, tag, ..
+            } if self.slope != 0.0 => {
+                let size = self.base + self.slope * (x - 1.0);
+                Op::Alloc {
+                    id,
+                    size: size.round().max(1.0) as u64,
+                    stream,
+                    tag,
+                }
+            }
+            op => op,
+        }
+    }
 }
 
 /// The what-if builder of one OOM.
@@ -135,8 +162,10 @@ pub struct WhatIf {
     device: u32,
     /// The recorded run before the failing step as operations: allocations
     /// for the blocks from before the trace, then its allocations, frees and
-    /// `empty_cache()` calls.
-    prefix: Vec<Op>,
+    /// `empty_cache()` calls. The template step, when it ran at the failing
+    /// step's batch, scales with it (the run made at another batch from the
+    /// start).
+    prefix: Vec<ModelOp>,
     /// The modelled failing step.
     step: Vec<ModelOp>,
     /// Growth of the failing step's batch over the template's.
@@ -193,10 +222,39 @@ impl WhatIf {
         };
         // The state before the trace, as that one replay began from it.
         let pass = an.recorded().of(snap, trace);
-        let mut prefix = initial_allocs(snap, pass.initial());
-        prefix.extend(rec.ops(0..start).into_iter().map(|(_, op)| op));
-        let built = from_previous_step(&rec, steps, f, oom_index, &classifier)
+        let mut built = from_previous_step(&rec, steps, f, oom_index, &classifier)
             .unwrap_or_else(|| failing_step_only(&rec, start, oom_index, oom, &classifier));
+        let (state, after) = if f == 0 {
+            next_steps_optimizer_state(snap, pass.initial(), t, oom_index, &classifier)
+        } else {
+            (Vec::new(), None)
+        };
+        let optimizer_state_added_bytes = state.iter().map(|m| m.base as u64).sum();
+        // Right after the last parameter the step made (a first step's
+        // range also builds the model), else at its start.
+        let at = after
+            .and_then(|a| {
+                built
+                    .ops
+                    .iter()
+                    .position(|m| matches!(m.op, Op::Alloc { id, .. } if id == a))
+            })
+            .map_or(0, |k| k + 1);
+        built.ops.splice(at..at, state);
+        let mut prefix: Vec<ModelOp> = initial_allocs(snap, pass.initial())
+            .into_iter()
+            .map(ModelOp::fixed)
+            .collect();
+        prefix.extend(rec.ops(0..start).into_iter().map(|(i, op)| {
+            match (op, built.prefix_slopes.get(&i)) {
+                (Op::Alloc { size, .. }, Some(&slope)) => ModelOp {
+                    op,
+                    base: size as f64,
+                    slope,
+                },
+                _ => ModelOp::fixed(op),
+            }
+        }));
         let scaling = built
             .ops
             .iter()
@@ -219,6 +277,7 @@ impl WhatIf {
                 allocations,
                 scaling_allocations: scaling,
                 agreement: built.agreement,
+                optimizer_state_added_bytes,
             },
             step: built.ops,
         })
@@ -229,26 +288,13 @@ impl WhatIf {
     /// step's start, then the modelled step at the spec's batch.
     pub fn ops(&self, spec: &WhatIfSpec) -> Vec<Op> {
         let mut out = Vec::with_capacity(self.prefix.len() + self.step.len() + 8);
-        out.extend_from_slice(&self.prefix);
+        let x = spec.batch_fraction * self.growth;
+        out.extend(self.prefix.iter().map(|m| m.at(x)));
         out.extend(spec.free_blocks.iter().map(|&id| Op::Free { id }));
         if spec.empty_cache_at_step_start {
             out.push(Op::EmptyCache);
         }
-        let x = spec.batch_fraction * self.growth;
-        out.extend(self.step.iter().map(|m| match m.op {
-            Op::Alloc {
-                id, stream, tag, ..
-            } => {
-                let size = m.base + m.slope * (x - 1.0);
-                Op::Alloc {
-                    id,
-                    size: size.round().max(1.0) as u64,
-                    stream,
-                    tag,
-                }
-            }
-            op => op,
-        }));
+        out.extend(self.step.iter().map(|m| m.at(x)));
         out
     }
 
@@ -273,6 +319,70 @@ impl WhatIf {
             },
         )
     }
+}
+
+/// When the failing step is the run's first (parameters live, no optimizer
+/// state yet), the state the optimizer makes at its first step and every
+/// later step holds through its forward and backward: Adam(W)'s two tensors
+/// the size of each parameter, the most common optimizer's (a first step's
+/// failure cannot show which optimizer the run uses; SGD with momentum holds
+/// one, plain SGD none, so this errs toward a smaller batch). Empty otherwise.
+/// With it, the address of the last parameter the trace made (the state
+/// follows it).
+fn next_steps_optimizer_state(
+    snap: &Snapshot,
+    init: &initial::InitialState,
+    trace: &crate::snapshot::DeviceTrace,
+    oom_index: usize,
+    classifier: &BlockClassifier,
+) -> (Vec<ModelOp>, Option<u64>) {
+    let before_trace = init.blocks.iter().filter(|b| !b.pending).map(|b| {
+        (
+            None,
+            b.stack,
+            b.size.unwrap_or(b.requested),
+            b.stream,
+            b.addr,
+        )
+    });
+    let live = live_before(&trace.events, oom_index);
+    let in_trace = trace.events[..oom_index.min(trace.events.len())]
+        .iter()
+        .enumerate()
+        .filter(|(_, e)| e.action == Action::Alloc && live.contains(&e.addr))
+        .map(|(i, e)| (Some(i as u32), e.stack, e.size, e.stream, e.addr));
+    let mut params = Vec::new();
+    let mut last = None;
+    for (index, stack, size, stream, addr) in before_trace.chain(in_trace) {
+        match classifier.classify(index, stack).0 {
+            Category::OptimizerState => return (Vec::new(), None),
+            Category::Parameter => {
+                params.push((size, snap.stream(stream) as u64));
+                if index.is_some() {
+                    last = Some(addr);
+                }
+            }
+            _ => {}
+        }
+    }
+    let mut id = ADDED_STATE_IDS;
+    let mut out = Vec::with_capacity(params.len() * 2);
+    for (size, stream) in params {
+        for _ in 0..2 {
+            id += 1;
+            out.push(ModelOp {
+                op: Op::Alloc {
+                    id,
+                    size,
+                    stream,
+                    tag: 0,
+                },
+                base: size as f64,
+                slope: 0.0,
+            });
+        }
+    }
+    (out, last)
 }
 
 /// Allocations that recreate the blocks live before a trace that does not
@@ -344,6 +454,10 @@ fn is_segment(a: Action) -> bool {
 }
 
 struct Built {
+    /// Slopes of the recorded run's allocations before the failing step
+    /// (by event index) that scale with it: the template step's, when it ran
+    /// at the failing step's batch.
+    prefix_slopes: HashMap<usize, f64>,
     kind: TemplateKind,
     template_step: Option<usize>,
     growth: f64,
@@ -357,6 +471,39 @@ pub(super) fn allocs_in(events: &[TraceEvent], range: std::ops::Range<usize>) ->
     range
         .filter(|&i| events.get(i).is_some_and(|e| e.action == Action::Alloc))
         .collect()
+}
+
+/// The template's allocations `p` aligned with the failing step's `f` (the
+/// n-th of `f` with the n-th of the result, from the same stack, the failed
+/// request's stack next) and those passed over: an allocation of `p` from
+/// another stack may be passed over when `passable`. `None` when `f` does
+/// not align so.
+fn align_passing_over(
+    events: &[TraceEvent],
+    f: &[usize],
+    p: &[usize],
+    oom_index: usize,
+    passable: &dyn Fn(usize) -> bool,
+) -> Option<(Vec<usize>, Vec<usize>)> {
+    let mut kept = Vec::with_capacity(p.len());
+    let mut passed = Vec::new();
+    let mut want = f
+        .iter()
+        .map(|&i| events[i].stack)
+        .chain([events[oom_index].stack]);
+    let mut next = want.next();
+    for &j in p {
+        match next {
+            Some(stack) if events[j].stack == stack => {
+                kept.push(j);
+                next = want.next();
+            }
+            Some(_) if passable(j) => passed.push(j),
+            Some(_) => return None,
+            None => kept.push(j),
+        }
+    }
+    next.is_none().then_some((kept, passed))
 }
 
 /// How many allocations from the start come from the same stacks in both lists.
@@ -387,6 +534,107 @@ fn scales_by_category(c: &BlockClassifier, e: &TraceEvent, i: usize) -> bool {
     }
 }
 
+/// The failing step's allocations aligned with the template's.
+struct Alignment {
+    /// The failing step's allocations up to the failure (made every step).
+    allocs_f: Vec<usize>,
+    /// The template's, the first `allocs_f.len()` paired with them.
+    allocs_p: Vec<usize>,
+    /// The template's allocations passed over (one-offs the failing step
+    /// found live) or made once for the run.
+    made_once: HashSet<usize>,
+    /// The template's events, from its first aligned allocation.
+    range_p: std::ops::Range<usize>,
+}
+
+/// Aligns the failing step `f` (up to `oom_index`) with the step before it.
+///
+/// What a step makes once for the run (the first step's optimizer state and
+/// cuBLAS workspaces) is not part of the steps' common code: the failing step
+/// finds it made, so the template neither aligns on it nor makes it again.
+/// The template must have run at least as far as the failing step and from
+/// the same stacks, including the failed request's. It starts where the
+/// failing step's code does (the first step's range also holds what ran
+/// before the loop: building the model, a first batch), and what it made that
+/// the failing step found still live and did not make again (a library's
+/// one-off buffer) is passed over.
+fn align_with_previous_step(
+    events: &[TraceEvent],
+    steps: &Steps,
+    f: usize,
+    oom_index: usize,
+    classifier: &BlockClassifier,
+) -> Option<Alignment> {
+    let p = f.checked_sub(1)?;
+    let start_f = *steps.starts.get(f)?;
+    let allocs_f = made_every_step(events, start_f..oom_index, classifier);
+    let whole_p = steps.range(p);
+    let allocs_whole_p = made_every_step(events, whole_p.clone(), classifier);
+    let persists = |j: usize| classifier.free_of(j).is_none_or(|x| x >= start_f);
+    let first = *allocs_f.first()?;
+    let (allocs_p, skipped) = (0..allocs_whole_p.len())
+        .filter(|&k| events[allocs_whole_p[k]].stack == events[first].stack)
+        .find_map(|k| {
+            align_passing_over(
+                events,
+                &allocs_f,
+                &allocs_whole_p[k..],
+                oom_index,
+                &persists,
+            )
+        })?;
+    let range_p = allocs_p[0]..whole_p.end;
+    let made_once = allocs_in(events, range_p.clone())
+        .into_iter()
+        .filter(|&j| made_once(classifier, &events[j], j))
+        .chain(skipped)
+        .collect();
+    Some(Alignment {
+        allocs_f,
+        allocs_p,
+        made_once,
+        range_p,
+    })
+}
+
+/// The `alloc` events in `range` but those made once for the run.
+fn made_every_step(
+    events: &[TraceEvent],
+    range: std::ops::Range<usize>,
+    classifier: &BlockClassifier,
+) -> Vec<usize> {
+    allocs_in(events, range)
+        .into_iter()
+        .filter(|&j| !made_once(classifier, &events[j], j))
+        .collect()
+}
+
+/// Two complete steps at different batches (`pp`, then the template's
+/// `allocs_p`): `pp`'s allocations, how many align, and their size ratio.
+fn two_steps(
+    events: &[TraceEvent],
+    steps: &Steps,
+    pp: usize,
+    allocs_p: &[usize],
+    classifier: &BlockClassifier,
+) -> Option<(Vec<usize>, usize, f64)> {
+    let allocs_pp = made_every_step(events, steps.range(pp), classifier);
+    let n = aligned(events, &allocs_pp, allocs_p);
+    if allocs_pp.len() != allocs_p.len() || n * 20 < allocs_p.len() * 19 {
+        return None;
+    }
+    let ratios: Vec<f64> = allocs_pp
+        .iter()
+        .zip(allocs_p)
+        .take(n)
+        .map(|(&i, &j)| (events[i].size as f64, events[j].size as f64))
+        .filter(|(a, b)| *b > 0.0 && (a - b).abs() > 0.5)
+        .map(|(a, b)| a / b)
+        .collect();
+    let r = median(ratios)?;
+    ((r - 1.0).abs() > 0.05).then_some((allocs_pp, n, r))
+}
+
 /// The model from the step before the failing one, when it ran the same code.
 fn from_previous_step(
     rec: &Recorded,
@@ -398,18 +646,12 @@ fn from_previous_step(
     let events = rec.events;
     let p = f.checked_sub(1)?;
     let start_f = *steps.starts.get(f)?;
-    let range_p = steps.range(p);
-    let allocs_f = allocs_in(events, start_f..oom_index);
-    let allocs_p = allocs_in(events, range_p.clone());
-    // The template must have run at least as far as the failing step and
-    // from the same stacks, including the failed request's.
-    let m = aligned(events, &allocs_f, &allocs_p);
-    let oom_stack_ok = allocs_p
-        .get(allocs_f.len())
-        .is_some_and(|&j| events[j].stack == events[oom_index].stack);
-    if allocs_f.is_empty() || m < allocs_f.len() || !oom_stack_ok {
-        return None;
-    }
+    let Alignment {
+        allocs_f,
+        allocs_p,
+        made_once: made_once_here,
+        range_p,
+    } = align_with_previous_step(events, steps, f, oom_index, classifier)?;
     // Growth of the failing batch over the template's: the median ratio of
     // the sizes that changed, the failed request included.
     let mut pairs: Vec<(f64, f64)> = allocs_f
@@ -428,23 +670,9 @@ fn from_previous_step(
     let growth = median(changed.iter().map(|(a, b)| a / b).collect()).unwrap_or(1.0);
 
     // Two complete steps at different batches give every allocation's slope.
-    let two = p.checked_sub(1).and_then(|pp| {
-        let allocs_pp = allocs_in(events, steps.range(pp));
-        let n = aligned(events, &allocs_pp, &allocs_p);
-        if allocs_pp.len() != allocs_p.len() || n * 20 < allocs_p.len() * 19 {
-            return None;
-        }
-        let ratios: Vec<f64> = allocs_pp
-            .iter()
-            .zip(&allocs_p)
-            .take(n)
-            .map(|(&i, &j)| (events[i].size as f64, events[j].size as f64))
-            .filter(|(a, b)| *b > 0.0 && (a - b).abs() > 0.5)
-            .map(|(a, b)| a / b)
-            .collect();
-        let r = median(ratios)?;
-        ((r - 1.0).abs() > 0.05).then_some((allocs_pp, n, r))
-    });
+    let two = p
+        .checked_sub(1)
+        .and_then(|pp| two_steps(events, steps, pp, &allocs_p, classifier));
 
     let slope_of: HashMap<usize, f64> = {
         let mut s = HashMap::new();
@@ -479,7 +707,7 @@ fn from_previous_step(
     // become the ones the template itself left live; older ones stay if live.
     let live_at_start = live_before(events, start_f);
     let left_over: HashMap<u64, u64> = match p.checked_sub(1) {
-        Some(pp) => allocs_in(events, steps.range(pp))
+        Some(pp) => made_every_step(events, steps.range(pp), classifier)
             .iter()
             .zip(&allocs_p)
             .filter(|(_, &j)| live_at_start.contains(&events[j].addr))
@@ -487,8 +715,29 @@ fn from_previous_step(
             .collect(),
         None => HashMap::new(),
     };
-    let out = template_ops(rec, range_p, &slope_of, &left_over, &live_at_start);
+    let mut out = template_ops(
+        rec,
+        range_p,
+        &slope_of,
+        &left_over,
+        &live_at_start,
+        &made_once_here,
+    );
+    frees_of_older_blocks(rec, start_f..oom_index, &allocs_f, &live_at_start, &mut out);
+    // A template at the failing batch is the run's first step at that
+    // batch: a smaller batch would have run it smaller too, and the cache
+    // the failing step starts from is shaped by it.
+    let prefix_slopes = if (growth - 1.0).abs() <= 0.05 {
+        allocs_p
+            .iter()
+            .filter_map(|j| slope_of.get(j).map(|&s| (*j, s)))
+            .filter(|(_, s)| *s != 0.0)
+            .collect()
+    } else {
+        HashMap::new()
+    };
     Some(Built {
+        prefix_slopes,
         kind: TemplateKind::PreviousStep,
         template_step: Some(p),
         growth,
@@ -525,16 +774,25 @@ fn agreement(
 /// The template step's operations as the model's: its own blocks under ids
 /// of their own with their slopes, frees of blocks from before it mapped to
 /// the ones the template left live (`left_over`) or kept when still live.
+/// The allocations at `made_once` (and their frees) are left out.
 fn template_ops(
     rec: &Recorded<'_>,
     range_p: std::ops::Range<usize>,
     slope_of: &HashMap<usize, f64>,
     left_over: &HashMap<u64, u64>,
     live_at_start: &HashSet<u64>,
+    made_once: &HashSet<usize>,
 ) -> Vec<ModelOp> {
     let mut own: HashSet<u64> = HashSet::new();
+    let mut skipped: HashSet<u64> = HashSet::new();
     let mut out = Vec::with_capacity(range_p.len());
     for (j, op) in rec.ops(range_p.clone()) {
+        if made_once.contains(&j) {
+            if let Op::Alloc { id, .. } | Op::Optional { id, .. } = op {
+                skipped.insert(id);
+            }
+            continue;
+        }
         let m = match op {
             Op::Alloc {
                 id,
@@ -565,6 +823,12 @@ fn template_ops(
                 own.insert(id);
                 ModelOp::fixed(Op::allocation(id | STEP_IDS, size, stream, tag, true))
             }
+            Op::FreeRequested { id } | Op::FreeCompleted { id } if skipped.contains(&id) => {
+                if matches!(op, Op::FreeCompleted { .. }) {
+                    skipped.remove(&id);
+                }
+                continue;
+            }
             Op::FreeRequested { id } | Op::FreeCompleted { id } => {
                 let id = if own.contains(&id) {
                     id | STEP_IDS
@@ -585,6 +849,69 @@ fn template_ops(
         out.push(m);
     }
     out
+}
+
+/// Adds to the modelled step `out` the frees the failing step (`range`, its
+/// allocations `allocs_f`) made of blocks from before it (`live_at_start`)
+/// that the template does not free: the previous step's outputs a loop lets
+/// go only when the next step rebinds them, which a first step, having no
+/// step before it, never shows. Each goes where the failing step made it:
+/// after its n-th allocation, before the template's (n+1)-th.
+fn frees_of_older_blocks(
+    rec: &Recorded<'_>,
+    range: std::ops::Range<usize>,
+    allocs_f: &[usize],
+    live_at_start: &HashSet<u64>,
+    out: &mut Vec<ModelOp>,
+) {
+    let freed_by_template: HashSet<u64> = out
+        .iter()
+        .filter_map(|m| match m.op {
+            Op::FreeRequested { id } | Op::FreeCompleted { id } => Some(id),
+            _ => None,
+        })
+        .collect();
+    let mut made: HashSet<u64> = HashSet::new();
+    let mut frees: Vec<(usize, Op)> = Vec::new();
+    for i in range {
+        let Some(e) = rec.events.get(i) else { break };
+        match e.action {
+            Action::Alloc => {
+                made.insert(e.addr);
+            }
+            Action::FreeRequested | Action::FreeCompleted
+                if live_at_start.contains(&e.addr)
+                    && !made.contains(&e.addr)
+                    && !freed_by_template.contains(&e.addr) =>
+            {
+                let n = allocs_f.partition_point(|&a| a < i);
+                let op = if e.action == Action::FreeRequested {
+                    Op::FreeRequested { id: e.addr }
+                } else {
+                    Op::FreeCompleted { id: e.addr }
+                };
+                frees.push((n, op));
+            }
+            _ => {}
+        }
+    }
+    if frees.is_empty() {
+        return;
+    }
+    let mut merged = Vec::with_capacity(out.len() + frees.len());
+    let mut pending = frees.into_iter().peekable();
+    let mut allocs_seen = 0;
+    for m in out.drain(..) {
+        if m.is_alloc() {
+            while let Some((_, op)) = pending.next_if(|(n, _)| *n <= allocs_seen) {
+                merged.push(ModelOp::fixed(op));
+            }
+            allocs_seen += 1;
+        }
+        merged.push(m);
+    }
+    merged.extend(pending.map(|(_, op)| ModelOp::fixed(op)));
+    *out = merged;
 }
 
 /// Addresses of blocks live right before event `index` (allocated and not
@@ -654,6 +981,7 @@ fn failing_step_only(
         },
     });
     Built {
+        prefix_slopes: HashMap::new(),
         kind: TemplateKind::FailingStepOnly,
         template_step: None,
         growth: 1.0,

@@ -1,0 +1,164 @@
+//! Issue 30, "the largest batch from an OOM snapshot", on real OOMs of seven
+//! workloads of different shapes (tests/corpus/oom/first_step, recorded by
+//! tests/gpu/first_step_oom.py on an H200 under the caps of
+//! tests/corpus/fit, whose bisection on the GPU gives the true largest batch).
+//! One batch over the largest, every workload ran its first step and failed in
+//! its second (a warm OOM); far over it, most failed in the first step's
+//! forward or backward. `oom`'s largest batch is checked against the truth.
+
+use memlens::oom::whatif::TemplateKind;
+use memlens::oom::{analyze_snapshot, OomOptions, OomReport};
+use memlens::Snapshot;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/corpus/oom")
+}
+
+fn truth() -> Value {
+    let text = std::fs::read_to_string(dir().join("first_step/truth.json")).expect("truth.json");
+    serde_json::from_str(&text).expect("valid truth.json")
+}
+
+/// `oom` on `first_step/NAME` (or the corpus's own `gpt_first`) with the
+/// failing batch and the error text, as a user with both would run it.
+fn analyze(name: &str, batch: u64) -> OomReport {
+    let base = if name == "gpt_first" {
+        dir().join(name)
+    } else {
+        dir().join("first_step").join(name)
+    };
+    let path = |ext: &str| PathBuf::from(format!("{}.{ext}", base.display()));
+    let text = std::fs::read_to_string(path("message.txt")).expect("message");
+    let opts = OomOptions {
+        message: Some(memlens::oom::message::find(&text).expect("an OOM message")),
+        batch: Some(batch),
+        ..Default::default()
+    };
+    let snap = Snapshot::load(&path("pickle.zst")).expect("snapshot loads");
+    analyze_snapshot(&snap, &opts)
+        .expect("analysis runs")
+        .expect("the trace holds an OOM")
+}
+
+struct Case {
+    name: String,
+    step: u64,
+    phase: String,
+    truth: u64,
+    said: Option<u64>,
+    lower_bound: bool,
+    template: TemplateKind,
+    state_added: u64,
+}
+
+fn cases() -> Vec<Case> {
+    let t = truth();
+    let mut out = Vec::new();
+    let snaps = t["snapshots"].as_object().expect("snapshots");
+    let all = snaps
+        .iter()
+        .map(|(name, r)| (name.clone(), r.clone()))
+        // gpt_first: the corpus's student GPT (tests/gpu/oom_harness.py),
+        // batch 16 under 3 GiB, largest batch 12 (tests/corpus/oom/truth.json).
+        .chain([(
+            "gpt_first".to_string(),
+            serde_json::json!({"batch": 16, "step": 0, "phase": "backward", "largest_batch": 12}),
+        )]);
+    for (name, r) in all {
+        let batch = r["batch"].as_u64().expect("batch");
+        let rep = analyze(&name, batch);
+        let b = rep.batch.as_ref();
+        let model = rep.step_model.as_ref().expect("a step model");
+        out.push(Case {
+            name,
+            step: r["step"].as_u64().expect("step"),
+            phase: r["phase"].as_str().expect("phase").to_string(),
+            truth: r["largest_batch"].as_u64().expect("largest_batch"),
+            said: b.and_then(|b| b.max_batch),
+            lower_bound: b.is_some_and(|b| b.lower_bound),
+            template: model.template,
+            state_added: model.optimizer_state_added_bytes,
+        });
+    }
+    out
+}
+
+#[test]
+fn the_largest_batch_from_an_oom_snapshot_against_the_gpu() {
+    let cases = cases();
+    assert_eq!(cases.len(), 20);
+    let mut held = 0;
+    for c in &cases {
+        let said = c
+            .said
+            .unwrap_or_else(|| panic!("{}: no batch verdict", c.name));
+        let ok = said <= c.truth && c.truth - said <= 1;
+        held += usize::from(ok);
+        eprintln!(
+            "{:16} step {} {:8} said {said:2} truth {:2} {:?}{}",
+            c.name,
+            c.step + 1,
+            c.phase,
+            c.truth,
+            c.template,
+            if ok { "" } else { "  (off)" }
+        );
+        // A batch said to fit (a whole step modelled) is never over the
+        // truth: the over-estimates are the steps known only up to the
+        // failure, which say "may fit" and "an upper bound".
+        if !c.lower_bound {
+            assert!(
+                said <= c.truth,
+                "{}: said {said} fits, true {}",
+                c.name,
+                c.truth
+            );
+        }
+    }
+    // 2 of 20 before this model of the steps (2026-11-29): a first step
+    // taken as the template, the previous step's outputs freed by the next,
+    // and the optimizer state the steps after a first one hold.
+    assert!(held >= 10, "exact or one below on {held} of 20");
+}
+
+#[test]
+fn a_warm_oom_after_one_step_is_modelled_on_that_step() {
+    // The first step is the template although it also built the model and
+    // made the optimizer state and cuBLAS's workspaces once.
+    for c in cases().iter().filter(|c| c.step == 1) {
+        if c.name.starts_with("resnet_amp") {
+            continue; // cuDNN gives up workspaces differently step to step
+        }
+        assert_eq!(c.template, TemplateKind::PreviousStep, "{}", c.name);
+        assert_eq!(
+            c.state_added, 0,
+            "{}: its optimizer state was recorded",
+            c.name
+        );
+    }
+}
+
+#[test]
+fn a_first_step_failing_in_backward_counts_the_optimizer_state_and_is_exact_or_one_below() {
+    let cases = cases();
+    let first: Vec<&Case> = cases
+        .iter()
+        .filter(|c| c.step == 0 && c.phase == "backward" && !c.name.starts_with("resnet_amp"))
+        .collect();
+    assert_eq!(first.len(), 5);
+    for c in first {
+        assert!(c.state_added > 0, "{}", c.name);
+        let said = c.said.expect("a batch");
+        // hf_gpt2 at 24 says 19 where 18 is the largest (its backward's
+        // peak comes after the failure): the rest are exact or one below.
+        let slack = u64::from(c.name == "hf_gpt2.b24");
+        assert!(
+            said <= c.truth + slack && c.truth <= said + 1,
+            "{}: said {said}, true {}",
+            c.name,
+            c.truth
+        );
+    }
+}
