@@ -474,27 +474,24 @@ pub(super) fn allocs_in(events: &[TraceEvent], range: std::ops::Range<usize>) ->
 }
 
 /// The template's allocations `p` aligned with the failing step's `f` (the
-/// n-th of `f` with the n-th of the result, from the same stack, the failed
-/// request's stack next) and those passed over: an allocation of `p` from
-/// another stack may be passed over when `passable`. `None` when `f` does
-/// not align so.
+/// n-th of `f` with the n-th of the result, the same allocation by `same`,
+/// the failed request, `oom_index`, next) and those passed over: an
+/// allocation of `p` that is not the one wanted may be passed over when
+/// `passable`. `None` when `f` does not align so.
 fn align_passing_over(
-    events: &[TraceEvent],
     f: &[usize],
     p: &[usize],
     oom_index: usize,
+    same: &dyn Fn(usize, usize) -> bool,
     passable: &dyn Fn(usize) -> bool,
 ) -> Option<(Vec<usize>, Vec<usize>)> {
     let mut kept = Vec::with_capacity(p.len());
     let mut passed = Vec::new();
-    let mut want = f
-        .iter()
-        .map(|&i| events[i].stack)
-        .chain([events[oom_index].stack]);
+    let mut want = f.iter().copied().chain([oom_index]);
     let mut next = want.next();
     for &j in p {
         match next {
-            Some(stack) if events[j].stack == stack => {
+            Some(i) if same(i, j) => {
                 kept.push(j);
                 next = want.next();
             }
@@ -559,30 +556,36 @@ struct Alignment {
 /// the failing step found still live and did not make again (a library's
 /// one-off buffer) is passed over.
 fn align_with_previous_step(
-    events: &[TraceEvent],
+    rec: &Recorded<'_>,
     steps: &Steps,
     f: usize,
     oom_index: usize,
     classifier: &BlockClassifier,
 ) -> Option<Alignment> {
+    let events = rec.events;
     let p = f.checked_sub(1)?;
     let start_f = *steps.starts.get(f)?;
     let allocs_f = made_every_step(events, start_f..oom_index, classifier);
     let whole_p = steps.range(p);
     let allocs_whole_p = made_every_step(events, whole_p.clone(), classifier);
     let persists = |j: usize| classifier.free_of(j).is_none_or(|x| x >= start_f);
+    // cuDNN's workspaces come from other C++ frames in the first step
+    // (`try_configs` searches the plans the next steps take from its cache).
+    let same = |i: usize, j: usize| {
+        let (a, b) = (events[i].stack, events[j].stack);
+        a == b || (rec.workspaces.contains(a) && rec.workspaces.contains(b))
+    };
+    // A workspace the failing step gave up (its caught `oom` entry) is not
+    // among its allocations: the template's is passed over, and kept.
+    let workspace = |j: usize| rec.workspaces.contains(events[j].stack);
+    let passable = |j: usize| persists(j) || workspace(j);
     let first = *allocs_f.first()?;
-    let (allocs_p, skipped) = (0..allocs_whole_p.len())
-        .filter(|&k| events[allocs_whole_p[k]].stack == events[first].stack)
+    let (allocs_p, passed) = (0..allocs_whole_p.len())
+        .filter(|&k| same(first, allocs_whole_p[k]))
         .find_map(|k| {
-            align_passing_over(
-                events,
-                &allocs_f,
-                &allocs_whole_p[k..],
-                oom_index,
-                &persists,
-            )
+            align_passing_over(&allocs_f, &allocs_whole_p[k..], oom_index, &same, &passable)
         })?;
+    let skipped = passed.into_iter().filter(|&j| !workspace(j));
     let range_p = allocs_p[0]..whole_p.end;
     let made_once = allocs_in(events, range_p.clone())
         .into_iter()
@@ -651,7 +654,7 @@ fn from_previous_step(
         allocs_p,
         made_once: made_once_here,
         range_p,
-    } = align_with_previous_step(events, steps, f, oom_index, classifier)?;
+    } = align_with_previous_step(rec, steps, f, oom_index, classifier)?;
     // Growth of the failing batch over the template's: the median ratio of
     // the sizes that changed, the failed request included.
     let mut pairs: Vec<(f64, f64)> = allocs_f
