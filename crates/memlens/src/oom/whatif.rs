@@ -345,11 +345,14 @@ fn next_steps_optimizer_state(
             b.addr,
         )
     });
-    let live = live_before(&trace.events, oom_index);
+    // Live at the failure: not freed before it (the frees paired with their
+    // allocations once, for the whole trace).
     let in_trace = trace.events[..oom_index.min(trace.events.len())]
         .iter()
         .enumerate()
-        .filter(|(_, e)| e.action == Action::Alloc && live.contains(&e.addr))
+        .filter(|&(i, e)| {
+            e.action == Action::Alloc && classifier.free_of(i).is_none_or(|x| x >= oom_index)
+        })
         .map(|(i, e)| (Some(i as u32), e.stack, e.size, e.stream, e.addr));
     let mut params = Vec::new();
     let mut last = None;
