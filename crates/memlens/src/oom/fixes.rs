@@ -9,7 +9,8 @@
 //! `max_split_size_mb` was tried and why it is not advised.
 
 use super::cause::Cause;
-use super::whatif::{TemplateKind, WhatIf, WhatIfSpec};
+use super::completion::StepCompletion;
+use super::whatif::{WhatIf, WhatIfSpec};
 use crate::analysis::categories::Category;
 use crate::analysis::peak::BlockClassifier;
 use crate::analysis::sites::Site;
@@ -520,28 +521,27 @@ fn advice(ctx: &Context) -> Vec<OomFix> {
     out
 }
 
-/// Simulates every fix that applies and ranks the helpful ones.
-pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
+/// What the model of the failing step assumes or lacks, in words: how a
+/// step that failed in its forward was completed, a step known only in
+/// part, the optimizer state a first step's model adds.
+fn model_notes(w: &WhatIf, ctx: &Context) -> Vec<String> {
     let mut warnings = Vec::new();
-    let base_spec = ctx.base_spec();
-    let Some(base) = run(w, &base_spec) else {
-        return advice_only(ctx);
-    };
-    if base.fits {
-        warnings.push(
-            "the simulated failing step fits under the recorded settings although the run \
-             failed: the model of the step is incomplete, so predictions are optimistic"
-                .into(),
-        );
+    if let Some(c) = &w.model.completion {
+        warnings.push(completion_note(c));
     }
-    if w.model.template == TemplateKind::FailingStepOnly {
+    if w.model.is_lower_bound() {
         let limit = ctx.limit_bytes();
         // The whole step is what this trace lacks; a fake-tensor trace of
         // it has it (issue 30: exact or one below on 5 of 5 workloads).
+        let missing = if w.model.completion.is_some() {
+            "the rest of its forward after the failed allocation is not recorded and not counted"
+        } else {
+            "the failing step is modelled up to the failed allocation only, so what it needs \
+             afterwards is not counted"
+        };
         warnings.push(format!(
-            "no complete earlier step ran the same code: the failing step is modelled up to the \
-             failed allocation only, so what it needs afterwards is not counted (predictions are \
-             lower bounds); for the whole step, trace it with fake tensors (no GPU memory used): \
+            "no complete earlier step ran the same code: {missing} (predictions are lower \
+             bounds); for the whole step, trace it with fake tensors (no GPU memory used): \
              memlens.predict(build, step, batch=N, limit={limit}, largest=True) in Python gives \
              the largest batch under this limit"
         ));
@@ -559,6 +559,45 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
             format_bytes(w.model.optimizer_state_added_bytes)
         ));
     }
+    warnings
+}
+
+/// What a step that failed in its forward was completed with, in words.
+fn completion_note(c: &StepCompletion) -> String {
+    let whole = if c.forward_whole {
+        "the run failed in its loss, the forward's last work, so the step is modelled whole: "
+    } else {
+        "the run failed in its forward: "
+    };
+    let next = if c.next_step_modelled {
+        "; then the next step, holding the optimizer's state, from the cache the first left"
+    } else {
+        ""
+    };
+    format!(
+        "{whole}its backward is not recorded and is modelled from the forward's saved tensors \
+         ({} at the failing batch, each one's gradient made in turn, three live at once) and \
+         the parameters' gradients ({}){next}",
+        format_bytes(c.saved_bytes),
+        format_bytes(c.gradient_bytes)
+    )
+}
+
+/// Simulates every fix that applies and ranks the helpful ones.
+pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
+    let mut warnings = Vec::new();
+    let base_spec = ctx.base_spec();
+    let Some(base) = run(w, &base_spec) else {
+        return advice_only(ctx);
+    };
+    if base.fits {
+        warnings.push(
+            "the simulated failing step fits under the recorded settings although the run \
+             failed: the model of the step is incomplete, so predictions are optimistic"
+                .into(),
+        );
+    }
+    warnings.extend(model_notes(w, ctx));
     let margin = (base.needed / 100).max(2 << 20);
     let helps = |p: &Prediction| (p.fits && !base.fits) || p.needed + margin < base.needed;
 
@@ -628,7 +667,7 @@ pub fn predict(w: &WhatIf, ctx: &Context) -> Outcome {
         }),
         None => {}
     }
-    if w.model.template == TemplateKind::FailingStepOnly {
+    if w.model.is_lower_bound() {
         mark_lower_bounds(&mut fixes);
     }
     fixes.extend(advice(ctx));
@@ -731,14 +770,14 @@ fn candidate_specs(ctx: &Context, base_spec: &WhatIfSpec) -> Vec<(FixKind, WhatI
     candidates
 }
 
-/// Marks the simulated fixes of a step modelled only up to the failure as
-/// lower bounds, which cannot promise a fit.
+/// Marks the simulated fixes of a step whose model lacks part of it (after
+/// the failure) as lower bounds, which cannot promise a fit.
 fn mark_lower_bounds(fixes: &mut [OomFix]) {
     for f in fixes.iter_mut().filter(|f| f.basis == Basis::Simulated) {
         if !f.action.contains("allow a margin") {
             f.action.push_str(
-                "; a lower bound: the step was modelled only up to the failure, so it \
-                 needs at least this much and likely more",
+                "; a lower bound: part of the step after the failure is not in the model \
+                 (not recorded), so it needs at least this much and likely more",
             );
         }
         // What comes after the failure (the rest of the forward pass,
@@ -988,7 +1027,7 @@ fn batch_fit(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<BatchFit> {
             },
         )
     };
-    let lower_bound = w.model.template == TemplateKind::FailingStepOnly;
+    let lower_bound = w.model.is_lower_bound();
     let none = BatchFit {
         max_fraction: 0.0,
         predicted_peak_reserved_bytes: 0,
@@ -1076,8 +1115,8 @@ fn batch_fix(ctx: &Context, base: &WhatIfSpec, b: &BatchFit, added_state: u64) -
     };
     let fits_at = if b.lower_bound { "may fit" } else { "fits" };
     let caveat = if b.lower_bound {
-        "; an upper bound: the step was modelled only up to the failure (what it needs after \
-         it is not counted), so the batch that fits may be smaller: allow a margin"
+        "; an upper bound: part of the step after the failure is not in the model (not \
+         recorded), so the batch that fits may be smaller: allow a margin"
     } else {
         ""
     };

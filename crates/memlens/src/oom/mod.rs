@@ -6,11 +6,13 @@
 //! * [`snapshot`] analyses a snapshot whose trace holds the OOM
 //!   ([`analyze_snapshot`]): the state right before it, the cause, and fixes
 //!   ([`fixes`]) checked by simulating a model of the failing step ([`whatif`]);
-//!   [`batch_model`] splits that step's memory into what scales with the
+//!   a step that failed in its forward is completed by a model of its
+//!   backward ([`completion`]); [`batch_model`] splits that step's memory into what scales with the
 //!   batch and what does not.
 
 pub mod batch_model;
 pub mod cause;
+pub mod completion;
 pub mod fixes;
 pub mod message;
 pub mod snapshot;

@@ -18,6 +18,7 @@
 //! bound, since what came after the failure is unknown.
 
 use super::batch_model::made_once;
+use super::completion::{self, StepCompletion};
 use crate::analysis::categories::{Category, Phase};
 use crate::analysis::peak::BlockClassifier;
 use crate::analysis::steps::Steps;
@@ -25,7 +26,7 @@ use crate::replay::initial;
 use crate::replay::simulate::{simulate_ops, SimulateOptions, SimulationResult};
 use crate::sim::program::Op;
 use crate::sim::AllocatorConfig;
-use crate::snapshot::{Action, Snapshot, StackSet, TraceEvent};
+use crate::snapshot::{Action, Snapshot, StackId, StackSet, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
@@ -33,7 +34,7 @@ use serde::Serialize;
 /// The modelled step's tensors are named by their recorded address with this
 /// bit set, so that they cannot be taken for tensors the recorded run still
 /// holds (real addresses are below 2^57).
-const STEP_IDS: u64 = 1 << 62;
+pub(super) const STEP_IDS: u64 = 1 << 62;
 /// The name of the failed request's tensor in a step modelled up to the failure.
 const FAILED_REQUEST_ID: u64 = STEP_IDS | (1 << 58);
 /// Optimizer state the model adds is named from here up.
@@ -48,6 +49,10 @@ pub enum TemplateKind {
     /// Only the failing step's recorded part and the failed request: what came
     /// after the failure is unknown, so predictions are lower bounds.
     FailingStepOnly,
+    /// The failing step's recorded forward up to the failed request, then a
+    /// backward modelled from its saved tensors ([`StepCompletion`]): a whole
+    /// step when the forward failed in its loss, else still a lower bound.
+    FailingStepCompleted,
 }
 
 /// Where the slopes (bytes per unit of batch) come from.
@@ -92,6 +97,23 @@ pub struct StepModel {
     /// size of each parameter) and every later step holds. 0 when the run
     /// already held optimizer state, or held no parameters.
     pub optimizer_state_added_bytes: u64,
+    /// How a step that failed in its forward was completed (its backward
+    /// modelled), when it was.
+    pub completion: Option<StepCompletion>,
+}
+
+impl StepModel {
+    /// Whether the model lacks part of the failing step, so that what it
+    /// predicts is a lower bound (a batch said to fit may not).
+    pub fn is_lower_bound(&self) -> bool {
+        match self.template {
+            TemplateKind::PreviousStep => false,
+            TemplateKind::FailingStepOnly => true,
+            TemplateKind::FailingStepCompleted => {
+                !self.completion.as_ref().is_some_and(|c| c.forward_whole)
+            }
+        }
+    }
 }
 
 /// One what-if run: the settings and the changes to the failing step.
@@ -115,16 +137,18 @@ pub struct WhatIfSpec {
 
 /// One modelled operation of the failing step.
 #[derive(Clone, Copy, Debug)]
-struct ModelOp {
-    op: Op,
+pub(super) struct ModelOp {
+    /// The operation at the template's batch.
+    pub(super) op: Op,
     /// Size at the template's batch (allocations).
-    base: f64,
+    pub(super) base: f64,
     /// Bytes per unit of batch (relative to the template's).
-    slope: f64,
+    pub(super) slope: f64,
 }
 
 impl ModelOp {
-    fn fixed(op: Op) -> ModelOp {
+    /// An operation that does not change with the batch.
+    pub(super) fn fixed(op: Op) -> ModelOp {
         ModelOp {
             op,
             base: 0.0,
@@ -224,23 +248,42 @@ impl WhatIf {
         let pass = an.recorded().of(snap, trace);
         let mut built = from_previous_step(&rec, steps, f, oom_index, &classifier)
             .unwrap_or_else(|| failing_step_only(&rec, start, oom_index, oom, &classifier));
-        let (state, after) = if f == 0 {
-            next_steps_optimizer_state(snap, pass.initial(), t, oom_index, &classifier)
+        let live = live_parameters(snap, pass.initial(), t, oom_index, &classifier);
+        // Only a first step: after training steps, a step that ran other
+        // code (no template) may be an evaluation under `no_grad`, which has
+        // no backward (tests/corpus/oom/eval_spike).
+        let mut completion = (f == 0)
+            .then(|| {
+                complete_forward_failure(&mut built, &live, snap, &classifier, (oom_index, &oom))
+            })
+            .flatten();
+        let state = if f == 0 {
+            next_steps_optimizer_state(&live)
         } else {
-            (Vec::new(), None)
+            Vec::new()
         };
         let optimizer_state_added_bytes = state.iter().map(|m| m.base as u64).sum();
-        // Right after the last parameter the step made (a first step's
-        // range also builds the model), else at its start.
-        let at = after
-            .and_then(|a| {
-                built
-                    .ops
-                    .iter()
-                    .position(|m| matches!(m.op, Op::Alloc { id, .. } if id == a))
-            })
-            .map_or(0, |k| k + 1);
-        built.ops.splice(at..at, state);
+        match completion.as_mut() {
+            // A whole first step: run it, then the next with the state.
+            Some(c) if !state.is_empty() => {
+                let first = std::mem::take(&mut built.ops);
+                built.ops = completion::with_next_step(first, state, c, &built.made_once_ids);
+            }
+            // The state, right after the last parameter the step made (a
+            // first step's range also builds the model), else at its start.
+            _ => {
+                let at = live
+                    .last_made
+                    .and_then(|a| {
+                        built
+                            .ops
+                            .iter()
+                            .position(|m| matches!(m.op, Op::Alloc { id, .. } if id == a))
+                    })
+                    .map_or(0, |k| k + 1);
+                built.ops.splice(at..at, state);
+            }
+        }
         let mut prefix: Vec<ModelOp> = initial_allocs(snap, pass.initial())
             .into_iter()
             .map(ModelOp::fixed)
@@ -278,6 +321,7 @@ impl WhatIf {
                 scaling_allocations: scaling,
                 agreement: built.agreement,
                 optimizer_state_added_bytes,
+                completion,
             },
             step: built.ops,
         })
@@ -321,21 +365,26 @@ impl WhatIf {
     }
 }
 
-/// When the failing step is the run's first (parameters live, no optimizer
-/// state yet), the state the optimizer makes at its first step and every
-/// later step holds through its forward and backward: Adam(W)'s two tensors
-/// the size of each parameter, the most common optimizer's (a first step's
-/// failure cannot show which optimizer the run uses; SGD with momentum holds
-/// one, plain SGD none, so this errs toward a smaller batch). Empty otherwise.
-/// With it, the address of the last parameter the trace made (the state
-/// follows it).
-fn next_steps_optimizer_state(
+/// The parameters live at a failure, as the optimizer and the backward see
+/// them.
+struct LiveParameters {
+    /// (size, stream key) of each, in the order they were made (those from
+    /// before the trace first).
+    params: Vec<(u64, u64)>,
+    /// The address of the last one the trace made.
+    last_made: Option<u64>,
+    /// Whether optimizer state was live too (a step of the optimizer ran).
+    optimizer_state: bool,
+}
+
+/// The parameters live at the `oom` event `oom_index` of `trace`.
+fn live_parameters(
     snap: &Snapshot,
     init: &initial::InitialState,
     trace: &crate::snapshot::DeviceTrace,
     oom_index: usize,
     classifier: &BlockClassifier,
-) -> (Vec<ModelOp>, Option<u64>) {
+) -> LiveParameters {
     let before_trace = init.blocks.iter().filter(|b| !b.pending).map(|b| {
         (
             None,
@@ -354,23 +403,39 @@ fn next_steps_optimizer_state(
             e.action == Action::Alloc && classifier.free_of(i).is_none_or(|x| x >= oom_index)
         })
         .map(|(i, e)| (Some(i as u32), e.stack, e.size, e.stream, e.addr));
-    let mut params = Vec::new();
-    let mut last = None;
+    let mut live = LiveParameters {
+        params: Vec::new(),
+        last_made: None,
+        optimizer_state: false,
+    };
     for (index, stack, size, stream, addr) in before_trace.chain(in_trace) {
         match classifier.classify(index, stack).0 {
-            Category::OptimizerState => return (Vec::new(), None),
+            Category::OptimizerState => live.optimizer_state = true,
             Category::Parameter => {
-                params.push((size, snap.stream(stream) as u64));
+                live.params.push((size, snap.stream(stream) as u64));
                 if index.is_some() {
-                    last = Some(addr);
+                    live.last_made = Some(addr);
                 }
             }
             _ => {}
         }
     }
+    live
+}
+
+/// When the failing step is the run's first (parameters live, no optimizer
+/// state yet), the state the optimizer makes at its first step and every
+/// later step holds through its forward and backward: Adam(W)'s two tensors
+/// the size of each parameter, the most common optimizer's (a first step's
+/// failure cannot show which optimizer the run uses; SGD with momentum holds
+/// one, plain SGD none, so this errs toward a smaller batch). Empty otherwise.
+fn next_steps_optimizer_state(live: &LiveParameters) -> Vec<ModelOp> {
+    if live.optimizer_state {
+        return Vec::new();
+    }
     let mut id = ADDED_STATE_IDS;
-    let mut out = Vec::with_capacity(params.len() * 2);
-    for (size, stream) in params {
+    let mut out = Vec::with_capacity(live.params.len() * 2);
+    for &(size, stream) in &live.params {
         for _ in 0..2 {
             id += 1;
             out.push(ModelOp {
@@ -385,7 +450,7 @@ fn next_steps_optimizer_state(
             });
         }
     }
-    (out, last)
+    out
 }
 
 /// Allocations that recreate the blocks live before a trace that does not
@@ -467,6 +532,10 @@ struct Built {
     slopes: SlopeSource,
     agreement: f64,
     ops: Vec<ModelOp>,
+    /// The ids of `ops`' allocations that are made once for the run
+    /// (parameters, cuBLAS workspaces), for a model of the failing step
+    /// alone: a next step would find them made.
+    made_once_ids: HashSet<u64>,
 }
 
 /// Indices of the `alloc` events in `range`.
@@ -750,6 +819,7 @@ fn from_previous_step(
         slopes,
         agreement,
         ops: out,
+        made_once_ids: HashSet::new(),
     })
 }
 
@@ -938,6 +1008,35 @@ fn live_before(events: &[TraceEvent], index: usize) -> HashSet<u64> {
     live
 }
 
+/// A first step modelled from itself alone that failed in its forward gets
+/// its backward modelled ([`completion`]): a first step that fails is taken
+/// for a training step, as its optimizer state is. The failing step's model
+/// becomes [`TemplateKind::FailingStepCompleted`].
+fn complete_forward_failure(
+    built: &mut Built,
+    live: &LiveParameters,
+    snap: &Snapshot,
+    classifier: &BlockClassifier,
+    (oom_index, oom): (usize, &TraceEvent),
+) -> Option<StepCompletion> {
+    let phase = classifier
+        .facts()
+        .ev_phase
+        .get(oom_index)
+        .copied()
+        .unwrap_or(Phase::Unknown);
+    let in_loss = completion::in_loss(snap, oom.stack);
+    if built.kind != TemplateKind::FailingStepOnly || !completion::before_backward(phase, in_loss) {
+        return None;
+    }
+    built.kind = TemplateKind::FailingStepCompleted;
+    Some(completion::add_backward(
+        &mut built.ops,
+        &live.params,
+        in_loss,
+    ))
+}
+
 /// The model from the failing step alone: its recorded operations up to the
 /// failure and the failed request, scaled by category.
 fn failing_step_only(
@@ -948,14 +1047,29 @@ fn failing_step_only(
     classifier: &BlockClassifier,
 ) -> Built {
     let events = rec.events;
-    let mut out: Vec<ModelOp> = rec
-        .ops(start..oom_index.min(events.len()))
+    // What a loss function makes on the model's output scales with the
+    // batch too, although it runs in the user's code.
+    let mut loss_stacks: HashMap<StackId, bool> = HashMap::new();
+    let mut scales = |e: &TraceEvent, i: usize| {
+        scales_by_category(classifier, e, i)
+            || *loss_stacks
+                .entry(e.stack)
+                .or_insert_with(|| completion::in_loss(rec.snap, e.stack))
+    };
+    let recorded = rec.ops(start..oom_index.min(events.len()));
+    let made_once_ids = recorded
+        .iter()
+        .filter(|&&(i, _)| events[i].action == Action::Alloc)
+        .filter(|&&(i, _)| made_once(classifier, &events[i], i))
+        .map(|&(i, _)| events[i].addr)
+        .collect();
+    let mut out: Vec<ModelOp> = recorded
         .into_iter()
         .map(|(i, op)| match op {
             Op::Alloc { size, .. } => ModelOp {
                 op,
                 base: size as f64,
-                slope: if scales_by_category(classifier, &events[i], i) {
+                slope: if scales(&events[i], i) {
                     size as f64
                 } else {
                     0.0
@@ -980,7 +1094,7 @@ fn failing_step_only(
     out.push(ModelOp {
         op: failed,
         base: oom.size as f64,
-        slope: if scales_by_category(classifier, &oom, oom_index) {
+        slope: if scales(&oom, oom_index) {
             oom.size as f64
         } else {
             0.0
@@ -994,5 +1108,6 @@ fn failing_step_only(
         slopes: SlopeSource::Categories,
         agreement: 1.0,
         ops: out,
+        made_once_ids,
     }
 }

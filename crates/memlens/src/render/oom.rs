@@ -312,19 +312,34 @@ fn live_at_failure(s: &mut String, r: &OomReport) {
 /// ([`OomReport::advice`]): those that help, then those simulated to gain
 /// nothing.
 fn fixes_section(s: &mut String, r: &OomReport) {
-    let basis = match &r.step_model {
-        Some(m) => match m.template_step {
-            Some(t) => format!(
-                "simulated on step {} modelled from step {t} (growth {:.2}x)",
-                m.failing_step, m.growth
-            ),
-            None => format!(
-                "simulated on step {} up to the failure only",
-                m.failing_step
-            ),
-        },
-        None => "not simulated".to_string(),
-    };
+    let basis =
+        match &r.step_model {
+            Some(m) => {
+                match m.template_step {
+                    Some(t) => format!(
+                        "simulated on step {} modelled from step {t} (growth {:.2}x)",
+                        m.failing_step, m.growth
+                    ),
+                    None => match &m.completion {
+                        Some(c) => format!(
+                    "simulated on step {} up to the failure{}, then its backward modelled{}",
+                    m.failing_step,
+                    if c.forward_whole { " in the loss" } else { " in the forward" },
+                    if c.next_step_modelled {
+                        " and the next step after it"
+                    } else {
+                        ""
+                    }
+                ),
+                        None => format!(
+                            "simulated on step {} up to the failure only",
+                            m.failing_step
+                        ),
+                    },
+                }
+            }
+            None => "not simulated".to_string(),
+        };
     if let Some(m) = &r.batch_model {
         let _ = writeln!(s);
         push_wrapped(s, "batch model: ", "  ", &m.text);
