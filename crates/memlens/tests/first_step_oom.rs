@@ -124,8 +124,10 @@ fn the_largest_batch_from_an_oom_snapshot_against_the_gpu() {
     // taken as the template, the previous step's outputs freed by the next,
     // and the optimizer state the steps after a first one hold (9); a first
     // step that failed in its forward completed by a modelled backward and
-    // run again as the next step (12).
-    assert!(held >= 12, "exact or one below on {held} of 20");
+    // run again as the next step (12); the batches just above the
+    // bisection's tried, since fits are not monotone (14: vit 26 and 32 say
+    // 24, where the bisection stopped at 22).
+    assert!(held >= 14, "exact or one below on {held} of 20");
 }
 
 #[test]

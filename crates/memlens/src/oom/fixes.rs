@@ -311,6 +311,10 @@ impl Prediction {
 /// step can sit at the cap while the step still fits in it.
 pub const FIT_MARGIN: f64 = 0.05;
 
+/// How many batches above the bisection's largest the batch verdict tries
+/// (each one two simulations, with and without the margin).
+const BATCHES_TRIED_ABOVE: u64 = 4;
+
 /// `spec` with [`FIT_MARGIN`] more of the batch, for the margin half of a
 /// "fits" verdict.
 fn with_margin(spec: &WhatIfSpec) -> WhatIfSpec {
@@ -1072,6 +1076,17 @@ fn batch_fit(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<BatchFit> {
             let mut m = ((b as f64 * hi).floor() as u64).min(b);
             while m > 0 && !at(m as f64 / b as f64)?.0 {
                 m -= 1;
+            }
+            // Fits are not monotone in the batch (the segments a step's
+            // sizes make fall otherwise), so the bisection can stop below a
+            // batch that fits: the few above it are tried, largest first
+            // (tests/corpus/oom/first_step: vit at 26 fits at 24 and 23, the
+            // bisection stopped at 22).
+            if let Some(k) = (m + 1..b.min(m + 1 + BATCHES_TRIED_ABOVE))
+                .rev()
+                .find(|&k| at(k as f64 / b as f64).is_some_and(|(fits, _)| fits))
+            {
+                m = k;
             }
             let p = if m == 0 {
                 0
