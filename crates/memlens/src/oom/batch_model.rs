@@ -364,12 +364,14 @@ pub fn fit(inp: &Inputs) -> Option<BatchModel> {
         points,
         text: String::new(),
     };
-    model.text = describe(&model);
+    model.text = describe(&model, m.completion.is_some());
     Some(model)
 }
 
-/// "fitted on steps 1, 2, 3 (batch 4, 6, 8): 61.31 MiB per sample scales ...".
-fn describe(m: &BatchModel) -> String {
+/// The model in a sentence ("fitted on steps 1, 2, 3 (batch 4, 6, 8): 61.31
+/// MiB per sample scales ..."); `completed`: the what-if model completed the
+/// failing step past its failure (its backward modelled).
+fn describe(m: &BatchModel, completed: bool) -> String {
     let steps = m
         .points
         .iter()
@@ -401,6 +403,11 @@ fn describe(m: &BatchModel) -> String {
         BatchSlopeSource::CompleteStep => format!(
             "estimate from step {steps}, a complete step at the failing batch, what it makes \
              itself taken as proportional to the batch: {rate}"
+        ),
+        BatchSlopeSource::FailingStep if completed => format!(
+            "estimate from step {steps} up to the failure, what it made itself taken as \
+             proportional to the batch: {rate}; the rest of the step, not recorded, is modelled \
+             for the fixes below and not counted here"
         ),
         BatchSlopeSource::FailingStep => format!(
             "estimate from step {steps} up to the failure, what it made itself taken as \
