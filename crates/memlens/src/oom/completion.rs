@@ -11,10 +11,12 @@
 //! once the gradients of the next two in the walk are made, so that three
 //! gradients are live at the top of each node (measured, not derived). The
 //! parameters' gradients are made as the walk goes, last parameter first, in
-//! step with the saved bytes released. On the seven workloads of tests/gpu
-//! whose first step ran whole at a batch near the largest (tests/corpus/oom/
-//! first_step), this predicts the recorded backward's peak allocated within
-//! 0.4% on five and 2.6-5.3% under on the ResNet and the small ViT.
+//! step with the saved bytes released. On the eight snapshots of
+//! tests/corpus/oom/first_step whose first step ran whole at a batch near the
+//! largest (seven workloads), this predicts that step's backward peak
+//! allocated within 0.4% on five and 2.6-5.3% under on the ResNet and the
+//! small ViT (tests/gpu/RESULTS.md, twentieth session, with the reruns of
+//! the whole steps it completed).
 //!
 //! What comes after the failure in the forward is known only when the failure
 //! was in the loss (`torch.nn.functional`'s losses, `torch.nn`'s loss

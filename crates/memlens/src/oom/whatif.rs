@@ -15,7 +15,11 @@
 //! backward passes and inputs scale with the batch; parameters, gradients and
 //! optimizer state do not. Without a usable template the model is the failing
 //! step's recorded part plus the failed request, scaled by category: a lower
-//! bound, since what came after the failure is unknown.
+//! bound, since what came after the failure is unknown. A run's first step
+//! that failed in its forward or its loss is completed: its backward modelled
+//! from the forward's saved tensors, then the next step, which holds the
+//! optimizer's state ([`super::completion`]); a whole step when it failed in
+//! the loss.
 
 use super::batch_model::made_once;
 use super::completion::{self, StepCompletion};
