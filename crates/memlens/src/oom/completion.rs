@@ -75,17 +75,28 @@ pub(super) fn add_backward(
     let saved = saved_tensors(ops);
     let saved_bytes: f64 = saved.iter().map(|m| m.base).sum();
     let param_bytes: f64 = params.iter().map(|&(s, _)| s as f64).sum();
-    let mut next_id = BACKWARD_IDS;
-    let mut fresh = || {
-        next_id += 1;
-        next_id
+    let next_id = std::cell::Cell::new(BACKWARD_IDS);
+    let fresh = || {
+        next_id.set(next_id.get() + 1);
+        next_id.get()
+    };
+    let mut gradient_ids = Vec::with_capacity(params.len());
+    // A parameter's gradient, kept until `zero_grad()`.
+    let mut make_gradient = |ops: &mut Vec<ModelOp>, size: u64, stream: u64| {
+        let id = fresh();
+        gradient_ids.push(id);
+        ops.push(ModelOp::fixed(Op::Alloc {
+            id,
+            size,
+            stream,
+            tag: 0,
+        }));
     };
     // Gradients in flight: (gradient id, saved tensor id).
     let mut in_flight: std::collections::VecDeque<(u64, u64)> = Default::default();
     let mut released = 0.0;
     let mut grads_made = 0.0;
     let mut params_left = params.iter().rev().peekable();
-    let mut gradient_ids = Vec::with_capacity(params.len());
     for t in saved.iter().rev() {
         let Op::Alloc {
             id, stream, tag, ..
@@ -123,26 +134,12 @@ pub(super) fn add_backward(
                 break;
             }
             grads_made += size as f64;
-            let id = fresh();
-            gradient_ids.push(id);
-            ops.push(ModelOp::fixed(Op::Alloc {
-                id,
-                size,
-                stream,
-                tag: 0,
-            }));
+            make_gradient(ops, size, stream);
             params_left.next();
         }
     }
     for &(size, stream) in params_left {
-        let id = fresh();
-        gradient_ids.push(id);
-        ops.push(ModelOp::fixed(Op::Alloc {
-            id,
-            size,
-            stream,
-            tag: 0,
-        }));
+        make_gradient(ops, size, stream);
     }
     for (g, s) in in_flight {
         ops.push(ModelOp::fixed(Op::Free { id: g }));
@@ -192,47 +189,18 @@ fn next_step(step: &[ModelOp], made_once: &HashSet<u64>) -> Vec<ModelOp> {
     let mut own: HashSet<u64> = HashSet::new();
     let mut out = Vec::with_capacity(step.len());
     for m in step {
-        let op = match m.op {
-            Op::Alloc { id, .. } | Op::Optional { id, .. } if made_once.contains(&id) => continue,
-            Op::Alloc {
-                id,
-                size,
-                stream,
-                tag,
-            } => {
-                own.insert(id);
-                Op::Alloc {
-                    id: id | NEXT_STEP_IDS,
-                    size,
-                    stream,
-                    tag,
+        let op = match (m.op, m.op.id()) {
+            (_, None) => m.op,
+            (Op::Alloc { .. } | Op::Optional { .. }, Some(id)) => {
+                if made_once.contains(&id) {
+                    continue;
                 }
-            }
-            Op::Optional {
-                id,
-                size,
-                stream,
-                tag,
-            } => {
                 own.insert(id);
-                Op::Optional {
-                    id: id | NEXT_STEP_IDS,
-                    size,
-                    stream,
-                    tag,
-                }
+                m.op.renamed(|id| id | NEXT_STEP_IDS)
             }
-            Op::Free { id } if own.contains(&id) => Op::Free {
-                id: id | NEXT_STEP_IDS,
-            },
-            Op::FreeRequested { id } if own.contains(&id) => Op::FreeRequested {
-                id: id | NEXT_STEP_IDS,
-            },
-            Op::FreeCompleted { id } if own.contains(&id) => Op::FreeCompleted {
-                id: id | NEXT_STEP_IDS,
-            },
-            Op::Free { .. } | Op::FreeRequested { .. } | Op::FreeCompleted { .. } => continue,
-            op => op,
+            (_, Some(id)) if own.contains(&id) => m.op.renamed(|id| id | NEXT_STEP_IDS),
+            // A free of a tensor from before the step: gone after the first.
+            _ => continue,
         };
         out.push(ModelOp { op, ..*m });
     }
@@ -352,6 +320,34 @@ mod tests {
         assert_eq!(peak, 615 + 300 + 200 + 100);
         // At the end: the parameter, the buffer, the parameter's gradient.
         assert_eq!(end, 10 + 5 + 10);
+    }
+
+    #[test]
+    fn the_next_step_renames_its_own_tensors_and_leaves_out_what_is_made_once() {
+        // A parameter (made once), a batch, a temporary freed in the step,
+        // and a free of a tensor from before the step.
+        let step = vec![
+            alloc(1, 10, false),
+            alloc(2, 100, true),
+            alloc(3, 50, true),
+            ModelOp::fixed(Op::Free { id: 3 }),
+            ModelOp::fixed(Op::Free { id: 7 }),
+        ];
+        let made_once: HashSet<u64> = [1].into_iter().collect();
+        let next: Vec<Op> = next_step(&step, &made_once)
+            .into_iter()
+            .map(|m| m.op)
+            .collect();
+        let ids: Vec<Option<u64>> = next.iter().map(|op| op.id()).collect();
+        assert_eq!(
+            ids,
+            [
+                Some(2 | NEXT_STEP_IDS),
+                Some(3 | NEXT_STEP_IDS),
+                Some(3 | NEXT_STEP_IDS)
+            ]
+        );
+        assert!(matches!(next[2], Op::Free { .. }));
     }
 
     #[test]

@@ -107,6 +107,51 @@ impl Op {
         }
     }
 
+    /// The tensor the operation names (none for `EmptyCache` and a failed
+    /// request).
+    pub fn id(&self) -> Option<u64> {
+        match *self {
+            Op::Alloc { id, .. }
+            | Op::Optional { id, .. }
+            | Op::FreeRequested { id }
+            | Op::FreeCompleted { id }
+            | Op::Free { id } => Some(id),
+            Op::EmptyCache | Op::FailedRequest { .. } => None,
+        }
+    }
+
+    /// The operation with its tensor renamed by `rename`.
+    pub fn renamed(self, rename: impl Fn(u64) -> u64) -> Op {
+        match self {
+            Op::Alloc {
+                id,
+                size,
+                stream,
+                tag,
+            } => Op::Alloc {
+                id: rename(id),
+                size,
+                stream,
+                tag,
+            },
+            Op::Optional {
+                id,
+                size,
+                stream,
+                tag,
+            } => Op::Optional {
+                id: rename(id),
+                size,
+                stream,
+                tag,
+            },
+            Op::FreeRequested { id } => Op::FreeRequested { id: rename(id) },
+            Op::FreeCompleted { id } => Op::FreeCompleted { id: rename(id) },
+            Op::Free { id } => Op::Free { id: rename(id) },
+            op => op,
+        }
+    }
+
     /// The cuDNN workspace a recorded run gave up at its `oom` entry
     /// `index` (PyTorch caught the failure), tried again as `simulate`'s
     /// and `fit`'s programs do: its allocation ([`Op::Optional`] when
