@@ -197,9 +197,41 @@ pub fn is_cudnn_workspace(function: &str) -> bool {
     function.contains("at::native::run_conv_plan")
 }
 
+/// Whether a Python frame runs a loss function: one of
+/// `torch.nn.functional`'s losses (`cross_entropy`, `nll_loss`, `mse_loss`,
+/// ...) or a `torch.nn` loss module's code. A loss is a forward's last work,
+/// and what it allocates is as large as the model's output.
+pub fn is_loss(filename: &str, function: &str) -> bool {
+    filename.ends_with("torch/nn/modules/loss.py")
+        || (filename.ends_with("torch/nn/functional.py")
+            && (function.ends_with("_loss")
+                || matches!(
+                    function,
+                    "cross_entropy"
+                        | "binary_cross_entropy"
+                        | "binary_cross_entropy_with_logits"
+                        | "kl_div"
+                        | "ctc_loss"
+                        | "poisson_nll_loss"
+                        | "gaussian_nll_loss"
+                )))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn losses_are_named_by_their_functions() {
+        let f = "/venv/lib/python3.12/site-packages/torch/nn/functional.py";
+        assert!(is_loss(f, "cross_entropy"));
+        assert!(is_loss(f, "mse_loss"));
+        assert!(is_loss(f, "nll_loss"));
+        assert!(!is_loss(f, "linear"));
+        assert!(!is_loss(f, "log_softmax"));
+        assert!(is_loss("/venv/torch/nn/modules/loss.py", "forward"));
+        assert!(!is_loss("train.py", "cross_entropy"));
+    }
 
     #[test]
     fn user_code_is_told_from_everything_else() {

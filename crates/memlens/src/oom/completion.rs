@@ -19,15 +19,13 @@
 //! the whole steps it completed).
 //!
 //! What comes after the failure in the forward is known only when the failure
-//! was in the loss (`torch.nn.functional`'s losses, `torch.nn`'s loss
-//! modules): the loss is the forward's last work, so the step modelled is
+//! was in the loss ([`crate::frames::is_loss`]): the loss is the forward's last work, so the step modelled is
 //! whole. A failure before it leaves the rest of the forward out, and the
 //! model stays a lower bound.
 
 use super::whatif::{ModelOp, STEP_IDS};
 use crate::analysis::categories::Phase;
 use crate::sim::program::Op;
-use crate::snapshot::{Snapshot, StackId};
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
 
@@ -237,36 +235,6 @@ pub(super) fn before_backward(phase: Phase, in_loss: bool) -> bool {
     phase == Phase::Forward || (phase == Phase::User && in_loss)
 }
 
-/// Whether `stack` runs in a loss function: `torch.nn.functional`'s losses
-/// (`cross_entropy`, `nll_loss`, `mse_loss`, ...) or a `torch.nn` loss
-/// module's `forward`.
-pub(super) fn in_loss(snap: &Snapshot, stack: StackId) -> bool {
-    snap.stack(stack).iter().any(|&f| {
-        let Some(frame) = snap.frames.get(f as usize) else {
-            return false;
-        };
-        let file = snap.str(frame.filename);
-        let name = snap.str(frame.name);
-        file.ends_with("torch/nn/modules/loss.py")
-            || (file.ends_with("torch/nn/functional.py") && is_loss_function(name))
-    })
-}
-
-/// `torch.nn.functional`'s loss functions.
-fn is_loss_function(name: &str) -> bool {
-    name.ends_with("_loss")
-        || matches!(
-            name,
-            "cross_entropy"
-                | "binary_cross_entropy"
-                | "binary_cross_entropy_with_logits"
-                | "kl_div"
-                | "ctc_loss"
-                | "poisson_nll_loss"
-                | "gaussian_nll_loss"
-        )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -348,14 +316,5 @@ mod tests {
             ]
         );
         assert!(matches!(next[2], Op::Free { .. }));
-    }
-
-    #[test]
-    fn losses_are_named_by_their_functions() {
-        assert!(is_loss_function("cross_entropy"));
-        assert!(is_loss_function("mse_loss"));
-        assert!(is_loss_function("nll_loss"));
-        assert!(!is_loss_function("linear"));
-        assert!(!is_loss_function("log_softmax"));
     }
 }

@@ -1073,16 +1073,18 @@ fn batch_fit(w: &WhatIf, ctx: &Context, base: &WhatIfSpec) -> Option<BatchFit> {
     }
     let (s, max_batch, pow2_batch) = match ctx.batch {
         Some(b) if b > 0 => {
-            let mut m = ((b as f64 * hi).floor() as u64).min(b);
+            let first = ((b as f64 * hi).floor() as u64).min(b);
+            let mut m = first;
             while m > 0 && !at(m as f64 / b as f64)?.0 {
                 m -= 1;
             }
             // Fits are not monotone in the batch (the segments a step's
             // sizes make fall otherwise), so the bisection can stop below a
-            // batch that fits: the few above it are tried, largest first
+            // batch that fits: the few above it are tried, largest first,
+            // but for those the walk down has seen fail
             // (tests/corpus/oom/first_step: vit at 26 fits at 24 and 23, the
             // bisection stopped at 22).
-            if let Some(k) = (m + 1..b.min(m + 1 + BATCHES_TRIED_ABOVE))
+            if let Some(k) = (first.max(m) + 1..b.min(m + 1 + BATCHES_TRIED_ABOVE))
                 .rev()
                 .find(|&k| at(k as f64 / b as f64).is_some_and(|(fits, _)| fits))
             {

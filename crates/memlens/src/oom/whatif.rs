@@ -30,7 +30,7 @@ use crate::replay::initial;
 use crate::replay::simulate::{simulate_ops, SimulateOptions, SimulationResult};
 use crate::sim::program::Op;
 use crate::sim::AllocatorConfig;
-use crate::snapshot::{Action, Snapshot, StackId, StackSet, TraceEvent};
+use crate::snapshot::{Action, Snapshot, StackSet, TraceEvent};
 use crate::trace::Analysed;
 use hashbrown::{HashMap, HashSet};
 use serde::Serialize;
@@ -247,6 +247,7 @@ impl WhatIf {
             events: &t.events,
             empty_cache_at,
             workspaces: snap.cudnn_workspace_stacks(),
+            losses: snap.loss_stacks(),
         };
         // The state before the trace, as that one replay began from it.
         let pass = an.recorded().of(snap, trace);
@@ -258,7 +259,7 @@ impl WhatIf {
         // no backward (tests/corpus/oom/eval_spike).
         let mut completion = (f == 0)
             .then(|| {
-                complete_forward_failure(&mut built, &live, snap, &classifier, (oom_index, &oom))
+                complete_forward_failure(&mut built, &live, &rec, &classifier, (oom_index, &oom))
             })
             .flatten();
         let state = if f == 0 {
@@ -481,6 +482,8 @@ struct Recorded<'a> {
     empty_cache_at: &'a HashSet<usize>,
     /// Stacks of the allocations the program can do without.
     workspaces: StackSet,
+    /// Stacks that run a loss function.
+    losses: StackSet,
 }
 
 impl Recorded<'_> {
@@ -1019,7 +1022,7 @@ fn live_before(events: &[TraceEvent], index: usize) -> HashSet<u64> {
 fn complete_forward_failure(
     built: &mut Built,
     live: &LiveParameters,
-    snap: &Snapshot,
+    rec: &Recorded,
     classifier: &BlockClassifier,
     (oom_index, oom): (usize, &TraceEvent),
 ) -> Option<StepCompletion> {
@@ -1029,7 +1032,7 @@ fn complete_forward_failure(
         .get(oom_index)
         .copied()
         .unwrap_or(Phase::Unknown);
-    let in_loss = completion::in_loss(snap, oom.stack);
+    let in_loss = rec.losses.contains(oom.stack);
     if built.kind != TemplateKind::FailingStepOnly || !completion::before_backward(phase, in_loss) {
         return None;
     }
@@ -1053,12 +1056,8 @@ fn failing_step_only(
     let events = rec.events;
     // What a loss function makes on the model's output scales with the
     // batch too, although it runs in the user's code.
-    let mut loss_stacks: HashMap<StackId, bool> = HashMap::new();
-    let mut scales = |e: &TraceEvent, i: usize| {
-        scales_by_category(classifier, e, i)
-            || *loss_stacks
-                .entry(e.stack)
-                .or_insert_with(|| completion::in_loss(rec.snap, e.stack))
+    let scales = |e: &TraceEvent, i: usize| {
+        scales_by_category(classifier, e, i) || rec.losses.contains(e.stack)
     };
     let recorded = rec.ops(start..oom_index.min(events.len()));
     let made_once_ids = recorded

@@ -4,6 +4,7 @@
 use super::layout::{clip, push_wrapped, wrap};
 use crate::oom::message::{Allocator, OomMessage};
 use crate::oom::snapshot::CapSource;
+use crate::oom::whatif::StepModel;
 use crate::oom::{MessageDiagnosis, OomReport};
 use crate::units::format_bytes;
 use std::fmt::Write as _;
@@ -308,38 +309,35 @@ fn live_at_failure(s: &mut String, r: &OomReport) {
     }
 }
 
+/// How the fixes' failing step was simulated, in words.
+fn basis(m: &StepModel) -> String {
+    let step = m.failing_step;
+    match (m.template_step, &m.completion) {
+        (Some(t), _) => format!(
+            "simulated on step {step} modelled from step {t} (growth {:.2}x)",
+            m.growth
+        ),
+        (None, Some(c)) => format!(
+            "simulated on step {step} up to the failure in the {}, then its backward modelled{}",
+            if c.forward_whole { "loss" } else { "forward" },
+            if c.next_step_modelled {
+                " and the next step after it"
+            } else {
+                ""
+            }
+        ),
+        (None, None) => format!("simulated on step {step} up to the failure only"),
+    }
+}
+
 /// The fixes, in the one order every surface shows
 /// ([`OomReport::advice`]): those that help, then those simulated to gain
 /// nothing.
 fn fixes_section(s: &mut String, r: &OomReport) {
-    let basis =
-        match &r.step_model {
-            Some(m) => {
-                match m.template_step {
-                    Some(t) => format!(
-                        "simulated on step {} modelled from step {t} (growth {:.2}x)",
-                        m.failing_step, m.growth
-                    ),
-                    None => match &m.completion {
-                        Some(c) => format!(
-                    "simulated on step {} up to the failure{}, then its backward modelled{}",
-                    m.failing_step,
-                    if c.forward_whole { " in the loss" } else { " in the forward" },
-                    if c.next_step_modelled {
-                        " and the next step after it"
-                    } else {
-                        ""
-                    }
-                ),
-                        None => format!(
-                            "simulated on step {} up to the failure only",
-                            m.failing_step
-                        ),
-                    },
-                }
-            }
-            None => "not simulated".to_string(),
-        };
+    let basis = r
+        .step_model
+        .as_ref()
+        .map_or("not simulated".to_string(), basis);
     if let Some(m) = &r.batch_model {
         let _ = writeln!(s);
         push_wrapped(s, "batch model: ", "  ", &m.text);

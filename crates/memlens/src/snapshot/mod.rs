@@ -558,10 +558,22 @@ impl Snapshot {
     /// many events: frames first, so that a snapshot with Python frames only
     /// costs one pass over its frames.
     pub fn cudnn_workspace_stacks(&self) -> StackSet {
+        self.stacks_with_frame(|_, function| crate::frames::is_cudnn_workspace(function))
+    }
+
+    /// Stacks that run a loss function ([`crate::frames::is_loss`]).
+    pub fn loss_stacks(&self) -> StackSet {
+        self.stacks_with_frame(crate::frames::is_loss)
+    }
+
+    /// Stacks with a frame that `rule` (file name, function) picks; each
+    /// frame is judged once, and a snapshot with no such frame pays no pass
+    /// over its stacks.
+    fn stacks_with_frame(&self, rule: impl Fn(&str, &str) -> bool) -> StackSet {
         let frames: Vec<bool> = self
             .frames
             .iter()
-            .map(|f| crate::frames::is_cudnn_workspace(self.str(f.name)))
+            .map(|f| rule(self.str(f.filename), self.str(f.name)))
             .collect();
         if !frames.contains(&true) {
             return StackSet::default();
