@@ -6,6 +6,8 @@
 # checks every section drew (timeline points, flame graph with the expected
 # site, segment rows) and saves a screenshot. Screenshots and reports go to
 # $MEMLENS_BROWSER_OUT if set. MEMLENS_SKIP_BIG=1 skips the 1 GB report.
+# The report served by `memlens report --serve` is clicked by served.sh: the
+# state the page shows at each clicked event equals `memlens state`'s.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -81,7 +83,12 @@ if [ "${MEMLENS_SKIP_BIG:-}" != 1 ]; then
   size=$(stat -c %s "$out/large-1gb.html")
   if [ "$size" -ge 10000000 ]; then echo "FAIL: the 1 GB snapshot's report is $size bytes (limit 10 MB)" >&2; exit 1; fi
   MEMLENS_EXPECT=moments MEMLENS_MAX_LOAD_MS=3000 "$here/run.sh" "$out/large-1gb.html" "workloads.py:148" "$out/large-1gb.png"
+  # Served, the 1 GB trace is exact at any clicked event: what the page shows
+  # there equals `memlens state --event N` (issue 33).
+  "$here/served.sh" "$ml" "$big" "$out"
 fi
+# The same on a small real trace, whatever MEMLENS_SKIP_BIG says.
+"$here/served.sh" "$ml" "$fx/gpt2_train.pickle.zst" "$out"
 
 # The report shown in a notebook (`snap.show_report()`'s iframe and script)
 # follows the notebook's theme against the system's: JupyterLab dark on a

@@ -643,3 +643,63 @@ fn a_holder_of_one_category_is_not_said_to_be_part_of_it() {
     );
     assert!(!title.contains("of which"), "{title}");
 }
+
+/// `memlens report --serve`: the address on the first line of stdout, then
+/// the page and the state at an event over HTTP; a bad address is one line.
+#[test]
+fn report_serve_answers_the_page_and_states_over_http() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_memlens"))
+        .args([
+            "report",
+            &fixture("varlen.pickle.zst"),
+            "--serve",
+            "127.0.0.1:0",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("memlens runs");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("the address");
+    let addr = line
+        .trim()
+        .strip_prefix("http://")
+        .and_then(|a| a.strip_suffix('/'))
+        .unwrap_or_else(|| panic!("an address: {line}"))
+        .to_string();
+    let get = |path: &str| {
+        let mut s = std::net::TcpStream::connect(&addr).expect("connects");
+        write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").expect("asks");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("answer");
+        out
+    };
+    let page = get("/");
+    let state = get("/api/state?event=42");
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        page.starts_with("HTTP/1.1 200 OK\r\n"),
+        "{}",
+        &page[..80.min(page.len())]
+    );
+    assert!(page.contains("\"state_url\":\"/api/state\""));
+    assert!(state.starts_with("HTTP/1.1 200 OK\r\n"));
+    let body = state.split("\r\n\r\n").nth(1).expect("a body");
+    let v: serde_json::Value = serde_json::from_str(body).expect("JSON");
+    assert_eq!(v["state"]["event_index"], 42);
+
+    let out = memlens(&[
+        "report",
+        &fixture("varlen.pickle.zst"),
+        "--serve",
+        "256.0.0.1:1",
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--serve 256.0.0.1:1: cannot listen"), "{err}");
+}

@@ -34,6 +34,7 @@ pub mod export;
 pub mod fit;
 pub mod frames;
 pub mod holders;
+pub mod http;
 pub mod input;
 pub mod job;
 pub mod live;

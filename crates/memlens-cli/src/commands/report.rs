@@ -19,6 +19,12 @@ pub struct Args {
     /// Print the JSON document (`report`: the path written).
     #[arg(long)]
     pub json: bool,
+    /// Serve the report at this address (`127.0.0.1:8600`; port 0 picks a
+    /// free one) instead of writing it: a click on the timeline then shows
+    /// the exact state at that event, replayed by memlens, whatever the
+    /// trace's size. Runs until stopped (Ctrl-C).
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["output", "json"])]
+    pub serve: Option<String>,
 }
 
 /// The report's default name, in the working directory.
@@ -26,6 +32,9 @@ const DEFAULT_OUTPUT: &str = "memlens-report.html";
 
 /// Runs `memlens report`.
 pub fn run(mut args: Args) -> anyhow::Result<u8> {
+    if let Some(addr) = args.serve.take() {
+        return serve(&args.snapshots, &addr);
+    }
     let out_path = match args.output.take() {
         Some(p) => p,
         None => {
@@ -67,5 +76,30 @@ fn run_to(args: Args, out_path: PathBuf) -> anyhow::Result<u8> {
     let set = memlens::analysis::peak::AnalysedSet::with_passes(&named, read.passes);
     let doc = report_doc_in(&set, &named, &out_path)?;
     output::print(&doc, args.json, |d| format!("Report: {}\n", d.report))?;
+    Ok(output::OK)
+}
+
+/// `memlens report --serve ADDR`: the report and the state at any event, over
+/// HTTP on `addr`, until the process is stopped.
+fn serve(snapshots: &[PathBuf], addr: &str) -> anyhow::Result<u8> {
+    let server = memlens::http::Server::bind(addr)
+        .map_err(|e| anyhow::anyhow!("--serve {addr}: cannot listen: {e}"))?;
+    let bound = server
+        .local_addr()
+        .map_err(|e| anyhow::anyhow!("--serve {addr}: {e}"))?;
+    let read = super::load_all_for_peak(snapshots)?;
+    let named = super::named(&read.snaps);
+    let set = memlens::analysis::peak::AnalysedSet::with_passes(&named, read.passes);
+    let d = memlens::doctor::diagnose_inputs_in(
+        &set,
+        &named,
+        &memlens::doctor::DoctorOptions::default(),
+    );
+    let mut explorer = memlens::report::Explorer::new(&set, &named, &d);
+    // The address first, alone on its line, for scripts that start memlens
+    // on port 0 and read where it listens.
+    println!("http://{bound}/");
+    eprintln!("memlens: serving the report at http://{bound}/ (Ctrl-C stops)");
+    server.serve(|req| (explorer.answer(req), true));
     Ok(output::OK)
 }

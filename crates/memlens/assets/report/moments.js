@@ -92,6 +92,35 @@
           fb(F.kept) + ' in the ' + ML.fmtInt(allocs.length) + ' largest of ' + ML.fmtInt(M.total_allocs) + ' allocations, kept one by one' +
           (F.rest ? ', ' + fb(F.rest) + ' in smaller ones' : '') + '.');
       ML.moment = { index: idx, event: events[idx], flame: exact ? D.flame.title : F.title, segments: S ? S.when : null, segmentEvent: S ? S.event : null, exact: !!exact };
+      if (D.state_url) askExact(idx, w);
+    }
+    /* Served by `memlens report --serve`: memlens replays the trace to the
+     * event and answers its whole state (every block with its stack, the
+     * segments then), which replaces the approximation drawn meanwhile. */
+    var asked = 0;
+    function askExact(idx, w) {
+      var e = events[idx], ticket = ++asked;
+      ML.moment.pending = true;
+      status.textContent += ' Asking memlens for the exact state…';
+      fetch(D.state_url + '?event=' + e).then(function (r) {
+        if (!r.ok) throw new Error('HTTP ' + r.status);
+        return r.json();
+      }).then(function (A) {
+        if (ticket !== asked) return;
+        var st = A.state, F = A.flame;
+        if (w) F.title += ' (' + w + ')';
+        if (ML.showFlame) ML.showFlame(F);
+        if (ML.showSegments) ML.showSegments(A.segments);
+        status.textContent = 'Shown below: event ' + ML.fmtInt(st.event_index) + (w ? ' (' + w + ')' : '') + ', ' + fb(st.allocated_bytes) + ' allocated, ' +
+          fb(st.reserved_bytes) + ' reserved; every block by its stack and the segments, as memlens replayed them to this event.';
+        ML.moment = { index: idx, event: st.event_index, flame: F.title, segments: A.segments.when, segmentEvent: st.event_index, exact: true, served: true,
+          allocated: st.allocated_bytes, reserved: st.reserved_bytes, flameBytes: F.value[0], live: st.live.map(function (l) { return [l.site, l.category, l.bytes]; }) };
+      }).catch(function (err) {
+        if (ticket !== asked) return;
+        status.textContent = status.textContent.replace(' Asking memlens for the exact state…', '') + ' (memlens did not answer: ' + err.message + '; the largest allocations are shown.)';
+        ML.moment.pending = false;
+        ML.moment.servedError = err.message;
+      });
     }
     ML.showMoment = show;
 

@@ -83,14 +83,34 @@ pub fn state_at_event(
         .position(|t| t.device == device && !t.events.is_empty())
         .ok_or_else(|| Error::usage(format!("device {device} has no trace")))?;
     let events = &snap.traces[trace].events;
-    let ev = events.get(index).ok_or_else(|| {
+    let past = || {
         Error::usage(format!(
             "event {index} is past the trace of device {device}, which has {} events (0 to {})",
             events.len(),
             events.len().saturating_sub(1)
         ))
-    })?;
+    };
+    if index >= events.len() {
+        return Err(past());
+    }
     let state = state_at(snap, device, index, &ReplayOptions::default());
+    event_state(an, trace, &state, top).ok_or_else(past)
+}
+
+/// The [`EventState`] of `state`, a replayed state of trace `trace` of
+/// `an`'s snapshot (right after event `state.index`), with the `top`
+/// largest site groups; `None` when the trace has no such event.
+pub fn event_state(
+    an: &Analysed,
+    trace: usize,
+    state: &crate::replay::ReplayState,
+    top: usize,
+) -> Option<EventState> {
+    let snap = an.snap;
+    let device = snap.traces[trace].device;
+    let events = &snap.traces[trace].events;
+    let index = state.index;
+    let ev = events.get(index)?;
     let alloc_index = (ev.action == crate::snapshot::Action::Alloc)
         .then(|| u32::try_from(index).ok())
         .flatten();
@@ -108,7 +128,7 @@ pub fn state_at_event(
         .max()
         .unwrap_or(0);
     let all = state.totals.all;
-    Ok(EventState {
+    Some(EventState {
         device,
         event_index: state.index,
         trace_events: events.len(),

@@ -1,60 +1,29 @@
-//! A tiny blocking HTTP/1.1 server for `memlens top --serve ADDR`: `GET
-//! /metrics` answers the OpenMetrics text of a fresh sample, `GET /` a line
-//! saying where the metrics are; anything else 404 (405 for other methods).
-//!
-//! One connection at a time, each closed after its answer: a Prometheus
-//! scrape every few seconds needs no more, and std::net keeps memlens free of
-//! an HTTP stack. A client that sends nothing is dropped after
-//! [`READ_TIMEOUT`], so it cannot stall the next scrape for long.
+//! `memlens top --serve ADDR`: `GET /metrics` answers the OpenMetrics text
+//! of a fresh sample, `GET /` a line saying where the metrics are; anything
+//! else 404 (405 for other methods), over memlens's tiny HTTP server
+//! ([`crate::http`]).
 
 use super::LiveError;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::time::Duration;
-
-/// How long a client may take to send its request head.
-pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Largest request head read; a longer one is answered 431.
-const MAX_HEAD: usize = 16 * 1024;
-
-/// The answer to one request.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Response {
-    /// The HTTP status code.
-    pub status: u16,
-    /// The `Content-Type`.
-    pub content_type: String,
-    /// The body.
-    pub body: String,
-}
-
-impl Response {
-    fn text(status: u16, body: &str) -> Self {
-        Response {
-            status,
-            content_type: "text/plain; charset=utf-8".to_string(),
-            body: body.to_string(),
-        }
-    }
-}
+use crate::http::{Request, Server};
+pub use crate::http::{Response, READ_TIMEOUT};
+use std::net::SocketAddr;
 
 /// A bound metrics endpoint.
 pub struct MetricsServer {
-    listener: TcpListener,
+    server: Server,
 }
 
 impl MetricsServer {
     /// Binds `addr` (`127.0.0.1:9400`; port 0 picks a free one).
     pub fn bind(addr: &str) -> Result<Self, LiveError> {
-        let listener = TcpListener::bind(addr)
+        let server = Server::bind(addr)
             .map_err(|e| LiveError::Usage(format!("--serve {addr}: cannot listen: {e}")))?;
-        Ok(MetricsServer { listener })
+        Ok(MetricsServer { server })
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> Result<SocketAddr, LiveError> {
-        self.listener
+        self.server
             .local_addr()
             .map_err(|e| LiveError::Usage(format!("--serve: {e}")))
     }
@@ -67,37 +36,13 @@ impl MetricsServer {
         mut scrape: impl FnMut() -> Result<String, LiveError>,
         mut served: impl FnMut() -> bool,
     ) -> Result<(), LiveError> {
-        for conn in self.listener.incoming() {
-            let Ok(stream) = conn else { continue };
-            if handle(stream, &mut scrape) && !served() {
-                break;
-            }
-        }
+        self.server.serve(|req: &Request<'_>| {
+            let (resp, is_scrape) = route(req.method, req.path, &mut scrape);
+            let go_on = !is_scrape || served();
+            (resp, go_on)
+        });
         Ok(())
     }
-}
-
-/// Answers one connection; true when it was a `/metrics` scrape.
-fn handle(mut stream: TcpStream, scrape: &mut impl FnMut() -> Result<String, LiveError>) -> bool {
-    let _ = stream.set_read_timeout(Some(READ_TIMEOUT));
-    let _ = stream.set_write_timeout(Some(READ_TIMEOUT));
-    let head = match read_head(&mut stream) {
-        Ok(h) => h,
-        Err(too_long) => {
-            if too_long {
-                write_response(
-                    &mut stream,
-                    &Response::text(431, "request head too large\n"),
-                    false,
-                );
-            }
-            return false;
-        }
-    };
-    let (method, path) = request_line(&head);
-    let (resp, is_scrape) = route(method, path, scrape);
-    write_response(&mut stream, &resp, method == "HEAD");
-    is_scrape
 }
 
 /// The answer to `method path`, and whether it was a scrape.
@@ -113,11 +58,7 @@ pub fn route(
     match path {
         "/metrics" => match scrape() {
             Ok(body) => (
-                Response {
-                    status: 200,
-                    content_type: super::openmetrics::CONTENT_TYPE.to_string(),
-                    body,
-                },
+                Response::typed(200, super::openmetrics::CONTENT_TYPE, body),
                 true,
             ),
             Err(e) => (Response::text(503, &format!("memlens: {e}\n")), true),
@@ -130,57 +71,11 @@ pub fn route(
     }
 }
 
-/// Reads up to the blank line ending the request head. Err(true) when it is
-/// too long, Err(false) when the client went away or timed out.
-fn read_head(stream: &mut TcpStream) -> Result<String, bool> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 1024];
-    loop {
-        let n = stream.read(&mut chunk).map_err(|_| false)?;
-        if n == 0 {
-            return Err(false);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
-            return Ok(String::from_utf8_lossy(&buf).into_owned());
-        }
-        if buf.len() > MAX_HEAD {
-            return Err(true);
-        }
-    }
-}
-
-/// `(method, path)` of the request line (empty strings when malformed).
-fn request_line(head: &str) -> (&str, &str) {
-    let mut parts = head.lines().next().unwrap_or("").split_whitespace();
-    (parts.next().unwrap_or(""), parts.next().unwrap_or(""))
-}
-
-fn write_response(stream: &mut TcpStream, r: &Response, head_only: bool) {
-    let reason = match r.status {
-        200 => "OK",
-        404 => "Not Found",
-        405 => "Method Not Allowed",
-        431 => "Request Header Fields Too Large",
-        _ => "Service Unavailable",
-    };
-    let mut out = format!(
-        "HTTP/1.1 {} {reason}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        r.status,
-        r.content_type,
-        r.body.len()
-    );
-    if !head_only {
-        out.push_str(&r.body);
-    }
-    // The client may have gone; nothing to do about it.
-    let _ = stream.write_all(out.as_bytes());
-    let _ = stream.flush();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
 
     fn get(addr: SocketAddr, request: &str) -> String {
         let mut s = TcpStream::connect(addr).unwrap();

@@ -791,6 +791,16 @@ impl<'s> Replay<'s> {
         }
     }
 
+    /// The whole state after the events replayed so far.
+    pub fn state_here(&self) -> ReplayState {
+        ReplayState {
+            index: self.pos.saturating_sub(1),
+            totals: self.totals(),
+            live: self.live_blocks(),
+            segments: self.segments(),
+        }
+    }
+
     /// Replays up to and including event `index` (or to the end).
     pub fn run_to(&mut self, index: usize) {
         while self.pos <= index {
@@ -1326,10 +1336,5 @@ pub struct ReplayState {
 pub fn state_at(snap: &Snapshot, device: u32, index: usize, opts: &ReplayOptions) -> ReplayState {
     let mut r = Replay::new(snap, device, opts);
     r.run_to(index);
-    ReplayState {
-        index: r.position().saturating_sub(1),
-        totals: r.totals(),
-        live: r.live_blocks(),
-        segments: r.segments(),
-    }
+    r.state_here()
 }

@@ -80,17 +80,9 @@ pub fn from_diagnosis_with_ranks<'s>(
             .flatten(),
         ..ReportData::default()
     };
-    // The snapshot the diagnosis's peak describes: with several ranks or
-    // runs, not necessarily the last given.
-    let shown = d
-        .files
-        .last()
-        .and_then(|f| snaps.iter().find(|(n, _)| n == f))
-        .or(snaps.last());
-    let Some((_, snap)) = shown else {
+    let Some(snap) = shown_snapshot(snaps, d) else {
         return data;
     };
-    let snap: &'s Snapshot = snap;
     let own;
     let an = match set.get(snap) {
         Some(an) => an,
@@ -100,24 +92,11 @@ pub fn from_diagnosis_with_ranks<'s>(
         }
     };
     let index = &an.sites;
-    // Category of a site, from what was live at the peak (the largest group of
-    // the site wins); blocks of other sites are "other".
-    let mut site_category: HashMap<String, (u64, Category)> = HashMap::default();
-    for l in &d.peak.live_at_peak {
-        let e = site_category
-            .entry(l.site.clone())
-            .or_insert((0, l.category));
-        if l.bytes > e.0 {
-            *e = (l.bytes, l.category);
-        }
-    }
+    let site_category = site_categories(d);
     let category_of = |site: &str| site_category.get(site).map_or(Category::Other, |e| e.1);
 
     let device = d.peak.device;
-    let trace = snap
-        .traces
-        .iter()
-        .position(|t| t.device == device && t.has_allocations());
+    let trace = shown_trace(snap, device);
     let events = trace.map(|t| snap.traces[t].events.as_slice());
     let (Some(events), Some(trace)) = (events, trace) else {
         // No trace of allocations (none, or only a `snapshot` or `oom`
@@ -168,6 +147,43 @@ pub fn from_diagnosis_with_ranks<'s>(
         ));
     }
     data
+}
+
+/// The snapshot the diagnosis's peak describes, whose timeline, flame graph
+/// and segments the page shows: with several ranks or runs, not necessarily
+/// the last given.
+pub(super) fn shown_snapshot<'s>(
+    snaps: &[(String, &'s Snapshot)],
+    d: &Diagnosis,
+) -> Option<&'s Snapshot> {
+    d.files
+        .last()
+        .and_then(|f| snaps.iter().find(|(n, _)| n == f))
+        .or(snaps.last())
+        .map(|(_, s)| *s)
+}
+
+/// The trace of `device` in `snap` the page draws (one with allocations).
+pub(super) fn shown_trace(snap: &Snapshot, device: u32) -> Option<usize> {
+    snap.traces
+        .iter()
+        .position(|t| t.device == device && t.has_allocations())
+}
+
+/// The category of each site, from what was live at the peak (the largest
+/// group of the site wins; blocks of other sites are "other"), with that
+/// group's bytes.
+pub(super) fn site_categories(d: &Diagnosis) -> HashMap<String, (u64, Category)> {
+    let mut site_category: HashMap<String, (u64, Category)> = HashMap::default();
+    for l in &d.peak.live_at_peak {
+        let e = site_category
+            .entry(l.site.clone())
+            .or_insert((0, l.category));
+        if l.bytes > e.0 {
+            *e = (l.bytes, l.category);
+        }
+    }
+    site_category
 }
 
 /// What the report draws from the trace of the shown device.
@@ -608,8 +624,20 @@ fn peak_flame(
     trace: usize,
     st: &ReplayState,
 ) -> crate::report::Flame {
+    state_flame(snap, an, trace, st, " (the peak)")
+}
+
+/// The flame graph of every block live in a replayed state, titled as the
+/// page titles a clicked moment (`why` follows the event: " (the peak)").
+pub(super) fn state_flame(
+    snap: &Snapshot,
+    an: &Analysed<'_>,
+    trace: usize,
+    st: &ReplayState,
+    why: &str,
+) -> crate::report::Flame {
     let mut fb = FlameBuilder::new(format!(
-        "live at event {} (the peak)",
+        "live at event {}{why}",
         crate::units::group_digits(st.index as u64)
     ));
     for b in st.live.iter().filter(|b| !b.pending_free) {

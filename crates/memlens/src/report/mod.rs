@@ -29,6 +29,7 @@
 
 mod build;
 mod convert;
+mod explore;
 mod flame;
 mod html;
 mod model;
@@ -43,6 +44,7 @@ pub use convert::{
     frame_label, is_library_label, library_labels, pool_label, python_stack_labels, segment_map,
     settings_pairs, stack_labels, FLAME_NATIVE_ONLY,
 };
+pub use explore::{Explorer, ServedState, STATE_PATH};
 pub use flame::{
     prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
 };
@@ -69,9 +71,7 @@ impl ReportData {
             self.timeline = Some(downsample_timeline(t, DEFAULT_MAX_POINTS));
         }
         if let Some(f) = &self.flame {
-            let mut f = prune_flame(f, DEFAULT_FLAME_MIN_FRACTION);
-            f.library = convert::library_labels(&f.names);
-            self.flame = Some(f);
+            self.flame = Some(bounded_flame(f));
         }
         if let Some(m) = &mut self.moments {
             m.library = convert::library_labels(&m.frames);
@@ -85,6 +85,14 @@ impl ReportData {
         }
         self
     }
+}
+
+/// A flame graph pruned as a page draws it (nodes under
+/// [`DEFAULT_FLAME_MIN_FRACTION`] merged), its library frames marked.
+fn bounded_flame(f: &Flame) -> Flame {
+    let mut f = prune_flame(f, DEFAULT_FLAME_MIN_FRACTION);
+    f.library = convert::library_labels(&f.names);
+    f
 }
 
 /// Whether the file at `path` is a report memlens wrote (its head names

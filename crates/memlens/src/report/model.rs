@@ -47,6 +47,11 @@ pub struct ReportData {
     /// map show one snapshot: with several inputs, this one).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub shown_file: Option<String>,
+    /// The path the page asks for the exact state at a clicked event, when
+    /// `memlens report --serve` serves it ([`super::Explorer`]); absent in a
+    /// report written to a file.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state_url: Option<String>,
 }
 
 /// The ranks of one job, for the side-by-side section.

@@ -1,0 +1,175 @@
+//! The report served by `memlens report --serve ADDR`: the same page, and the
+//! exact state right after any event of the shown trace, replayed to when the
+//! page asks.
+//!
+//! A page written to a file carries what stays small whatever the trace (the
+//! timeline's points, the largest allocations, a dozen segment maps: about
+//! 2 MB for a 1 GB trace), so a click between the saved moments draws the
+//! largest allocations and the nearest saved map. Served, a click asks memlens
+//! for that event (`GET /api/state?event=N`) and the page draws every block
+//! live then, with its stack, and the segment map then: the state `memlens
+//! state --event N` prints, from the same replay under the recorded settings.
+//! The replay goes on forward from the last event asked for (clicks from left
+//! to right cost the events between them) and starts again for an earlier one.
+
+use super::build::{
+    from_diagnosis_in, segments_of_state, shown_snapshot, shown_trace, site_categories, state_flame,
+};
+use super::model::{Category, Flame, SegmentMap};
+use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS};
+use crate::analysis::peak::AnalysedSet;
+use crate::analysis::state::{event_state, EventState};
+use crate::doctor::Diagnosis;
+use crate::http::{Request, Response};
+use crate::replay::{Replay, ReplayOptions, ReplayState};
+use crate::snapshot::Snapshot;
+use crate::trace::Analysed;
+use hashbrown::HashMap;
+use serde::Serialize;
+
+/// Where the served page asks for the state at an event (`?event=N`).
+pub const STATE_PATH: &str = "/api/state";
+
+/// Site groups listed in a served state (the flame graph holds every block).
+const SERVED_TOP_SITES: usize = 15;
+
+/// The answer to [`STATE_PATH`]: the state right after one event.
+#[derive(Clone, Debug, Serialize)]
+pub struct ServedState {
+    /// What `memlens state --event N --json` prints for that event.
+    pub state: EventState,
+    /// Every block live then, by its stack (pruned as the page's flame graph).
+    pub flame: Flame,
+    /// The segments and their blocks then.
+    pub segments: SegmentMap,
+}
+
+/// The page of a diagnosis and the states of its shown trace, on demand.
+pub struct Explorer<'a, 's> {
+    page: String,
+    shown: Option<Shown<'a, 's>>,
+}
+
+/// The trace a served page draws.
+struct Shown<'a, 's> {
+    snap: &'s Snapshot,
+    an: &'a Analysed<'s>,
+    trace: usize,
+    categories: HashMap<String, (u64, Category)>,
+    /// The replay the last state came from, kept to go on forward.
+    replay: Option<Replay<'s>>,
+}
+
+impl<'a, 's> Explorer<'a, 's> {
+    /// The page of `d` (the diagnosis of `snaps`, analysed in `set`), which
+    /// asks for states at [`STATE_PATH`] when its trace can be replayed.
+    pub fn new(
+        set: &'a AnalysedSet<'s>,
+        snaps: &[(String, &'s Snapshot)],
+        d: &Diagnosis,
+    ) -> Explorer<'a, 's> {
+        let shown = shown_snapshot(snaps, d).and_then(|snap| {
+            let an = set.get(snap)?;
+            let trace = shown_trace(snap, d.peak.device)?;
+            Some(Shown {
+                snap,
+                an,
+                trace,
+                categories: site_categories(d),
+                replay: None,
+            })
+        });
+        let mut data = from_diagnosis_in(set, snaps, d);
+        data.state_url = shown.as_ref().map(|_| STATE_PATH.to_string());
+        Explorer {
+            page: super::render_html(&data.bounded()),
+            shown,
+        }
+    }
+
+    /// The page.
+    pub fn page(&self) -> &str {
+        &self.page
+    }
+
+    /// The state right after event `index` of the shown trace; `None` when
+    /// the page shows no trace or the trace has no such event.
+    pub fn state(&mut self, index: usize) -> Option<ServedState> {
+        let shown = self.shown.as_mut()?;
+        let events = &shown.snap.traces[shown.trace].events;
+        if index >= events.len() {
+            return None;
+        }
+        let st = shown.replayed_to(index);
+        let state = event_state(shown.an, shown.trace, &st, SERVED_TOP_SITES)?;
+        let categories = &shown.categories;
+        let category_of = |site: &str| categories.get(site).map_or(Category::Other, |e| e.1);
+        let when = format!(
+            "at event {} (replayed by memlens)",
+            crate::units::group_digits(st.index as u64)
+        );
+        let segments = segments_of_state(
+            shown.snap,
+            events,
+            &st,
+            &when,
+            &shown.an.sites,
+            &category_of,
+        );
+        Some(ServedState {
+            state,
+            flame: super::bounded_flame(&state_flame(shown.snap, shown.an, shown.trace, &st, "")),
+            segments: cap_segments(
+                &segments,
+                DEFAULT_MAX_SEGMENTS,
+                DEFAULT_MAX_BLOCKS_PER_SEGMENT,
+            ),
+        })
+    }
+
+    /// The answer to one request: the page at `/`, a state at
+    /// [`STATE_PATH`], 404 elsewhere.
+    pub fn answer(&mut self, req: &Request<'_>) -> Response {
+        match req.path {
+            "/" | "/index.html" => {
+                Response::typed(200, "text/html; charset=utf-8", self.page.clone())
+            }
+            STATE_PATH => {
+                let Some(index) = req.param("event").and_then(|v| v.parse::<usize>().ok()) else {
+                    return Response::text(400, "give the event as ?event=N\n");
+                };
+                match self.state(index) {
+                    // Plain structs of strings and numbers serialise.
+                    Some(s) => Response::typed(
+                        200,
+                        "application/json",
+                        serde_json::to_string(&s).unwrap_or_default(),
+                    ),
+                    None => Response::text(404, &format!("no event {index} in the shown trace\n")),
+                }
+            }
+            _ => Response::text(404, "not found; the report is at /\n"),
+        }
+    }
+}
+
+impl<'s> Shown<'_, 's> {
+    /// The state right after event `index`, from the kept replay when it
+    /// has not passed it, else from a new one.
+    fn replayed_to(&mut self, index: usize) -> ReplayState {
+        let device = self.snap.traces[self.trace].device;
+        let snap = self.snap;
+        if self
+            .replay
+            .as_ref()
+            .is_some_and(|r| r.position() > index + 1)
+        {
+            self.replay = None;
+        }
+        let r = self
+            .replay
+            .get_or_insert_with(|| Replay::new(snap, device, &ReplayOptions::default()));
+        r.run_to(index);
+        r.state_here()
+    }
+}

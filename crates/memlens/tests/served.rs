@@ -1,0 +1,101 @@
+//! `memlens report --serve` (issue 33: a trace of any size explorable event
+//! by event): the served page asks memlens for the state at a clicked event,
+//! and that state is `memlens state`'s, to the byte, with every block drawn.
+//! The browser half (a click on a 1 GB trace) is `tests/browser/served.sh`.
+
+mod common;
+
+use common::fixture;
+use memlens::analysis::peak::AnalysedSet;
+use memlens::analysis::state::state_at_event;
+use memlens::doctor::{diagnose_inputs_in, DoctorOptions};
+use memlens::http::Request;
+use memlens::report::{Explorer, STATE_PATH};
+use memlens::snapshot::Snapshot;
+use memlens::trace::Analysed;
+
+fn get<'a>(path: &'a str, query: &'a str) -> Request<'a> {
+    Request {
+        method: "GET",
+        path,
+        query,
+    }
+}
+
+#[test]
+fn a_served_state_is_memlens_states_whatever_order_events_are_asked_in() {
+    let snap = Snapshot::load(&fixture("gpt2_train.pickle.zst")).expect("fixture");
+    let named = vec![("gpt2_train.pickle.zst".to_string(), &snap)];
+    let set = AnalysedSet::new(&named);
+    let d = diagnose_inputs_in(&set, &named, &DoctorOptions::default());
+    let mut ex = Explorer::new(&set, &named, &d);
+    assert!(ex
+        .page()
+        .contains(&format!("\"state_url\":\"{STATE_PATH}\"")));
+    let an = Analysed::new(&snap);
+    let n = snap.traces[0].events.len();
+    let peak = d.peak.peak_event_index.expect("a peak");
+    // Forward (the kept replay goes on), back (a new one), the peak, the last.
+    for e in [10, 4_000, 9_000, 2_500, peak, n - 1] {
+        let served = ex.state(e).expect("a state");
+        let want = state_at_event(&an, None, e, 15).expect("memlens state");
+        assert_eq!(served.state, want, "event {e}");
+        // Every live block is in the flame graph: its root holds them all.
+        assert_eq!(served.flame.value[0], want.allocated_bytes, "event {e}");
+        assert!(served
+            .flame
+            .title
+            .contains(&memlens::units::group_digits(e as u64)));
+        assert!(served.segments.when.contains("replayed by memlens"));
+        let seg_bytes: u64 = served.segments.segments.iter().map(|s| s.size).sum::<u64>()
+            + served.segments.omitted.as_ref().map_or(0, |o| o.bytes);
+        assert_eq!(
+            seg_bytes, want.reserved_bytes,
+            "event {e}: the map holds what is reserved"
+        );
+    }
+    assert_eq!(
+        ex.state(peak).expect("peak").state.allocated_bytes,
+        d.peak.peak_allocated_bytes
+    );
+    assert!(ex.state(n).is_none(), "past the trace");
+}
+
+#[test]
+fn the_server_answers_the_page_a_state_and_clear_errors() {
+    let snap = Snapshot::load(&fixture("varlen.pickle.zst")).expect("fixture");
+    let named = vec![("varlen.pickle.zst".to_string(), &snap)];
+    let set = AnalysedSet::new(&named);
+    let d = diagnose_inputs_in(&set, &named, &DoctorOptions::default());
+    let mut ex = Explorer::new(&set, &named, &d);
+    let page = ex.answer(&get("/", ""));
+    assert_eq!(page.status, 200);
+    assert!(page.content_type.starts_with("text/html"));
+    assert!(page.body.contains("id=\"memlens-data\""));
+    let s = ex.answer(&get(STATE_PATH, "event=100"));
+    assert_eq!(
+        (s.status, s.content_type.as_str()),
+        (200, "application/json")
+    );
+    let v: serde_json::Value = serde_json::from_str(&s.body).expect("JSON");
+    assert_eq!(v["state"]["event_index"], 100);
+    for key in ["flame", "segments"] {
+        assert!(v[key].is_object(), "{key}");
+    }
+    assert_eq!(ex.answer(&get(STATE_PATH, "")).status, 400);
+    assert_eq!(ex.answer(&get(STATE_PATH, "event=-1")).status, 400);
+    let past = ex.answer(&get(STATE_PATH, "event=99999999"));
+    assert_eq!(past.status, 404);
+    assert!(past.body.contains("no event 99999999"));
+    assert_eq!(ex.answer(&get("/nope", "")).status, 404);
+}
+
+#[test]
+fn a_written_report_does_not_ask_for_states() {
+    let snap = Snapshot::load(&fixture("varlen.pickle.zst")).expect("fixture");
+    let named = vec![("varlen.pickle.zst".to_string(), &snap)];
+    let d = memlens::doctor::diagnose(&named, &DoctorOptions::default());
+    let data = memlens::report::from_diagnosis(&named, &d).bounded();
+    assert!(data.state_url.is_none());
+    assert!(!memlens::report::render_html(&data).contains("\"state_url\":"));
+}

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# The report served by `memlens report --serve` (issue 33: "a 1 GB trace: the
+# state at a clicked event equals `memlens state` replayed to that event"):
+# serves SNAP on a free port, clicks the timeline at three places in headless
+# Chromium (tests/browser/served.mjs) and compares what the page shows of each
+# clicked event with `memlens state SNAP --event N --json`: the event, the
+# allocated and reserved bytes, and the live sites (site, category, bytes).
+#   tests/browser/served.sh MEMLENS SNAP OUT_DIR
+set -euo pipefail
+if [ $# -ne 3 ]; then
+  echo "usage: $0 MEMLENS SNAP OUT_DIR" >&2
+  exit 2
+fi
+ml=$1; snap=$2; out=$3
+here=$(cd "$(dirname "$0")" && pwd)
+name=$(basename "$snap")
+"$ml" report "$snap" --serve 127.0.0.1:0 > "$out/$name.serve.out" 2> "$out/$name.serve.err" &
+pid=$!
+trap 'kill $pid 2>/dev/null || true' EXIT
+for _ in $(seq 1 240); do
+  [ -s "$out/$name.serve.out" ] && break
+  kill -0 $pid 2>/dev/null || { cat "$out/$name.serve.err" >&2; exit 1; }
+  sleep 0.5
+done
+url=$(head -1 "$out/$name.serve.out")
+# The address is printed when it is bound; the page once the analysis is done.
+for _ in $(seq 1 240); do
+  curl -sf -o /dev/null "$url" && break
+  sleep 0.5
+done
+start=$(date +%s.%N)
+(cd "$here" && node served.mjs "$url" "$out/$name.served.json")
+echo "served $(basename "$snap"): three clicks answered in $(echo "$(date +%s.%N) - $start" | bc) s"
+kill $pid 2>/dev/null || true
+python3 - "$ml" "$snap" "$out/$name.served.json" <<'PY'
+import json, subprocess, sys
+ml, snap, clicks = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+bad = 0
+for c in clicks:
+    s = json.loads(subprocess.run([ml, "state", snap, "--event", str(c["event"]), "--json"],
+                                  check=True, capture_output=True, text=True).stdout)
+    want = [[l["site"], l["category"], l["bytes"]] for l in s["live"]]
+    got = [s["event_index"], s["allocated_bytes"], s["reserved_bytes"], want]
+    page = [c["event"], c["allocated"], c["reserved"], c["live"]]
+    if got != page:
+        bad += 1
+        print(f"FAIL: event {c['event']}: the page shows {page[:3]} and {len(page[3])} sites, memlens state {got[:3]} and {len(want)} sites", file=sys.stderr)
+    else:
+        print(f"event {c['event']:,}: {c['allocated']:,} B allocated, {c['reserved']:,} B reserved, {len(want)} live sites: equal to memlens state")
+sys.exit(1 if bad else 0)
+PY
