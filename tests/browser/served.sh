@@ -25,7 +25,7 @@ done
 url=$(head -1 "$out/$name.serve.out")
 # The address is printed when it is bound; the page once the analysis is done.
 for _ in $(seq 1 240); do
-  curl -sf -o /dev/null "$url" && break
+  python3 -c 'import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)' "$url" 2>/dev/null && break
   sleep 0.5
 done
 start=$(date +%s.%N)
