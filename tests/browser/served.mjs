@@ -1,11 +1,13 @@
 // Opens a report served by `memlens report --serve` in headless Chromium,
 // clicks the timeline at a few places (not the peak nor an OOM, which the page
-// carries already) and writes what the page then shows of each clicked event
-// (issue 33: "the state at a clicked event equals `memlens state` replayed to
-// that event"): the event, the allocated and reserved bytes memlens answered,
-// the flame graph's total, its live sites and the timeline's own figure there.
-// Fails on any console error, any request outside the served origin, or a
-// click the page did not answer with the exact state.
+// carries already), steps with the arrow keys, zooms in by dragging until
+// memlens sends every event of the stretch, clicks there, and writes what the
+// page showed (issue 33: "the state at a clicked event equals `memlens state`
+// replayed to that event"): for each clicked or stepped event, the allocated
+// and reserved bytes memlens answered, the flame graph's total and its live
+// sites; for three events of the zoomed stretch, its figures. Fails on any
+// console error, any request outside the served origin, or a click the page
+// did not answer with the exact state at that event.
 //
 // usage: node served.mjs URL OUT.json [FRACTIONS]   (FRACTIONS: 0.3,0.55,0.8)
 import { chromium } from 'playwright-core';
@@ -30,6 +32,7 @@ const context = await chromium.launchPersistentContext(profile, {
   args: ['--headless', '--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
 });
 const clicks = [];
+const zoomed = [];
 try {
   const page = context.pages()[0] || await context.newPage();
   page.on('console', (m) => { if (m.type() === 'error') fail(`console error: ${m.text()}`); });
@@ -43,40 +46,82 @@ try {
   await page.goto(url, { waitUntil: 'load' });
   await page.waitForFunction(() => window.memlens && window.memlens.ready === true, null, { timeout: 30000 });
   if (!(await page.evaluate(() => !!window.memlens.data.state_url))) fail('the served page does not know where to ask for states');
-  for (const f of fractions) {
-    await page.evaluate(() => { document.getElementById('timeline-chart').scrollIntoView({ block: 'center', behavior: 'instant' }); });
-    const pos = await page.evaluate((frac) => {
-      const u = window.memlens.charts.timeline, r = u.over.getBoundingClientRect();
-      return { x: r.left + Math.round(r.width * frac), y: r.top + r.height * 0.6 };
-    }, f);
-    await page.mouse.move(pos.x, pos.y, { steps: 3 });
-    await page.waitForTimeout(50);
-    await page.mouse.click(pos.x, pos.y);
-    // The answer replays up to the event: seconds on a 1 GB trace.
-    await page.waitForFunction(() => { const m = window.memlens.moment; return m && (m.served || m.servedError); }, null, { timeout: 60000 });
-    const got = await page.evaluate(() => {
-      const ML = window.memlens, m = ML.moment;
-      return { index: m.index, event: m.event, timelineEvent: ML.timeline.events[m.index], timelineAllocated: ML.data.timeline.allocated[m.index],
-        allocated: m.allocated, reserved: m.reserved, flameBytes: m.flameBytes, live: m.live, flame: ML.flame && ML.flame.title,
-        segments: ML.segments && ML.segments.when, status: document.getElementById('moment-status').textContent, error: m.servedError || null };
-    });
-    if (got.error) { fail(`click at ${f}: memlens did not answer: ${got.error}`); continue; }
+  const read = () => page.evaluate(() => {
+    const ML = window.memlens, m = ML.moment;
+    return { index: m.index, event: m.event, timelineEvent: ML.timeline.events[m.index], timelineAllocated: ML.data.timeline.allocated[m.index],
+      allocated: m.allocated, reserved: m.reserved, flameBytes: m.flameBytes, live: m.live, flame: ML.flame && ML.flame.title,
+      segments: ML.segments && ML.segments.when, status: document.getElementById('moment-status').textContent, error: m.servedError || null };
+  });
+  // The answer replays up to the event: a second or so on a 1 GB trace.
+  const answered = (want) => page.waitForFunction((e) => { const m = window.memlens.moment; return m && (m.servedError || (m.served && (e == null || m.event === e))); }, want, { timeout: 60000 });
+  const checkShown = (got, what) => {
+    if (got.error) { fail(`${what}: memlens did not answer: ${got.error}`); return false; }
     const evText = Number(got.event).toLocaleString('en-US');
-    if (got.event !== got.timelineEvent) fail(`click at ${f}: the state is of event ${got.event}, the point clicked is event ${got.timelineEvent}`);
-    if (!String(got.flame).includes('event ' + evText)) fail(`click at ${f}: the flame graph is not at event ${evText}: ${got.flame}`);
-    if (!String(got.segments).includes('event ' + evText)) fail(`click at ${f}: the segment map is not at event ${evText}: ${got.segments}`);
-    if (got.flameBytes !== got.allocated) fail(`click at ${f}: the flame graph holds ${got.flameBytes} B of ${got.allocated} B allocated`);
-    if (got.timelineAllocated !== got.allocated) fail(`click at ${f}: the timeline says ${got.timelineAllocated} B allocated at event ${got.event}, the replay ${got.allocated} B`);
-    clicks.push(got);
+    if (!String(got.flame).includes('event ' + evText)) fail(`${what}: the flame graph is not at event ${evText}: ${got.flame}`);
+    if (!String(got.segments).includes('event ' + evText)) fail(`${what}: the segment map is not at event ${evText}: ${got.segments}`);
+    if (got.flameBytes !== got.allocated) fail(`${what}: the flame graph holds ${got.flameBytes} B of ${got.allocated} B allocated`);
+    // Where the clicked event is one of the page's own points, its figure there agrees.
+    if (got.timelineEvent === got.event && got.timelineAllocated !== got.allocated) fail(`${what}: the timeline says ${got.timelineAllocated} B allocated at event ${got.event}, the replay ${got.allocated} B`);
+    clicks.push({ what, ...got });
+    return true;
+  };
+  const plot = () => page.evaluate(() => {
+    document.getElementById('timeline-chart').scrollIntoView({ block: 'center', behavior: 'instant' });
+    const r = window.memlens.charts.timeline.over.getBoundingClientRect();
+    return { left: r.left, top: r.top, width: r.width, height: r.height };
+  });
+  const clickAt = async (frac) => {
+    const r = await plot();
+    const x = r.left + Math.round(r.width * frac), y = r.top + r.height * 0.6;
+    await page.mouse.move(x, y, { steps: 3 });
+    await page.waitForTimeout(50);
+    await page.mouse.click(x, y);
+    await answered(null);
+    return read();
+  };
+  // Clicks: the state at the event under each (not a point the page holds).
+  for (const f of fractions) checkShown(await clickAt(f), `click at ${f}`);
+  // The arrow keys step one event (Shift: 100), each state replayed.
+  const before = clicks.length ? clicks[clicks.length - 1].event : null;
+  for (const [key, step] of [['ArrowRight', 1], ['ArrowRight', 1], ['Shift+ArrowLeft', -100]]) {
+    const from = (await read()).event;
+    await page.keyboard.press(key);
+    await answered(from + step);
+    checkShown(await read(), `${key} from event ${from}`);
+  }
+  if (before != null && clicks[clicks.length - 1].event !== before + 2 - 100) fail(`the arrow keys did not step from event ${before} to ${before - 98}`);
+  // Zoom in by dragging (a tenth of the width each time) until memlens
+  // answers every event of the stretch shown, then click there.
+  let detail = null;
+  for (let k = 0; k < 8; k++) {
+    const r = await plot();
+    const x0 = r.left + r.width * 0.45, x1 = r.left + r.width * 0.55, y = r.top + r.height * 0.5;
+    await page.mouse.move(x0, y, { steps: 2 });
+    await page.mouse.down();
+    await page.mouse.move(x1, y, { steps: 5 });
+    await page.mouse.up();
+    await page.waitForTimeout(200);
+    detail = await page.waitForFunction(() => { const d = window.memlens.detail; return d && (d.data || d.error) ? d : null; }, null, { timeout: 30000 }).then((h) => h.jsonValue()).catch(() => null);
+    if (!detail) { fail(`zoom ${k + 1}: memlens sent no stretch`); break; }
+    if (detail.error) { fail(`zoom ${k + 1}: ${detail.error}`); break; }
+    if (detail.data.event.length === detail.data.source_points) break;
+  }
+  if (detail && detail.data) {
+    const S = detail.data;
+    if (S.event.length !== S.source_points) fail(`zoomed in 8 times, the stretch has ${S.event.length} of ${S.source_points} events`);
+    for (let i = 1; i < S.event.length; i++) if (S.event[i] !== S.event[i - 1] + 1) { fail(`the zoomed stretch skips from event ${S.event[i - 1]} to ${S.event[i]}`); break; }
+    zoomed.push(...[0, S.event.length >> 1, S.event.length - 1].map((i) => ({ event: S.event[i], allocated: S.allocated[i], reserved: S.reserved[i] })));
+    checkShown(await clickAt(0.5), `click zoomed into events ${detail.from}-${detail.to}`);
+    await (await page.$('#timeline')).screenshot({ path: outJson.replace(/\.json$/, '') + '-zoomed.png' });
   }
 } finally {
   await context.close();
   rmSync(profile, { recursive: true, force: true });
 }
-writeFileSync(outJson, JSON.stringify(clicks, null, 1));
-if (clicks.length !== fractions.length) fail(`${clicks.length} of ${fractions.length} clicks answered`);
+writeFileSync(outJson, JSON.stringify({ clicks, zoomed }, null, 1));
+if (clicks.length !== fractions.length + 4) fail(`${clicks.length} of ${fractions.length + 4} clicks and steps answered`);
 if (failures.length) {
   for (const f of failures) console.error(`FAIL: ${f}`);
   process.exit(1);
 }
-console.log(`ok: ${url}: ${clicks.length} clicked events shown exact (${clicks.map((c) => c.event).join(', ')})`);
+console.log(`ok: ${url}: ${clicks.length} clicked or stepped events shown exact (${clicks.map((c) => c.event).join(', ')}); zoomed to ${zoomed.length ? zoomed[0].event + '-' + zoomed[zoomed.length - 1].event : 'nothing'}, every event`);

@@ -2,9 +2,11 @@
 # The report served by `memlens report --serve` (issue 33: "a 1 GB trace: the
 # state at a clicked event equals `memlens state` replayed to that event"):
 # serves SNAP on a free port, clicks the timeline at three places in headless
-# Chromium (tests/browser/served.mjs) and compares what the page shows of each
-# clicked event with `memlens state SNAP --event N --json`: the event, the
-# allocated and reserved bytes, and the live sites (site, category, bytes).
+# Chromium, steps with the arrow keys and zooms in to single events
+# (tests/browser/served.mjs), and compares what the page showed of each
+# clicked or stepped event with `memlens state SNAP --event N --json` (the
+# event, the allocated and reserved bytes, the live sites: site, category,
+# bytes) and the zoomed stretch's figures with the same.
 #   tests/browser/served.sh MEMLENS SNAP OUT_DIR
 set -euo pipefail
 if [ $# -ne 3 ]; then
@@ -30,22 +32,27 @@ for _ in $(seq 1 240); do
 done
 start=$(date +%s.%N)
 (cd "$here" && node served.mjs "$url" "$out/$name.served.json")
-echo "served $(basename "$snap"): three clicks answered in $(echo "$(date +%s.%N) - $start" | bc) s"
+echo "served $(basename "$snap"): clicks, steps and zooms answered in $(echo "$(date +%s.%N) - $start" | bc) s"
 kill $pid 2>/dev/null || true
 python3 - "$ml" "$snap" "$out/$name.served.json" <<'PY'
 import json, subprocess, sys
-ml, snap, clicks = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
+ml, snap, shown = sys.argv[1], sys.argv[2], json.load(open(sys.argv[3]))
 bad = 0
-for c in clicks:
+for c in shown["clicks"] + shown["zoomed"]:
     s = json.loads(subprocess.run([ml, "state", snap, "--event", str(c["event"]), "--json"],
                                   check=True, capture_output=True, text=True).stdout)
-    want = [[l["site"], l["category"], l["bytes"]] for l in s["live"]]
-    got = [s["event_index"], s["allocated_bytes"], s["reserved_bytes"], want]
-    page = [c["event"], c["allocated"], c["reserved"], c["live"]]
+    got = [s["event_index"], s["allocated_bytes"], s["reserved_bytes"]]
+    page = [c["event"], c["allocated"], c["reserved"]]
+    what = c.get("what", "zoomed stretch")
+    if "live" in c:
+        got.append([[l["site"], l["category"], l["bytes"]] for l in s["live"]])
+        page.append(c["live"])
     if got != page:
         bad += 1
-        print(f"FAIL: event {c['event']}: the page shows {page[:3]} and {len(page[3])} sites, memlens state {got[:3]} and {len(want)} sites", file=sys.stderr)
+        print(f"FAIL: {what}: event {c['event']}: the page shows {page[:3]}, memlens state {got[:3]}"
+              + (" (live sites differ)" if page[:3] == got[:3] else ""), file=sys.stderr)
     else:
-        print(f"event {c['event']:,}: {c['allocated']:,} B allocated, {c['reserved']:,} B reserved, {len(want)} live sites: equal to memlens state")
+        sites = f", {len(got[3])} live sites" if len(got) > 3 else ""
+        print(f"{what}: event {c['event']:,}: {c['allocated']:,} B allocated, {c['reserved']:,} B reserved{sites}: equal to memlens state")
 sys.exit(1 if bad else 0)
 PY

@@ -10,7 +10,7 @@ use memlens::analysis::peak::AnalysedSet;
 use memlens::analysis::state::state_at_event;
 use memlens::doctor::{diagnose_inputs_in, DoctorOptions};
 use memlens::http::Request;
-use memlens::report::{Explorer, STATE_PATH};
+use memlens::report::{Explorer, STATE_PATH, STRETCH_PATH, STRETCH_POINTS};
 use memlens::snapshot::Snapshot;
 use memlens::trace::Analysed;
 
@@ -98,4 +98,44 @@ fn a_written_report_does_not_ask_for_states() {
     let data = memlens::report::from_diagnosis(&named, &d).bounded();
     assert!(data.state_url.is_none());
     assert!(!memlens::report::render_html(&data).contains("\"state_url\":"));
+}
+
+#[test]
+fn a_zoomed_stretch_is_exact_event_by_event_and_bounded_when_long() {
+    let snap = Snapshot::load(&fixture("gpt2_train.pickle.zst")).expect("fixture");
+    let named = vec![("gpt2_train.pickle.zst".to_string(), &snap)];
+    let set = AnalysedSet::new(&named);
+    let d = diagnose_inputs_in(&set, &named, &DoctorOptions::default());
+    let mut ex = Explorer::new(&set, &named, &d);
+    let an = Analysed::new(&snap);
+    // A short stretch: every event, each as `memlens state` has it.
+    let s = ex.stretch(7_000, 7_100).expect("a stretch");
+    assert_eq!(s.event, (7_000..=7_100).collect::<Vec<u64>>());
+    assert_eq!(s.source_points, 101);
+    for k in [0, 37, 100] {
+        let want = state_at_event(&an, None, s.event[k] as usize, 1).expect("state");
+        assert_eq!(
+            (s.allocated[k], s.reserved[k]),
+            (want.allocated_bytes, want.reserved_bytes)
+        );
+    }
+    // The whole trace: bounded, its peak kept exactly.
+    let n = snap.traces[0].events.len();
+    let all = ex.stretch(0, n + 50).expect("clamped to the trace");
+    assert_eq!(all.source_points as usize, n);
+    assert!(all.event.len() <= STRETCH_POINTS + 2, "{}", all.event.len());
+    assert_eq!(
+        all.allocated.iter().max(),
+        Some(&d.peak.peak_allocated_bytes)
+    );
+    assert!(ex.stretch(n, n + 1).is_none());
+    // Over HTTP, and clear errors.
+    let r = ex.answer(&get(STRETCH_PATH, "from=10&to=12"));
+    assert_eq!(r.status, 200);
+    let v: serde_json::Value = serde_json::from_str(&r.body).expect("JSON");
+    assert_eq!(v["event"], serde_json::json!([10, 11, 12]));
+    assert_eq!(ex.answer(&get(STRETCH_PATH, "from=10")).status, 400);
+    assert!(ex
+        .page()
+        .contains(&format!("\"stretch_url\":\"{STRETCH_PATH}\"")));
 }

@@ -75,7 +75,9 @@
       if ((tl.ooms || []).indexOf(idx) >= 0) return 'the OOM';
       return '';
     }
-    function show(idx) {
+    /* Shows timeline point idx; served, the exact state at event `at` (the
+     * event under the click, which a zoomed-out point only stands near). */
+    function show(idx, at) {
       if (idx == null || idx < 0 || idx >= events.length) return;
       var w = why(idx);
       var F = flameAt(idx, w);
@@ -92,14 +94,14 @@
           fb(F.kept) + ' in the ' + ML.fmtInt(allocs.length) + ' largest of ' + ML.fmtInt(M.total_allocs) + ' allocations, kept one by one' +
           (F.rest ? ', ' + fb(F.rest) + ' in smaller ones' : '') + '.');
       ML.moment = { index: idx, event: events[idx], flame: exact ? D.flame.title : F.title, segments: S ? S.when : null, segmentEvent: S ? S.event : null, exact: !!exact };
-      if (D.state_url) askExact(idx, w);
+      if (D.state_url) askExact(idx, w, at != null ? at : events[idx]);
     }
     /* Served by `memlens report --serve`: memlens replays the trace to the
      * event and answers its whole state (every block with its stack, the
      * segments then), which replaces the approximation drawn meanwhile. */
     var asked = 0;
-    function askExact(idx, w) {
-      var e = events[idx], ticket = ++asked;
+    function askExact(idx, w, e) {
+      var ticket = ++asked;
       ML.moment.pending = true;
       status.textContent += ' Asking memlens for the exact state…';
       fetch(D.state_url + '?event=' + e).then(function (r) {
@@ -111,10 +113,13 @@
         if (w) F.title += ' (' + w + ')';
         if (ML.showFlame) ML.showFlame(F);
         if (ML.showSegments) ML.showSegments(A.segments);
-        status.textContent = 'Shown below: event ' + ML.fmtInt(st.event_index) + (w ? ' (' + w + ')' : '') + ', ' + fb(st.allocated_bytes) + ' allocated, ' +
-          fb(st.reserved_bytes) + ' reserved; every block by its stack and the segments, as memlens replayed them to this event.';
+        var ev = st.event, what = ev.action.replace('_', ' ') + (ev.action.indexOf('segment') === 0 || ev.action.indexOf('alloc') === 0 || ev.action.indexOf('free') === 0 ? ' of ' + fb(ev.size) : '') + (ev.site ? ' at ' + ML.siteLabel(ev.site) : '');
+        status.textContent = 'Shown below: event ' + ML.fmtInt(st.event_index) + (w ? ' (' + w + ')' : '') + ' (' + what + '), ' + fb(st.allocated_bytes) + ' allocated, ' +
+          fb(st.reserved_bytes) + ' reserved after it; every block by its stack and the segments, as memlens replayed them. ← → step one event (Shift: 100).';
         ML.moment = { index: idx, event: st.event_index, flame: F.title, segments: A.segments.when, segmentEvent: st.event_index, exact: true, served: true,
           allocated: st.allocated_bytes, reserved: st.reserved_bytes, flameBytes: F.value[0], live: st.live.map(function (l) { return [l.site, l.category, l.bytes]; }) };
+        // The marker moves to the event itself.
+        ML.charts.timeline.redraw(false);
       }).catch(function (err) {
         if (ticket !== asked) return;
         status.textContent = status.textContent.replace(' Asking memlens for the exact state…', '') + ' (memlens did not answer: ' + err.message + '; the largest allocations are shown.)';
@@ -123,6 +128,83 @@
       });
     }
     ML.showMoment = show;
+
+    /* Served: the arrow keys step event by event from the one shown, each
+     * state replayed by memlens (memory_viz's stepping). */
+    var lastEvent = events[events.length - 1];
+    function pointAtOrBefore(e) {
+      var lo = 0, hi = events.length - 1;
+      while (lo < hi) { var mid = (lo + hi + 1) >> 1; if (events[mid] <= e) lo = mid; else hi = mid - 1; }
+      return lo;
+    }
+    if (D.state_url) {
+      document.addEventListener('keydown', function (ev) {
+        if (ev.key !== 'ArrowRight' && ev.key !== 'ArrowLeft') return;
+        var t = ev.target && ev.target.tagName;
+        if (t === 'INPUT' || t === 'TEXTAREA' || t === 'SELECT' || !ML.moment) return;
+        ev.preventDefault();
+        var e = Math.max(0, Math.min(lastEvent, ML.moment.event + (ev.key === 'ArrowRight' ? 1 : -1) * (ev.shiftKey ? 100 : 1)));
+        var idx = pointAtOrBefore(e);
+        ML.momentIndex = idx;
+        ML.charts.timeline.redraw(false);
+        ML.moment = { index: idx, event: e, pending: true };
+        status.textContent = '';
+        askExact(idx, '', e);
+      });
+    }
+
+    /* Served: zoomed in, the exact allocated and reserved bytes of the
+     * stretch shown, asked of memlens (every event once few enough), drawn
+     * over the page's own points, which keep only each run's lows and highs. */
+    var zoomTicket = 0, zoomTimer = null;
+    ML.detail = null;
+    ML.onZoom = !D.stretch_url ? null : function (u, time) {
+      var min = u.scales.x.min, max = u.scales.x.max;
+      clearTimeout(zoomTimer);
+      var full = min <= events[0] && max >= lastEvent;
+      if (time || full || min == null) { ML.detail = null; return; }
+      var from = Math.max(0, Math.floor(min)), to = Math.min(lastEvent, Math.ceil(max));
+      // The page's own points already hold every event of the stretch.
+      if (pointAtOrBefore(to) - pointAtOrBefore(from) >= to - from) { ML.detail = null; return; }
+      var ticket = ++zoomTicket;
+      zoomTimer = setTimeout(function () {
+        fetch(D.stretch_url + '?from=' + from + '&to=' + to).then(function (r) {
+          if (!r.ok) throw new Error('HTTP ' + r.status);
+          return r.json();
+        }).then(function (S) {
+          if (ticket !== zoomTicket) return;
+          ML.detail = { from: from, to: to, data: S };
+          u.redraw(false);
+        }).catch(function (err) { if (ticket === zoomTicket) ML.detail = { from: from, to: to, error: err.message }; });
+      }, 120);
+    };
+    ML.drawDetail = function (u) {
+      var S = ML.detail && ML.detail.data;
+      if (!S || !S.event.length) return;
+      var ctx = u.ctx, b = u.bbox;
+      ctx.save();
+      ctx.beginPath(); ctx.rect(b.left, b.top, b.width, b.height); ctx.clip();
+      [[S.allocated, '#e8590c', []], [S.reserved, '#c62828', [6, 4]]].forEach(function (L) {
+        if (!L[0] || L[0].length !== S.event.length) return;
+        ctx.strokeStyle = L[1]; ctx.lineWidth = 1.5 * devicePixelRatio; ctx.setLineDash(L[2]);
+        ctx.beginPath();
+        for (var i = 0; i < S.event.length; i++) {
+          var x = u.valToPos(S.event[i], 'x', true), y = u.valToPos(L[0][i], 'y', true);
+          // A step: the bytes hold from one event to the next.
+          if (i === 0) ctx.moveTo(x, y); else { ctx.lineTo(x, u.valToPos(L[0][i - 1], 'y', true)); ctx.lineTo(x, y); }
+        }
+        ctx.stroke();
+      });
+      var label = 'orange: allocated, exact from memlens (' + ML.fmtInt(S.source_points) + ' events' + (S.event.length < S.source_points ? ', lows and highs of ' + ML.fmtInt(S.event.length) + ' runs)' : ', every one)');
+      ctx.font = Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
+      ctx.textAlign = 'left'; ctx.textBaseline = 'alphabetic';
+      var tw = ctx.measureText(label).width, lh = 15 * devicePixelRatio, ly = b.top + b.height - lh - 4;
+      ctx.fillStyle = ML.theme === 'dark' ? 'rgba(13,17,23,.85)' : 'rgba(255,255,255,.85)';
+      ctx.fillRect(b.left + 4, ly, tw + 6, lh);
+      ctx.fillStyle = '#e8590c';
+      ctx.fillText(label, b.left + 7, ly + 11 * devicePixelRatio);
+      ctx.restore();
+    };
 
     // The bar: where the moment is chosen, and what is shown.
     var bar = el('div', { class: 'toolbar moment-bar', id: 'moment-bar' });
@@ -159,13 +241,19 @@
       if (left < 0 || left > u.over.clientWidth) return;
       // A click on (or within 4 px of) the peak's or an OOM's line picks that
       // event: a pixel may hold several points, and these are the ones asked for.
-      var xs = tl.xs(), idx = u.posToIdx(left), best = 5;
+      var xs = tl.xs(), idx = u.posToIdx(left), best = 5, snapped = false;
       [tl.peak].concat(tl.ooms || []).forEach(function (i) {
         if (i == null) return;
         var d = Math.abs(u.valToPos(xs[i], 'x') - left);
-        if (d < best) { best = d; idx = i; }
+        if (d < best) { best = d; idx = i; snapped = true; }
       });
-      show(idx);
+      // Served and drawn by event: the event under the click, exact.
+      var at = null;
+      if (D.state_url && !snapped && xs[0] === events[0] && xs[xs.length - 1] === lastEvent) {
+        at = Math.max(0, Math.min(lastEvent, Math.round(u.posToVal(left, 'x'))));
+        idx = pointAtOrBefore(at);
+      }
+      show(idx, at);
     }, true);
 
     // A run that ended in an OOM opens on the OOM: that is the moment to explain.

@@ -447,8 +447,9 @@
       var ctx = u.ctx;
       ctx.save();
       var top = u.bbox.top, h = u.bbox.height;
-      function vline(i, color, label, dash) {
-        var px = u.valToPos(xs[i], 'x', true);
+      function vline(i, color, label, dash) { vlineAt(xs[i], color, label, dash); }
+      function vlineAt(xv, color, label, dash) {
+        var px = u.valToPos(xv, 'x', true);
         if (px < u.bbox.left - 1 || px > u.bbox.left + u.bbox.width + 1) return;
         ctx.strokeStyle = color; ctx.lineWidth = 1.5 * devicePixelRatio; ctx.setLineDash(dash);
         ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + h); ctx.stroke();
@@ -469,8 +470,12 @@
       if (peak != null) vline(peak, INK, 'peak ' + fmtBytes(T.allocated[peak]), [4, 3]);
       // The moment shown below, unless it is the peak or an OOM (already marked: two labels would overlap).
       var mi = ML.momentIndex;
-      if (mi != null && mi < n && mi !== peak && ooms.indexOf(mi) < 0) vline(mi, '#6f42c1', 'shown below', [1, 3]);
+      // Served, the moment is an event, which a point may only stand near.
+      var me = ML.moment && ML.moment.served && !isTime ? ML.moment.event : null;
+      if (me != null && (mi == null || xs[mi] !== me)) vlineAt(me, '#6f42c1', 'shown below', [1, 3]);
+      else if (mi != null && mi < n && mi !== peak && ooms.indexOf(mi) < 0) vline(mi, '#6f42c1', 'shown below', [1, 3]);
       ctx.restore();
+      if (ML.drawDetail && !isTime) ML.drawDetail(u);
     }
 
     var panel = $('timeline-panel');
@@ -538,7 +543,9 @@
         ],
         series: series,
         // uPlot lays out after construction; place the cursor once it is ready.
-        hooks: { draw: [drawMarks], setCursor: [updatePanel], ready: [function (self) { u = self; showPeak(); }] }
+        hooks: { draw: [drawMarks], setCursor: [updatePanel], ready: [function (self) { u = self; showPeak(); }],
+          // Served by memlens, a zoom asks for the exact totals of the stretch (moments.js).
+          setScale: [function (self, key) { if (key === 'x' && ML.onZoom) ML.onZoom(self, isTime); }] }
       };
       data[0] = xs;
       u = new uPlot(opts, data, chartEl);

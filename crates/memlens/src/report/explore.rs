@@ -1,22 +1,29 @@
-//! The report served by `memlens report --serve ADDR`: the same page, and the
-//! exact state right after any event of the shown trace, replayed to when the
-//! page asks.
+//! The report served by `memlens report --serve ADDR`: the same page, and
+//! the exact state at any event of the shown trace and its exact totals over
+//! any zoomed-in stretch, asked of memlens when the page needs them.
 //!
 //! A page written to a file carries what stays small whatever the trace (the
 //! timeline's points, the largest allocations, a dozen segment maps: about
 //! 2 MB for a 1 GB trace), so a click between the saved moments draws the
-//! largest allocations and the nearest saved map. Served, a click asks memlens
+//! largest allocations and the nearest saved map, and a zoom shows the same
+//! points closer. Served, a click (or an arrow key, one event on) asks memlens
 //! for that event (`GET /api/state?event=N`) and the page draws every block
 //! live then, with its stack, and the segment map then: the state `memlens
 //! state --event N` prints, from the same replay under the recorded settings.
-//! The replay goes on forward from the last event asked for (clicks from left
-//! to right cost the events between them) and starts again for an earlier one.
+//! A zoom asks for the stretch shown (`GET /api/stretch?from=A&to=B`): the
+//! allocated and reserved bytes after every event once the stretch holds at
+//! most [`STRETCH_POINTS`], from the totals the trace's one replay kept. The
+//! replay behind the states goes on forward from the last event asked for
+//! (clicks from left to right cost the events between them) and starts again
+//! for an earlier one.
 
 use super::build::{
     from_diagnosis_in, segments_of_state, shown_snapshot, shown_trace, site_categories, state_flame,
 };
+use super::model::XUnit;
 use super::model::{Category, Flame, SegmentMap};
 use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS};
+use super::timeline::{TimelineBuilder, TimelinePoint};
 use crate::analysis::peak::AnalysedSet;
 use crate::analysis::state::{event_state, EventState};
 use crate::doctor::Diagnosis;
@@ -30,8 +37,32 @@ use serde::Serialize;
 /// Where the served page asks for the state at an event (`?event=N`).
 pub const STATE_PATH: &str = "/api/state";
 
+/// Where the served page asks for the exact totals over a stretch of events
+/// (`?from=A&to=B`), when the timeline is zoomed in.
+pub const STRETCH_PATH: &str = "/api/stretch";
+
 /// Site groups listed in a served state (the flame graph holds every block).
 const SERVED_TOP_SITES: usize = 15;
+
+/// Points in a served stretch at most: about one per pixel of a wide chart,
+/// twice over; a stretch of fewer events has every event.
+pub const STRETCH_POINTS: usize = 4000;
+
+/// The answer to [`STRETCH_PATH`]: the allocated and reserved bytes over a
+/// stretch of events, every event when there are at most
+/// [`STRETCH_POINTS`], else the lowest and highest of each run of events
+/// (as the page's own timeline keeps them, over the whole trace).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct ServedStretch {
+    /// The event of each point, in order.
+    pub event: Vec<u64>,
+    /// Allocated bytes after it.
+    pub allocated: Vec<u64>,
+    /// Reserved bytes after it.
+    pub reserved: Vec<u64>,
+    /// Events in the stretch.
+    pub source_points: u64,
+}
 
 /// The answer to [`STATE_PATH`]: the state right after one event.
 #[derive(Clone, Debug, Serialize)]
@@ -81,6 +112,7 @@ impl<'a, 's> Explorer<'a, 's> {
         });
         let mut data = from_diagnosis_in(set, snaps, d);
         data.state_url = shown.as_ref().map(|_| STATE_PATH.to_string());
+        data.stretch_url = shown.as_ref().map(|_| STRETCH_PATH.to_string());
         Explorer {
             page: super::render_html(&data.bounded()),
             shown,
@@ -127,8 +159,44 @@ impl<'a, 's> Explorer<'a, 's> {
         })
     }
 
+    /// The allocated and reserved bytes after each event from `from` to
+    /// `to` (both included, clamped to the trace), from the totals the one
+    /// replay under the recorded settings kept; `None` when the page shows
+    /// no trace or `from` is past it.
+    pub fn stretch(&self, from: usize, to: usize) -> Option<ServedStretch> {
+        let shown = self.shown.as_ref()?;
+        let n = shown.snap.traces[shown.trace].events.len();
+        if from >= n {
+            return None;
+        }
+        let to = to.clamp(from, n - 1);
+        let pass = shown.an.recorded().of(shown.snap, shown.trace);
+        let mut b = TimelineBuilder::new(
+            XUnit::Event,
+            Vec::new(),
+            (to - from + 1) as u64,
+            STRETCH_POINTS,
+        );
+        for (index, (allocated, reserved)) in pass.totals().enumerate().take(to + 1).skip(from) {
+            b.push(TimelinePoint {
+                x: index as i64,
+                event: index as u64,
+                allocated,
+                reserved,
+                ..TimelinePoint::default()
+            });
+        }
+        let t = b.finish();
+        Some(ServedStretch {
+            event: t.event,
+            allocated: t.allocated,
+            reserved: t.reserved,
+            source_points: t.source_points,
+        })
+    }
+
     /// The answer to one request: the page at `/`, a state at
-    /// [`STATE_PATH`], 404 elsewhere.
+    /// [`STATE_PATH`], a stretch at [`STRETCH_PATH`], 404 elsewhere.
     pub fn answer(&mut self, req: &Request<'_>) -> Response {
         match req.path {
             "/" | "/index.html" => {
@@ -139,18 +207,33 @@ impl<'a, 's> Explorer<'a, 's> {
                     return Response::text(400, "give the event as ?event=N\n");
                 };
                 match self.state(index) {
-                    // Plain structs of strings and numbers serialise.
-                    Some(s) => Response::typed(
-                        200,
-                        "application/json",
-                        serde_json::to_string(&s).unwrap_or_default(),
-                    ),
+                    Some(s) => json(&s),
                     None => Response::text(404, &format!("no event {index} in the shown trace\n")),
+                }
+            }
+            STRETCH_PATH => {
+                let arg = |k| req.param(k).and_then(|v| v.parse::<usize>().ok());
+                let (Some(from), Some(to)) = (arg("from"), arg("to")) else {
+                    return Response::text(400, "give the stretch as ?from=A&to=B\n");
+                };
+                match self.stretch(from, to) {
+                    Some(s) => json(&s),
+                    None => Response::text(404, &format!("no event {from} in the shown trace\n")),
                 }
             }
             _ => Response::text(404, "not found; the report is at /\n"),
         }
     }
+}
+
+/// A 200 answer of `value` as JSON.
+fn json(value: &impl Serialize) -> Response {
+    // Plain structs of strings and numbers serialise.
+    Response::typed(
+        200,
+        "application/json",
+        serde_json::to_string(value).unwrap_or_default(),
+    )
 }
 
 impl<'s> Shown<'_, 's> {

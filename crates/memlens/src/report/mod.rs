@@ -44,7 +44,7 @@ pub use convert::{
     frame_label, is_library_label, library_labels, pool_label, python_stack_labels, segment_map,
     settings_pairs, stack_labels, FLAME_NATIVE_ONLY,
 };
-pub use explore::{Explorer, ServedState, STATE_PATH};
+pub use explore::{Explorer, ServedState, ServedStretch, STATE_PATH, STRETCH_PATH, STRETCH_POINTS};
 pub use flame::{
     prune_flame, FlameBuilder, DEFAULT_FLAME_MIN_FRACTION, FLAME_NO_STACK, FLAME_OTHER, FLAME_ROOT,
 };

@@ -52,6 +52,10 @@ pub struct ReportData {
     /// report written to a file.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub state_url: Option<String>,
+    /// The path the page asks for the exact totals over a zoomed-in stretch
+    /// of events, when served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stretch_url: Option<String>,
 }
 
 /// The ranks of one job, for the side-by-side section.
