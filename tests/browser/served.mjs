@@ -33,6 +33,7 @@ const context = await chromium.launchPersistentContext(profile, {
 });
 const clicks = [];
 const zoomed = [];
+const hoveredShape = [];
 try {
   const page = context.pages()[0] || await context.newPage();
   page.on('console', (m) => { if (m.type() === 'error') fail(`console error: ${m.text()}`); });
@@ -111,6 +112,18 @@ try {
     if (S.event.length !== S.source_points) fail(`zoomed in 8 times, the stretch has ${S.event.length} of ${S.source_points} events`);
     for (let i = 1; i < S.event.length; i++) if (S.event[i] !== S.event[i - 1] + 1) { fail(`the zoomed stretch skips from event ${S.event[i - 1]} to ${S.event[i]}`); break; }
     zoomed.push(...[0, S.event.length >> 1, S.event.length - 1].map((i) => ({ event: S.event[i], allocated: S.allocated[i], reserved: S.reserved[i] })));
+    // Every allocation of the stretch a shape, stacked to the allocated bytes
+    // at every event; the one under the cursor named in the panel.
+    const shapes = await page.evaluate(() => window.memlens.shapes || null);
+    if (!S.allocations) fail('zoomed to single events, memlens listed no allocations');
+    else if (!shapes || shapes.drawn !== S.allocations.allocs.length) fail(`shapes drawn: ${JSON.stringify(shapes)} of ${S.allocations.allocs.length} allocations`);
+    else if (shapes.mismatched) fail(`the shapes do not add up to the allocated bytes at ${shapes.mismatched} events`);
+    const r = await plot();
+    await page.mouse.move(r.left + r.width * 0.5, r.top + r.height * 0.9, { steps: 3 });
+    await page.waitForTimeout(100);
+    const hovered = await page.evaluate(() => ({ h: window.memlens.hovered || null, panel: (document.getElementById('shape-panel') || {}).textContent || '' }));
+    if (!hovered.h || !hovered.panel.includes('one allocation')) fail(`hovering a shape named no allocation: ${JSON.stringify(hovered)}`);
+    else hoveredShape.push(hovered.h);
     checkShown(await clickAt(0.5), `click zoomed into events ${detail.from}-${detail.to}`);
     await (await page.$('#timeline')).screenshot({ path: outJson.replace(/\.json$/, '') + '-zoomed.png' });
   }
@@ -118,7 +131,7 @@ try {
   await context.close();
   rmSync(profile, { recursive: true, force: true });
 }
-writeFileSync(outJson, JSON.stringify({ clicks, zoomed }, null, 1));
+writeFileSync(outJson, JSON.stringify({ clicks, zoomed, hovered: hoveredShape }, null, 1));
 if (clicks.length !== fractions.length + 4) fail(`${clicks.length} of ${fractions.length + 4} clicks and steps answered`);
 if (failures.length) {
   for (const f of failures) console.error(`FAIL: ${f}`);

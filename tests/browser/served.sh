@@ -54,5 +54,15 @@ for c in shown["clicks"] + shown["zoomed"]:
     else:
         sites = f", {len(got[3])} live sites" if len(got) > 3 else ""
         print(f"{what}: event {c['event']:,}: {c['allocated']:,} B allocated, {c['reserved']:,} B reserved{sites}: equal to memlens state")
+# The allocation hovered in the zoomed view is live there, in its site's bytes.
+for h in shown.get("hovered", []):
+    s = json.loads(subprocess.run([ml, "state", snap, "--event", str(h["event"]), "--json", "--top", "1000"],
+                                  check=True, capture_output=True, text=True).stdout)
+    held = sum(l["bytes"] for l in s["live"] if l["site"] == h["site"])
+    if held < h["size"]:
+        bad += 1
+        print(f"FAIL: the hovered allocation ({h['size']:,} B at {h['site']}) is not live at event {h['event']} in memlens state ({held:,} B there)", file=sys.stderr)
+    else:
+        print(f"hovered at event {h['event']:,}: {h['size']:,} B at 0x{h['address']:x} from {h['site']}: live there in memlens state ({held:,} B at that site)")
 sys.exit(1 if bad else 0)
 PY

@@ -139,3 +139,61 @@ fn a_zoomed_stretch_is_exact_event_by_event_and_bounded_when_long() {
         .page()
         .contains(&format!("\"stretch_url\":\"{STRETCH_PATH}\"")));
 }
+
+/// Bytes of the listed allocations live right after event `e`.
+fn shapes_live_after(a: &memlens::report::StretchAllocations, e: i64) -> u64 {
+    a.allocs
+        .iter()
+        .filter(|x| x[0] <= e && (x[1] < 0 || x[1] > e))
+        .map(|x| x[2] as u64)
+        .sum()
+}
+
+#[test]
+fn a_short_stretch_lists_every_allocation_and_they_add_up_to_allocated() {
+    for name in [
+        "gpt2_train.pickle.zst",
+        "varlen@expandable.pickle.zst",
+        "oom.at_oom.pickle.zst",
+    ] {
+        let snap = Snapshot::load(&fixture(name)).expect("fixture");
+        let named = vec![(name.to_string(), &snap)];
+        let set = AnalysedSet::new(&named);
+        let d = diagnose_inputs_in(&set, &named, &DoctorOptions::default());
+        let mut ex = Explorer::new(&set, &named, &d);
+        let n = snap
+            .traces
+            .iter()
+            .map(|t| t.events.len())
+            .max()
+            .unwrap_or(0);
+        let peak = d.peak.peak_event_index.expect("a peak");
+        for from in [0, peak.saturating_sub(300), n / 2, n.saturating_sub(500)] {
+            let s = ex.stretch(from, from + 999).expect("a stretch");
+            let a = s
+                .allocations
+                .as_ref()
+                .unwrap_or_else(|| panic!("{name} {from}: listed"));
+            assert_eq!(s.event.len() as u64, s.source_points, "{name}: every event");
+            for (k, &e) in s.event.iter().enumerate() {
+                assert_eq!(
+                    shapes_live_after(a, e as i64),
+                    s.allocated[k],
+                    "{name}: event {e}"
+                );
+            }
+            for x in &a.allocs {
+                assert!(x[3] <= x[2], "{name}: a request over its block: {x:?}");
+                assert!((x[5] as usize) < a.sites.len());
+                assert!(x[6] < a.stacks.len() as i64);
+            }
+        }
+        // A stretch too long to draw each allocation lists none.
+        let long = ex.stretch(0, n).expect("a stretch");
+        assert_eq!(
+            long.allocations.is_none(),
+            n > memlens::report::SHAPES_MAX_EVENTS,
+            "{name}"
+        );
+    }
+}

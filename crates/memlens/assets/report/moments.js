@@ -178,12 +178,133 @@
         }).catch(function (err) { if (ticket === zoomTicket) ML.detail = { from: from, to: to, error: err.message }; });
       }, 120);
     };
+    /* The stretch's allocations stacked as memory_viz stacks them: in the
+     * order they were made, each dropping when one below it is freed. For
+     * each allocation, [event position, bottom] wherever its bottom moves. */
+    function layoutShapes(S) {
+      var A = S.allocations, m = S.event.length, first = S.event[0];
+      var order = [], pos = 0, bottoms = A.allocs.map(function () { return []; });
+      // Events at which each allocation starts and ends, by position.
+      var starts = {}, ends = {};
+      A.allocs.forEach(function (a, j) {
+        var s = a[0] < 0 ? 0 : a[0] - first, e = a[1] < 0 ? m : a[1] - first;
+        (starts[s] = starts[s] || []).push(j);
+        (ends[e] = ends[e] || []).push(j);
+      });
+      var bad = 0;
+      for (pos = 0; pos < m; pos++) {
+        // Made, then let go (a block from before the stretch freed at its
+        // first event is never live after an event of it).
+        (starts[pos] || []).forEach(function (j) { order.push(j); });
+        var gone = ends[pos];
+        if (gone) { var g = {}; gone.forEach(function (j) { g[j] = 1; }); order = order.filter(function (j) { return !g[j]; }); }
+        var off = 0;
+        for (var k = 0; k < order.length; k++) {
+          var j = order[k], bl = bottoms[j];
+          if (!bl.length || bl[bl.length - 1][1] !== off) bl.push([pos, off]);
+          off += A.allocs[j][2];
+        }
+        if (off !== S.allocated[pos]) bad++;
+      }
+      return { bottoms: bottoms, mismatched: bad, drawn: A.allocs.length };
+    }
+    /* The allocation at position pos whose stacked bytes hold `bytes`. */
+    function shapeUnder(S, L, pos, bytes) {
+      var A = S.allocations, first = S.event[0];
+      for (var j = 0; j < A.allocs.length; j++) {
+        var a = A.allocs[j], s = a[0] < 0 ? 0 : a[0] - first, e = a[1] < 0 ? S.event.length : a[1] - first;
+        if (pos < s || pos >= e) continue;
+        var bl = L.bottoms[j], bottom = 0;
+        for (var k = 0; k < bl.length && bl[k][0] <= pos; k++) bottom = bl[k][1];
+        if (bytes >= bottom && bytes < bottom + a[2]) return j;
+      }
+      return -1;
+    }
+    function bandColor(site) {
+      var ls = ML.timeline.layers || [];
+      var other = '#8c96a0';
+      for (var k = 0; k < ls.length; k++) {
+        if (ls[k].label === site) return ls[k].color;
+        if (ls[k].label === 'other sites') other = ls[k].color;
+      }
+      return other;
+    }
+    function drawShapes(u, S) {
+      var A = S.allocations, L = ML.detail.layout || (ML.detail.layout = layoutShapes(S));
+      var ctx = u.ctx, m = S.event.length, first = S.event[0];
+      // Bytes held after event e are drawn from e to e + 1, as the lines step.
+      var X = function (p) { return u.valToPos(first + Math.min(p, m), 'x', true); };
+      var Y = function (v) { return u.valToPos(v, 'y', true); };
+      var edge = ML.theme === 'dark' ? '#0d1117' : '#ffffff';
+      A.allocs.forEach(function (a, j) {
+        var s = a[0] < 0 ? 0 : a[0] - first, e = a[1] < 0 ? m : a[1] - first, bl = L.bottoms[j];
+        if (!bl.length || e <= s) return;
+        // The outline: the top edge left to right, the bottom right to left, in steps.
+        var top = [], bottom = [];
+        for (var k = 0; k < bl.length; k++) {
+          var p0 = Math.max(s, bl[k][0]), p1 = k + 1 < bl.length ? bl[k + 1][0] : e;
+          top.push([X(p0), Y(bl[k][1] + a[2])], [X(p1), Y(bl[k][1] + a[2])]);
+          bottom.push([X(p0), Y(bl[k][1])], [X(p1), Y(bl[k][1])]);
+        }
+        ctx.beginPath();
+        top.forEach(function (q, k) { if (k) ctx.lineTo(q[0], q[1]); else ctx.moveTo(q[0], q[1]); });
+        for (var r = bottom.length - 1; r >= 0; r--) ctx.lineTo(bottom[r][0], bottom[r][1]);
+        ctx.closePath();
+        ctx.fillStyle = bandColor(A.sites[a[5]]);
+        ctx.globalAlpha = j % 2 ? 0.8 : 1;
+        ctx.fill();
+        ctx.globalAlpha = 1;
+        // An edge only where the shape is tall enough to show it: a thin one
+        // would be all edge.
+        if (Y(0) - Y(a[2]) >= 3 * devicePixelRatio) {
+          ctx.strokeStyle = edge; ctx.lineWidth = 0.5 * devicePixelRatio; ctx.setLineDash([]);
+          ctx.stroke();
+        }
+        // Rounding waste: the block's bytes over the request, hatched light.
+        if (a[2] > a[3]) {
+          ctx.fillStyle = 'rgba(255,255,255,.55)';
+          for (var w = 0; w < bl.length; w++) {
+            var q0 = Math.max(s, bl[w][0]), q1 = w + 1 < bl.length ? bl[w + 1][0] : e;
+            var y0 = Y(bl[w][1] + a[2]), y1 = Y(bl[w][1] + a[3]);
+            if (y1 - y0 >= 1) ctx.fillRect(X(q0), y0, X(q1) - X(q0), y1 - y0);
+          }
+        }
+      });
+      ML.shapes = { drawn: L.drawn, mismatched: L.mismatched };
+    }
+    ML.shapeAt = function (u) {
+      var S = ML.detail && ML.detail.data;
+      if (!S || !S.allocations || u.cursor.left == null || u.cursor.left < 0) return null;
+      var L = ML.detail.layout || (ML.detail.layout = layoutShapes(S));
+      var pos = Math.floor(u.posToVal(u.cursor.left, 'x')) - S.event[0];
+      if (pos < 0 || pos >= S.event.length) return null;
+      var j = shapeUnder(S, L, pos, u.posToVal(u.cursor.top, 'y'));
+      if (j < 0) return null;
+      var a = S.allocations.allocs[j], el = ML.el;
+      var box = el('div', { id: 'shape-panel' });
+      box.appendChild(el('h3', { text: 'event ' + ML.fmtInt(S.event[pos]) + ' · one allocation' }));
+      var t = el('table');
+      function row(k, v) { t.appendChild(el('tr', null, [el('td', { text: k }), el('td', { class: 'num', text: v })])); }
+      row('size', fb(a[2]));
+      if (a[2] > a[3]) row('requested', fb(a[3]) + ' (+' + fb(a[2] - a[3]) + ' rounding)');
+      row('address', '0x' + a[4].toString(16));
+      row('allocated at', a[0] < 0 ? 'before event ' + ML.fmtInt(S.event[0]) : 'event ' + ML.fmtInt(a[0]));
+      row('freed at', a[1] < 0 ? 'after event ' + ML.fmtInt(S.event[S.event.length - 1]) : 'event ' + ML.fmtInt(a[1]));
+      box.appendChild(t);
+      var site = S.allocations.sites[a[5]];
+      box.appendChild(el('h3', { text: ML.siteLabel(site), style: 'margin-top:8px' }));
+      var st = a[6] >= 0 ? S.allocations.stacks[a[6]] : null;
+      if (st && st.length) box.appendChild(ML.stackBlock(st));
+      ML.hovered = { address: a[4], size: a[2], requested: a[3], alloc: a[0], free: a[1], site: site, event: S.event[pos] };
+      return box;
+    };
     ML.drawDetail = function (u) {
       var S = ML.detail && ML.detail.data;
       if (!S || !S.event.length) return;
       var ctx = u.ctx, b = u.bbox;
       ctx.save();
       ctx.beginPath(); ctx.rect(b.left, b.top, b.width, b.height); ctx.clip();
+      if (S.allocations) drawShapes(u, S);
       [[S.allocated, '#e8590c', []], [S.reserved, '#c62828', [6, 4]]].forEach(function (L) {
         if (!L[0] || L[0].length !== S.event.length) return;
         ctx.strokeStyle = L[1]; ctx.lineWidth = 1.5 * devicePixelRatio; ctx.setLineDash(L[2]);
@@ -195,7 +316,7 @@
         }
         ctx.stroke();
       });
-      var label = 'orange: allocated, exact from memlens (' + ML.fmtInt(S.source_points) + ' events' + (S.event.length < S.source_points ? ', lows and highs of ' + ML.fmtInt(S.event.length) + ' runs)' : ', every one)');
+      var label = (S.allocations ? 'each allocation a shape (rounding light), ' : '') + 'orange: allocated, exact from memlens (' + ML.fmtInt(S.source_points) + ' events' + (S.event.length < S.source_points ? ', lows and highs of ' + ML.fmtInt(S.event.length) + ' runs)' : ', every one)');
       ctx.font = Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
       ctx.textAlign = 'left'; ctx.textBaseline = 'alphabetic';
       var tw = ctx.measureText(label).width, lh = 15 * devicePixelRatio, ly = b.top + b.height - lh - 4;

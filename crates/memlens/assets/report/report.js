@@ -483,6 +483,9 @@
     function updatePanel(u) {
       var i = u.cursor.idx;
       if (i == null) return;
+      // Served and zoomed in to single allocations: the one under the cursor.
+      var shape = ML.shapeAt && !isTime ? ML.shapeAt(u) : null;
+      if (shape) { lastIdx = -1; panel.textContent = ''; panel.appendChild(shape); return; }
       var hot = -1;
       if (u.cursor.top != null && u.cursor.top >= 0) {
         var yv = u.posToVal(u.cursor.top, 'y');
@@ -1035,7 +1038,7 @@
     tb.appendChild(body);
   }
 
-  ML.el = el; ML.fmtBytes = fmtBytes; ML.fmtInt = fmtInt; ML.section = section; ML.richText = richText;
+  ML.el = el; ML.fmtBytes = fmtBytes; ML.fmtInt = fmtInt; ML.section = section; ML.richText = richText; ML.stackBlock = stackBlock;
   ML.CATEGORIES = CATEGORIES; ML.CAT_COLOR = CAT_COLOR; ML.showTip = showTip; ML.hideTip = hideTip; ML.tipLine = tipLine;
   renderHeader();
   guard('verdict', renderVerdict);

@@ -23,12 +23,13 @@ use super::build::{
 use super::model::XUnit;
 use super::model::{Category, Flame, SegmentMap};
 use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS};
+use super::shapes::{stretch_allocations, StretchAllocations, SHAPES_MAX_EVENTS};
 use super::timeline::{TimelineBuilder, TimelinePoint};
 use crate::analysis::peak::AnalysedSet;
 use crate::analysis::state::{event_state, EventState};
 use crate::doctor::Diagnosis;
 use crate::http::{Request, Response};
-use crate::replay::{Replay, ReplayOptions, ReplayState};
+use crate::replay::{LiveBlock, Replay, ReplayOptions, ReplayState};
 use crate::snapshot::Snapshot;
 use crate::trace::Analysed;
 use hashbrown::HashMap;
@@ -62,6 +63,10 @@ pub struct ServedStretch {
     pub reserved: Vec<u64>,
     /// Events in the stretch.
     pub source_points: u64,
+    /// Every allocation live in the stretch, when it is short enough to
+    /// draw each ([`super::SHAPES_MAX_EVENTS`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allocations: Option<StretchAllocations>,
 }
 
 /// The answer to [`STATE_PATH`]: the state right after one event.
@@ -163,8 +168,8 @@ impl<'a, 's> Explorer<'a, 's> {
     /// `to` (both included, clamped to the trace), from the totals the one
     /// replay under the recorded settings kept; `None` when the page shows
     /// no trace or `from` is past it.
-    pub fn stretch(&self, from: usize, to: usize) -> Option<ServedStretch> {
-        let shown = self.shown.as_ref()?;
+    pub fn stretch(&mut self, from: usize, to: usize) -> Option<ServedStretch> {
+        let shown = self.shown.as_mut()?;
         let n = shown.snap.traces[shown.trace].events.len();
         if from >= n {
             return None;
@@ -187,11 +192,18 @@ impl<'a, 's> Explorer<'a, 's> {
             });
         }
         let t = b.finish();
+        let allocations = (to - from < SHAPES_MAX_EVENTS)
+            .then(|| {
+                let before = shown.live_before(from);
+                stretch_allocations(shown.an, shown.trace, &pass, &before, (from, to))
+            })
+            .flatten();
         Some(ServedStretch {
             event: t.event,
             allocated: t.allocated,
             reserved: t.reserved,
             source_points: t.source_points,
+            allocations,
         })
     }
 
@@ -237,6 +249,17 @@ fn json(value: &impl Serialize) -> Response {
 }
 
 impl<'s> Shown<'_, 's> {
+    /// The blocks live right before event `index`.
+    fn live_before(&mut self, index: usize) -> Vec<LiveBlock> {
+        match index.checked_sub(1) {
+            Some(prev) => self.replayed_to(prev).live,
+            None => {
+                let device = self.snap.traces[self.trace].device;
+                Replay::new(self.snap, device, &ReplayOptions::default()).live_blocks()
+            }
+        }
+    }
+
     /// The state right after event `index`, from the kept replay when it
     /// has not passed it, else from a new one.
     fn replayed_to(&mut self, index: usize) -> ReplayState {

@@ -36,6 +36,7 @@ mod model;
 mod moments;
 mod ranks;
 mod segments;
+mod shapes;
 mod timeline;
 mod views;
 
@@ -59,6 +60,7 @@ pub use ranks::{job_rank_series, ranks_view_of};
 pub use segments::{
     cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS, MAX_BLOCK_STACK_FRAMES,
 };
+pub use shapes::{StretchAllocations, SHAPES_MAX_ALLOCS, SHAPES_MAX_EVENTS};
 pub use timeline::{downsample_timeline, TimelineBuilder, TimelinePoint, DEFAULT_MAX_POINTS};
 pub use views::{oom_view, overview, OomFixView, OomLive, OomPool, OomView, Overview, OverviewRow};
 
