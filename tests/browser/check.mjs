@@ -328,6 +328,33 @@ async function issue18(page, theme) {
     }
   }
   if (out.otherOpened === 0) fail(`${theme}: "other sites" holds bytes at the peak but opens to no site`);
+  // The timeline filled with the cached segments (memory_viz's segment
+  // timeline): they add up to the reserved line at every point, and the one
+  // under the cursor is named; then back to the sites.
+  out.segmentFill = await page.evaluate(() => {
+    const ML = window.memlens;
+    if (!ML.setTimelineFill) return null;
+    ML.setTimelineFill('segments');
+    return ML.segmentFill;
+  });
+  if (out.segmentFill) {
+    if (out.segmentFill.mismatched) fail(`${theme}: the cached segments do not add up to the reserved line at ${out.segmentFill.mismatched} points`);
+    const r = await page.evaluate(() => {
+      document.getElementById('timeline-chart').scrollIntoView({ block: 'center', behavior: 'instant' });
+      const u = window.memlens.charts.timeline, b = u.over.getBoundingClientRect(), T = window.memlens.data.timeline;
+      // Halfway up the reserved bytes at the middle point.
+      const i = Math.floor(T.reserved.length / 2);
+      return { x: b.left + u.valToPos(window.memlens.timeline.xs()[i], 'x'), y: b.top + u.valToPos(T.reserved[i] / 2, 'y'), reserved: T.reserved[i] };
+    });
+    if (r.reserved > 0) {
+      await page.mouse.move(r.x, r.y, { steps: 3 });
+      await page.waitForTimeout(100);
+      const panel = await page.evaluate(() => (document.getElementById('segment-panel') || {}).textContent || '');
+      if (!panel.includes('one cached segment')) fail(`${theme}: hovering the segments fill named no segment`);
+    }
+    if (process.env.MEMLENS_SEGMENTS_SHOT) await (await page.$('#timeline')).screenshot({ path: `${process.env.MEMLENS_SEGMENTS_SHOT}-${theme}.png` });
+    await page.evaluate(() => window.memlens.setTimelineFill('sites'));
+  }
   // Click the timeline at the peak and at each OOM: the flame graph and the
   // segment map must then show that event.
   out.clicks = [];

@@ -378,3 +378,49 @@ fn finding_stacks_leave_native_frames_out_and_keep_the_operators() {
     let top = &d.peak.live_at_peak[0];
     assert!(top.ops.iter().any(|o| o == "mm"), "{:?}", top.ops);
 }
+
+/// Bytes of the segment pieces reserved right after event `e`.
+fn pieces_after(t: &SegmentTimeline, e: i64) -> u64 {
+    t.pieces
+        .iter()
+        .filter(|p| p[0] <= e && (p[1] < 0 || p[1] > e))
+        .map(|p| p[2] as u64)
+        .sum()
+}
+
+/// memory_viz's cached segment timeline: the pieces reserved after each of
+/// the timeline's points add up to its reserved bytes, on every fixture and
+/// every corpus snapshot with a trace (expandable segments, traces begun
+/// late, private pools, OOMs among them).
+#[test]
+fn the_segment_timeline_adds_up_to_reserved_at_every_point() {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(common::fixtures_dir())
+        .expect("fixtures")
+        .chain(std::fs::read_dir(corpus("")).expect("corpus"))
+        .chain(std::fs::read_dir(corpus("oom")).expect("corpus/oom"))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(".pickle.zst"))
+        .collect();
+    files.sort();
+    let mut checked = 0;
+    for path in files {
+        let snap = load(path.clone());
+        let name = path.display().to_string();
+        let refs = vec![(name.clone(), &snap)];
+        let d = diagnose(&refs, &DoctorOptions::default());
+        let data = from_diagnosis(&refs, &d);
+        let (Some(t), Some(tl)) = (data.segment_timeline.as_ref(), data.timeline.as_ref()) else {
+            continue;
+        };
+        assert_eq!(t.omitted, 0, "{name}");
+        for (k, &e) in tl.event.iter().enumerate() {
+            assert_eq!(
+                pieces_after(t, e as i64),
+                tl.reserved[k],
+                "{name}: event {e}"
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 40, "{checked} snapshots checked");
+}

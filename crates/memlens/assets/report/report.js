@@ -483,8 +483,10 @@
     function updatePanel(u) {
       var i = u.cursor.idx;
       if (i == null) return;
-      // Served and zoomed in to single allocations: the one under the cursor.
-      var shape = ML.shapeAt && !isTime ? ML.shapeAt(u) : null;
+      // Served and zoomed in to single allocations, or filled with the
+      // cached segments: the one under the cursor.
+      var shape = ML.segmentAt && !isTime ? ML.segmentAt(u) : null;
+      if (!shape) shape = ML.shapeAt && !isTime ? ML.shapeAt(u) : null;
       if (shape) { lastIdx = -1; panel.textContent = ''; panel.appendChild(shape); return; }
       var hot = -1;
       if (u.cursor.top != null && u.cursor.top >= 0) {
@@ -548,7 +550,9 @@
         // uPlot lays out after construction; place the cursor once it is ready.
         hooks: { draw: [drawMarks], setCursor: [updatePanel], ready: [function (self) { u = self; showPeak(); }],
           // Served by memlens, a zoom asks for the exact totals of the stretch (moments.js).
-          setScale: [function (self, key) { if (key === 'x' && ML.onZoom) ML.onZoom(self, isTime); }] }
+          setScale: [function (self, key) { if (key === 'x' && ML.onZoom) ML.onZoom(self, isTime); }],
+          // The "cached segments" fill, under the lines (segments.js).
+          drawClear: [function (self) { if (ML.drawSegmentFill && !isTime) ML.drawSegmentFill(self); }] }
       };
       data[0] = xs;
       u = new uPlot(opts, data, chartEl);
@@ -565,7 +569,7 @@
       updatePanel(u);
     }
     build();
-    ML.timeline = { points: n, series: data.length - 1, showPeak: showPeak, xs: function () { return xs; }, events: events, peak: peak, ooms: ooms,
+    ML.timeline = { points: n, series: data.length - 1, bandSeries: layers.length, isTime: function () { return isTime; }, showPeak: showPeak, xs: function () { return xs; }, events: events, peak: peak, ooms: ooms,
       layers: layers.map(function (L) { return { label: L.label, color: L.color, max: Math.max.apply(null, Array.prototype.slice.call(L.raw, 0, 100000)) }; }) };
     $('timeline-reset').addEventListener('click', function () { u.setScale('x', fullRange()); });
     var modeSel = $('timeline-x');

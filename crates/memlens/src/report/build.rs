@@ -128,6 +128,7 @@ pub fn from_diagnosis_with_ranks<'s>(
         .as_ref()
         .map(|st| peak_flame(snap, an, trace, st));
     data.moments = Some(views.moments);
+    data.segment_timeline = Some(views.segment_timeline);
     let (state, when, state_events) = match (views.oom_state, views.peak_state) {
         (Some((i, st, ev)), _) => (Some(st), format!("at the OOM (event {i})"), ev),
         (None, Some(st)) => {
@@ -200,6 +201,7 @@ struct Views<'s> {
     timeline: Timeline,
     peak_state: Option<ReplayState>,
     moments: super::moments::Moments,
+    segment_timeline: super::segment_timeline::SegmentTimeline,
     /// The OOM the diagnosis explains: its event, the state right after it
     /// and the events of its trace (its device's, which may not be the
     /// shown one).
@@ -256,6 +258,7 @@ fn observe_views<'s>(snap: &'s Snapshot, d: &Diagnosis, inp: &ViewInput<'s>) -> 
         timeline: timeline.finish(),
         peak_state,
         moments,
+        segment_timeline: super::segment_timeline::segment_timeline(pass.initial(), inp.events),
         oom_state,
     }
 }

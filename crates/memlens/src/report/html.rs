@@ -14,6 +14,8 @@ const JS: &str = include_str!("../../assets/report/report.js");
 const VIEWS_JS: &str = include_str!("../../assets/report/views.js");
 /// Any moment inspectable: clicks on the timeline (included before report.js).
 const MOMENTS_JS: &str = include_str!("../../assets/report/moments.js");
+/// The timeline filled with the cached segments (included before report.js).
+const SEGMENTS_JS: &str = include_str!("../../assets/report/segments.js");
 const UPLOT_JS: &str = include_str!("../../assets/report/vendor/uPlot.iife.min.js");
 const UPLOT_CSS: &str = include_str!("../../assets/report/vendor/uPlot.min.css");
 
@@ -32,6 +34,7 @@ pub fn render_html(data: &ReportData) -> String {
             + JS.len()
             + VIEWS_JS.len()
             + MOMENTS_JS.len()
+            + SEGMENTS_JS.len()
             + json.len()
             + 4096,
     );
@@ -50,6 +53,7 @@ pub fn render_html(data: &ReportData) -> String {
             "JS" => out.push_str(JS),
             "VIEWS_JS" => out.push_str(VIEWS_JS),
             "MOMENTS_JS" => out.push_str(MOMENTS_JS),
+            "SEGMENTS_JS" => out.push_str(SEGMENTS_JS),
             "DATA" => script_json_into(&json, &mut out),
             // Not a placeholder: keep the text as it is.
             _ => out.push_str(&rest[start..start + len + 2]),
@@ -128,6 +132,7 @@ mod tests {
             ("report.js", JS),
             ("views.js", VIEWS_JS),
             ("moments.js", MOMENTS_JS),
+            ("segments.js", SEGMENTS_JS),
             ("uPlot", UPLOT_JS),
         ] {
             assert!(!text.to_ascii_lowercase().contains("</script"), "{name}");

@@ -35,6 +35,7 @@ mod html;
 mod model;
 mod moments;
 mod ranks;
+mod segment_timeline;
 mod segments;
 mod shapes;
 mod timeline;
@@ -57,6 +58,7 @@ pub use model::{
 };
 pub use moments::{Moments, MAX_KEPT_ALLOCS, MAX_STACK_FRAMES, MOMENT_SEGMENT_MAPS};
 pub use ranks::{job_rank_series, ranks_view_of};
+pub use segment_timeline::{SegmentTimeline, MAX_SEGMENT_PIECES};
 pub use segments::{
     cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS, MAX_BLOCK_STACK_FRAMES,
 };

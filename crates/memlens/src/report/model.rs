@@ -36,6 +36,10 @@ pub struct ReportData {
     /// Any moment of the trace: the largest allocations' lifetimes and saved
     /// segment maps, for the page to draw the event the user clicks.
     pub moments: Option<super::moments::Moments>,
+    /// Every cached segment of the shown trace over time (the timeline's
+    /// "segments" fill).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub segment_timeline: Option<super::segment_timeline::SegmentTimeline>,
     /// The OOM drawn: request against free pieces, live memory, every fix.
     pub oom: Option<super::views::OomView>,
     /// One row per snapshot when several periodic snapshots were given.
