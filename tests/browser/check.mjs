@@ -355,6 +355,52 @@ async function issue18(page, theme) {
     if (process.env.MEMLENS_SEGMENTS_SHOT) await (await page.$('#timeline')).screenshot({ path: `${process.env.MEMLENS_SEGMENTS_SHOT}-${theme}.png` });
     await page.evaluate(() => window.memlens.setTimelineFill('sites'));
   }
+  // A trace whose every allocation the page keeps (min_kept_bytes 0) is
+  // exact offline at any event: a click between points, the arrow keys one
+  // event on, and a zoom to single allocations drawn as shapes, all adding
+  // up to the timeline's allocated bytes where it has a point.
+  out.offline = await page.evaluate(() => {
+    const ML = window.memlens, D = ML.data, M = D.moments;
+    if (!M || M.min_kept_bytes || !M.allocs || !M.allocs.length || D.state_url || !ML.timeline || !ML.timeline.events) return null;
+    return { events: ML.timeline.events.length, last: ML.timeline.events[ML.timeline.events.length - 1] };
+  });
+  if (out.offline) {
+    const r = await page.evaluate(() => {
+      document.getElementById('timeline-chart').scrollIntoView({ block: 'center', behavior: 'instant' });
+      const b = window.memlens.charts.timeline.over.getBoundingClientRect();
+      return { x: b.left + b.width * 0.37, y: b.top + b.height * 0.6 };
+    });
+    await page.mouse.move(r.x, r.y, { steps: 3 });
+    await page.waitForTimeout(50);
+    await page.mouse.click(r.x, r.y);
+    const clicked = await page.evaluate(() => window.memlens.moment);
+    await page.keyboard.press('ArrowRight');
+    const stepped = await page.evaluate(() => window.memlens.moment);
+    if (!clicked || !clicked.exact || !stepped || stepped.event !== clicked.event + 1) fail(`${theme}: offline, a click then → did not step one event: ${JSON.stringify([clicked, stepped])}`);
+    // uPlot applies a scale (and runs its hooks) on its next commit.
+    await page.evaluate((e0) => { window.memlens.charts.timeline.setScale('x', { min: e0, max: e0 + 300 }); }, Math.max(0, stepped.event - 150));
+    await page.waitForTimeout(300);
+    const zoom = await page.evaluate(() => {
+      const ML = window.memlens, T = ML.data.timeline;
+      const d = ML.detail && ML.detail.data;
+      if (!d || !d.allocations) return { none: true };
+      // Where a point of the page falls in the stretch, its allocated bytes.
+      let bad = 0, seen = 0;
+      ML.timeline.events.forEach((e, i) => { const k = e - d.event[0]; if (k >= 0 && k < d.event.length) { seen++; if (d.allocated[k] !== T.allocated[i]) bad++; } });
+      // And where the page steps to an event, the same bytes.
+      const at = d.event[150], k = ML.timeline.events.indexOf(at);
+      const shapes = ML.shapes || null;
+      return { allocs: d.allocations.allocs.length, seen, bad, shapes, k };
+    });
+    await page.evaluate(() => document.getElementById('timeline-reset').click());
+    await page.waitForTimeout(300);
+    if (zoom.none) fail(`${theme}: offline, zoomed to 300 events, no allocations drawn`);
+    else {
+      if (zoom.bad) fail(`${theme}: offline, the zoomed stretch's allocated bytes differ from the timeline's at ${zoom.bad} of ${zoom.seen} points`);
+      if (!zoom.shapes || zoom.shapes.mismatched || zoom.shapes.drawn !== zoom.allocs) fail(`${theme}: offline shapes: ${JSON.stringify(zoom)}`);
+    }
+    out.offline.zoom = zoom;
+  }
   // Click the timeline at the peak and at each OOM: the flame graph and the
   // segment map must then show that event.
   out.clicks = [];

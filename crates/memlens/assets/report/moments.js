@@ -27,8 +27,14 @@
       return out;
     }
     /* A flame graph (the model's form) of the kept blocks live at point idx. */
-    function flameAt(idx, why) {
-      var e = events[idx], live = liveAt(e);
+    function flameAt(idx, why) { return flameAtEvent(events[idx], T.allocated[idx] || 0, why); }
+    /* Every allocation is kept (a small trace): the page alone is exact at
+     * any event, between its points too. */
+    var allKept = !M.min_kept_bytes && allocs.length > 0;
+    /* Bytes of the kept allocations live right after event e. */
+    function keptBytesAt(e) { var b = 0; liveAt(e).forEach(function (a) { b += a[2]; }); return b; }
+    function flameAtEvent(e, allocated, why) {
+      var live = liveAt(e);
       var names = ['all live memory'], nameId = { 'all live memory': 0 };
       var parent = [0], name = [0], value = [0], child = {};
       function nid(s) { if (!(s in nameId)) { nameId[s] = names.length; names.push(s); } return nameId[s]; }
@@ -48,7 +54,7 @@
         var p = 0;
         for (var k = 0; k < path.length; k++) { p = node(p, path[k]); value[p] += size; }
       });
-      var rest = (T.allocated[idx] || 0) - kept;
+      var rest = allocated - kept;
       if (rest > 0) {
         var r = node(0, '…smaller allocations' + (M.min_kept_bytes ? ' (under ' + fb(M.min_kept_bytes) + ', not kept one by one)' : ''));
         value[r] += rest; value[0] += rest;
@@ -137,13 +143,29 @@
       while (lo < hi) { var mid = (lo + hi + 1) >> 1; if (events[mid] <= e) lo = mid; else hi = mid - 1; }
       return lo;
     }
-    if (D.state_url) {
+    /* Offline, with every allocation kept: the state at event e from the
+     * page alone (every live block by its stack; the segment map is the
+     * nearest saved one). */
+    function showEvent(e) {
+      var idx = pointAtOrBefore(e), allocated = keptBytesAt(e);
+      var F = flameAtEvent(e, allocated, '');
+      if (ML.showFlame) ML.showFlame(F);
+      var S = segmentsAt(e);
+      if (S && ML.showSegments) ML.showSegments(S);
+      ML.momentIndex = idx;
+      ML.moment = { index: idx, event: e, flame: F.title, segments: S ? S.when : null, segmentEvent: S ? S.event : null, exact: true, stepped: true, allocated: allocated };
+      ML.charts.timeline.redraw(false);
+      status.textContent = 'Shown below: event ' + ML.fmtInt(e) + ', ' + fb(allocated) + ' allocated after it; every block by its stack (the page keeps every allocation of this trace)' +
+        (S ? '; the segment map ' + S.when : '') + '. ← → step one event (Shift: 100).';
+    }
+    if (D.state_url || allKept) {
       document.addEventListener('keydown', function (ev) {
         if (ev.key !== 'ArrowRight' && ev.key !== 'ArrowLeft') return;
         var t = ev.target && ev.target.tagName;
         if (t === 'INPUT' || t === 'TEXTAREA' || t === 'SELECT' || !ML.moment) return;
         ev.preventDefault();
         var e = Math.max(0, Math.min(lastEvent, ML.moment.event + (ev.key === 'ArrowRight' ? 1 : -1) * (ev.shiftKey ? 100 : 1)));
+        if (!D.state_url) { showEvent(e); return; }
         var idx = pointAtOrBefore(e);
         ML.momentIndex = idx;
         ML.charts.timeline.redraw(false);
@@ -156,14 +178,39 @@
     /* Served: zoomed in, the exact allocated and reserved bytes of the
      * stretch shown, asked of memlens (every event once few enough), drawn
      * over the page's own points, which keep only each run's lows and highs. */
-    var zoomTicket = 0, zoomTimer = null;
+    var zoomTicket = 0, zoomTimer = null, SHAPES_MAX_EVENTS = 4000;
+    /* A stretch from the page alone, as memlens serves one (allocations in
+     * its form: [alloc, free, size, requested, address, site, stack]); the
+     * page does not carry requests, so no rounding is drawn. */
+    function localStretch(from, to) {
+      var m = to - from + 1, delta = new Float64Array(m + 1), list = [], stackIds = {}, stackLabels = [];
+      allocs.forEach(function (a) {
+        var s0 = a[0] < 0 ? -1 : a[0], e0 = a[1] < 0 ? Infinity : a[1];
+        if (e0 <= from || s0 > to) return;
+        var p0 = Math.max(0, s0 - from), p1 = Math.min(m, e0 - from);
+        delta[p0] += a[2]; delta[p1] -= a[2];
+        var st = -1;
+        if (a[4] >= 0 && stacks[a[4]]) {
+          if (!(a[4] in stackIds)) { stackIds[a[4]] = stackLabels.length; stackLabels.push(stacks[a[4]].map(function (f) { return frames[f] || '?'; })); }
+          st = stackIds[a[4]];
+        }
+        list.push([s0 < from ? -1 : s0, e0 > to ? -1 : e0, a[2], a[2], a[3], a[5], st]);
+      });
+      var ev = [], al = [], run = 0;
+      for (var k = 0; k < m; k++) { run += delta[k]; ev.push(from + k); al.push(run); }
+      return { event: ev, allocated: al, source_points: m, local: true, allocations: { allocs: list, sites: sites, stacks: stackLabels } };
+    }
     ML.detail = null;
-    ML.onZoom = !D.stretch_url ? null : function (u, time) {
+    ML.onZoom = !D.stretch_url && !allKept ? null : function (u, time) {
       var min = u.scales.x.min, max = u.scales.x.max;
       clearTimeout(zoomTimer);
       var full = min <= events[0] && max >= lastEvent;
       if (time || full || min == null) { ML.detail = null; return; }
       var from = Math.max(0, Math.floor(min)), to = Math.min(lastEvent, Math.ceil(max));
+      if (!D.stretch_url) {
+        ML.detail = to - from < SHAPES_MAX_EVENTS ? { from: from, to: to, data: localStretch(from, to) } : null;
+        return;
+      }
       // The page's own points already hold every event of the stretch.
       if (pointAtOrBefore(to) - pointAtOrBefore(from) >= to - from) { ML.detail = null; return; }
       var ticket = ++zoomTicket;
@@ -316,7 +363,8 @@
         }
         ctx.stroke();
       });
-      var label = (S.allocations ? 'each allocation a shape (rounding light), ' : '') + 'orange: allocated, exact from memlens (' + ML.fmtInt(S.source_points) + ' events' + (S.event.length < S.source_points ? ', lows and highs of ' + ML.fmtInt(S.event.length) + ' runs)' : ', every one)');
+      var label = S.local ? 'each allocation a shape, orange: allocated (' + ML.fmtInt(S.source_points) + ' events; the page keeps every allocation of this trace)' :
+        (S.allocations ? 'each allocation a shape (rounding light), ' : '') + 'orange: allocated, exact from memlens (' + ML.fmtInt(S.source_points) + ' events' + (S.event.length < S.source_points ? ', lows and highs of ' + ML.fmtInt(S.event.length) + ' runs)' : ', every one)');
       ctx.font = Math.round(11 * devicePixelRatio) + 'px system-ui, sans-serif';
       ctx.textAlign = 'left'; ctx.textBaseline = 'alphabetic';
       var tw = ctx.measureText(label).width, lh = 15 * devicePixelRatio, ly = b.top + b.height - lh - 4;
@@ -368,13 +416,15 @@
         var d = Math.abs(u.valToPos(xs[i], 'x') - left);
         if (d < best) { best = d; idx = i; snapped = true; }
       });
-      // Served and drawn by event: the event under the click, exact.
+      // Served (or every allocation kept) and drawn by event: the event
+      // under the click, exact.
       var at = null;
-      if (D.state_url && !snapped && xs[0] === events[0] && xs[xs.length - 1] === lastEvent) {
-        at = Math.max(0, Math.min(lastEvent, Math.round(u.posToVal(left, 'x'))));
+      if ((D.state_url || allKept) && !snapped && xs[0] === events[0] && xs[xs.length - 1] === lastEvent) {
+        at = Math.max(0, Math.min(lastEvent, Math.floor(u.posToVal(left, 'x'))));
         idx = pointAtOrBefore(at);
       }
-      show(idx, at);
+      if (!D.state_url && at != null) showEvent(at);
+      else show(idx, at);
     }, true);
 
     // A run that ended in an OOM opens on the OOM: that is the moment to explain.
