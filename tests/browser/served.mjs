@@ -102,7 +102,11 @@ try {
     await page.mouse.move(x1, y, { steps: 5 });
     await page.mouse.up();
     await page.waitForTimeout(200);
-    detail = await page.waitForFunction(() => { const d = window.memlens.detail; return d && (d.data || d.error) ? d : null; }, null, { timeout: 30000 }).then((h) => h.jsonValue()).catch(() => null);
+    // The stretch of the range now shown (the last one stays drawn until it comes).
+    detail = await page.waitForFunction(() => {
+      const ML = window.memlens, d = ML.detail, x = ML.charts.timeline.scales.x;
+      return d && (d.data || d.error) && d.from === Math.max(0, Math.floor(x.min)) ? d : null;
+    }, null, { timeout: 30000 }).then((h) => h.jsonValue()).catch(() => null);
     if (!detail) { fail(`zoom ${k + 1}: memlens sent no stretch`); break; }
     if (detail.error) { fail(`zoom ${k + 1}: ${detail.error}`); break; }
     if (detail.data.event.length === detail.data.source_points) break;

@@ -119,6 +119,15 @@ fn a_zoomed_stretch_is_exact_event_by_event_and_bounded_when_long() {
             (want.allocated_bytes, want.reserved_bytes)
         );
     }
+    // Every event up to STRETCH_POINTS of them.
+    let most = ex
+        .stretch(1_000, 1_000 + STRETCH_POINTS - 1)
+        .expect("a stretch");
+    assert_eq!(most.event.len(), STRETCH_POINTS);
+    assert_eq!(
+        most.event.last(),
+        Some(&((1_000 + STRETCH_POINTS - 1) as u64))
+    );
     // The whole trace: bounded, its peak kept exactly.
     let n = snap.traces[0].events.len();
     let all = ex.stretch(0, n + 50).expect("clamped to the trace");

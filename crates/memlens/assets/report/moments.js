@@ -351,7 +351,14 @@
       var ctx = u.ctx, b = u.bbox;
       ctx.save();
       ctx.beginPath(); ctx.rect(b.left, b.top, b.width, b.height); ctx.clip();
-      if (S.allocations) drawShapes(u, S);
+      if (S.allocations) {
+        // The page's own bands join its sparse points by straight lines,
+        // which cross where the exact stretch does not go: the shapes
+        // replace them.
+        ctx.fillStyle = getComputedStyle(document.getElementById('timeline')).backgroundColor || '#fff';
+        ctx.fillRect(b.left, b.top, b.width, b.height);
+        drawShapes(u, S);
+      }
       [[S.allocated, '#e8590c', []], [S.reserved, '#c62828', [6, 4]]].forEach(function (L) {
         if (!L[0] || L[0].length !== S.event.length) return;
         ctx.strokeStyle = L[1]; ctx.lineWidth = 1.5 * devicePixelRatio; ctx.setLineDash(L[2]);

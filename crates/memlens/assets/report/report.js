@@ -444,6 +444,8 @@
     var ooms = (T.ooms || []).filter(function (i) { return i < n; });
 
     function drawMarks(u) {
+      // Served or every allocation kept, zoomed in: the exact stretch, under the marks.
+      if (ML.drawDetail && !isTime) ML.drawDetail(u);
       var ctx = u.ctx;
       ctx.save();
       var top = u.bbox.top, h = u.bbox.height;
@@ -475,7 +477,6 @@
       if (me != null && (mi == null || xs[mi] !== me)) vlineAt(me, '#6f42c1', 'shown below', [1, 3]);
       else if (mi != null && mi < n && mi !== peak && ooms.indexOf(mi) < 0) vline(mi, '#6f42c1', 'shown below', [1, 3]);
       ctx.restore();
-      if (ML.drawDetail && !isTime) ML.drawDetail(u);
     }
 
     var panel = $('timeline-panel');

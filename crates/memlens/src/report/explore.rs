@@ -176,35 +176,28 @@ impl<'a, 's> Explorer<'a, 's> {
         }
         let to = to.clamp(from, n - 1);
         let pass = shown.an.recorded().of(shown.snap, shown.trace);
-        let mut b = TimelineBuilder::new(
-            XUnit::Event,
-            Vec::new(),
-            (to - from + 1) as u64,
-            STRETCH_POINTS,
-        );
-        for (index, (allocated, reserved)) in pass.totals().enumerate().take(to + 1).skip(from) {
-            b.push(TimelinePoint {
-                x: index as i64,
-                event: index as u64,
-                allocated,
-                reserved,
-                ..TimelinePoint::default()
-            });
+        let totals = pass.totals().enumerate().take(to + 1).skip(from);
+        let count = to - from + 1;
+        let mut out = ServedStretch {
+            source_points: count as u64,
+            ..ServedStretch::default()
+        };
+        if count <= STRETCH_POINTS {
+            for (index, (allocated, reserved)) in totals {
+                out.event.push(index as u64);
+                out.allocated.push(allocated);
+                out.reserved.push(reserved);
+            }
+        } else {
+            (out.event, out.allocated, out.reserved) = lows_and_highs(totals, count);
         }
-        let t = b.finish();
-        let allocations = (to - from < SHAPES_MAX_EVENTS)
+        out.allocations = (count <= SHAPES_MAX_EVENTS)
             .then(|| {
                 let before = shown.live_before(from);
                 stretch_allocations(shown.an, shown.trace, &pass, &before, (from, to))
             })
             .flatten();
-        Some(ServedStretch {
-            event: t.event,
-            allocated: t.allocated,
-            reserved: t.reserved,
-            source_points: t.source_points,
-            allocations,
-        })
+        Some(out)
     }
 
     /// The answer to one request: the page at `/`, a state at
@@ -278,4 +271,25 @@ impl<'s> Shown<'_, 's> {
         r.run_to(index);
         r.state_here()
     }
+}
+
+/// The lowest and highest allocated and the highest reserved of each run of
+/// `count` totals, as the page's own timeline keeps them
+/// ([`TimelineBuilder`]): the events, allocated and reserved bytes kept.
+fn lows_and_highs(
+    totals: impl Iterator<Item = (usize, (u64, u64))>,
+    count: usize,
+) -> (Vec<u64>, Vec<u64>, Vec<u64>) {
+    let mut b = TimelineBuilder::new(XUnit::Event, Vec::new(), count as u64, STRETCH_POINTS);
+    for (index, (allocated, reserved)) in totals {
+        b.push(TimelinePoint {
+            x: index as i64,
+            event: index as u64,
+            allocated,
+            reserved,
+            ..TimelinePoint::default()
+        });
+    }
+    let t = b.finish();
+    (t.event, t.allocated, t.reserved)
 }
