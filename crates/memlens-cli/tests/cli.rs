@@ -702,4 +702,15 @@ fn report_serve_answers_the_page_and_states_over_http() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("--serve 256.0.0.1:1: cannot listen"), "{err}");
+
+    let trace = format!(
+        "{}/../../tests/corpus/modules/trace.json.zst",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let out = memlens(&["report", &trace, "--serve", "127.0.0.1:0"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("--serve needs a memory snapshot"), "{err}");
+    assert!(out.stdout.is_empty(), "no address printed");
 }

@@ -82,6 +82,14 @@ fn run_to(args: Args, out_path: PathBuf) -> anyhow::Result<u8> {
 /// `memlens report --serve ADDR`: the report and the state at any event, over
 /// HTTP on `addr`, until the process is stopped.
 fn serve(snapshots: &[PathBuf], addr: &str) -> anyhow::Result<u8> {
+    if let [one] = snapshots {
+        if super::profiler_trace(one)?.is_some() {
+            anyhow::bail!(
+                "{}: a torch.profiler trace has no allocator state to replay: write its report with -o FILE.html; --serve needs a memory snapshot",
+                one.display()
+            );
+        }
+    }
     let server = memlens::http::Server::bind(addr)
         .map_err(|e| anyhow::anyhow!("--serve {addr}: cannot listen: {e}"))?;
     let bound = server
