@@ -229,31 +229,13 @@
      * order they were made, each dropping when one below it is freed. For
      * each allocation, [event position, bottom] wherever its bottom moves. */
     function layoutShapes(S) {
-      var A = S.allocations, m = S.event.length, first = S.event[0];
-      var order = [], pos = 0, bottoms = A.allocs.map(function () { return []; });
-      // Events at which each allocation starts and ends, by position.
-      var starts = {}, ends = {};
-      A.allocs.forEach(function (a, j) {
-        var s = a[0] < 0 ? 0 : a[0] - first, e = a[1] < 0 ? m : a[1] - first;
-        (starts[s] = starts[s] || []).push(j);
-        (ends[e] = ends[e] || []).push(j);
-      });
+      var A = S.allocations, m = S.event.length, first = S.event[0], keys = [];
+      for (var pos = 0; pos < m; pos++) keys.push(pos);
+      // By position in the stretch: from before it, or to after it, at its ends.
+      var L = ML.stackIntervals(A.allocs.map(function (a) { return [a[0] < 0 ? 0 : a[0] - first, a[1] < 0 ? m : a[1] - first, a[2]]; }), keys);
       var bad = 0;
-      for (pos = 0; pos < m; pos++) {
-        // Made, then let go (a block from before the stretch freed at its
-        // first event is never live after an event of it).
-        (starts[pos] || []).forEach(function (j) { order.push(j); });
-        var gone = ends[pos];
-        if (gone) { var g = {}; gone.forEach(function (j) { g[j] = 1; }); order = order.filter(function (j) { return !g[j]; }); }
-        var off = 0;
-        for (var k = 0; k < order.length; k++) {
-          var j = order[k], bl = bottoms[j];
-          if (!bl.length || bl[bl.length - 1][1] !== off) bl.push([pos, off]);
-          off += A.allocs[j][2];
-        }
-        if (off !== S.allocated[pos]) bad++;
-      }
-      return { bottoms: bottoms, mismatched: bad, drawn: A.allocs.length };
+      L.totals.forEach(function (t, p) { if (t !== S.allocated[p]) bad++; });
+      return { bottoms: L.bottoms, mismatched: bad, drawn: A.allocs.length };
     }
     /* The allocation at position pos whose stacked bytes hold `bytes`. */
     function shapeUnder(S, L, pos, bytes) {
@@ -261,8 +243,7 @@
       for (var j = 0; j < A.allocs.length; j++) {
         var a = A.allocs[j], s = a[0] < 0 ? 0 : a[0] - first, e = a[1] < 0 ? S.event.length : a[1] - first;
         if (pos < s || pos >= e) continue;
-        var bl = L.bottoms[j], bottom = 0;
-        for (var k = 0; k < bl.length && bl[k][0] <= pos; k++) bottom = bl[k][1];
+        var bottom = ML.bottomAt(L.bottoms[j], pos);
         if (bytes >= bottom && bytes < bottom + a[2]) return j;
       }
       return -1;
@@ -285,18 +266,7 @@
       var edge = ML.theme === 'dark' ? '#0d1117' : '#ffffff';
       A.allocs.forEach(function (a, j) {
         var s = a[0] < 0 ? 0 : a[0] - first, e = a[1] < 0 ? m : a[1] - first, bl = L.bottoms[j];
-        if (!bl.length || e <= s) return;
-        // The outline: the top edge left to right, the bottom right to left, in steps.
-        var top = [], bottom = [];
-        for (var k = 0; k < bl.length; k++) {
-          var p0 = Math.max(s, bl[k][0]), p1 = k + 1 < bl.length ? bl[k + 1][0] : e;
-          top.push([X(p0), Y(bl[k][1] + a[2])], [X(p1), Y(bl[k][1] + a[2])]);
-          bottom.push([X(p0), Y(bl[k][1])], [X(p1), Y(bl[k][1])]);
-        }
-        ctx.beginPath();
-        top.forEach(function (q, k) { if (k) ctx.lineTo(q[0], q[1]); else ctx.moveTo(q[0], q[1]); });
-        for (var r = bottom.length - 1; r >= 0; r--) ctx.lineTo(bottom[r][0], bottom[r][1]);
-        ctx.closePath();
+        if (!bl.length || e <= s || !ML.traceStacked(ctx, X, Y, bl, s, e, a[2])) return;
         ctx.fillStyle = bandColor(A.sites[a[5]]);
         ctx.globalAlpha = j % 2 ? 0.8 : 1;
         ctx.fill();

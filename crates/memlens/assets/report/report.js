@@ -65,6 +65,59 @@
     if (kids) kids.forEach(function (c) { if (c != null) e.appendChild(typeof c === 'string' ? document.createTextNode(c) : c); });
     return e;
   }
+  /* Intervals stacked as memory_viz stacks allocations and segments: in the
+   * order they start (ties in list order), each dropping when one below it
+   * ends. items[j] = [start, end, bytes] (start -Infinity: before the first
+   * key; end Infinity: never); keys: the ascending points to lay them out
+   * at, every start and end among them. Gives each interval's bottoms where
+   * they move ([key, bytes below it]) and the stacked bytes at each key. */
+  function stackIntervals(items, keys) {
+    var starts = {}, ends = {};
+    items.forEach(function (it, j) {
+      (starts[it[0]] = starts[it[0]] || []).push(j);
+      (ends[it[1]] = ends[it[1]] || []).push(j);
+    });
+    var order = [], bottoms = items.map(function () { return []; }), totals = [];
+    keys.forEach(function (k) {
+      // Made, then let go (one made and let go at the same key is never drawn).
+      (starts[k] || []).forEach(function (j) { order.push(j); });
+      var gone = ends[k];
+      if (gone) { var g = {}; gone.forEach(function (j) { g[j] = 1; }); order = order.filter(function (j) { return !g[j]; }); }
+      var off = 0;
+      order.forEach(function (j) {
+        var b = bottoms[j];
+        if (!b.length || b[b.length - 1][1] !== off) b.push([k, off]);
+        off += items[j][2];
+      });
+      totals.push(off);
+    });
+    return { bottoms: bottoms, totals: totals };
+  }
+  /* The bytes below an interval at `key`, from its bottoms. */
+  function bottomAt(bottoms, key) {
+    var v = 0;
+    for (var k = 0; k < bottoms.length && bottoms[k][0] <= key; k++) v = bottoms[k][1];
+    return v;
+  }
+  /* Begins a canvas path around a stacked interval of `bytes` held from
+   * `start` to `end`, in steps: its top edge left to right, its bottom right
+   * to left (X, Y: key and bytes to canvas pixels). False when nothing of it
+   * shows. */
+  function traceStacked(ctx, X, Y, bottoms, start, end, bytes) {
+    var top = [], bot = [];
+    for (var k = 0; k < bottoms.length; k++) {
+      var x0 = Math.max(start, bottoms[k][0]), x1 = k + 1 < bottoms.length ? bottoms[k + 1][0] : end;
+      if (x1 <= x0) continue;
+      top.push([X(x0), Y(bottoms[k][1] + bytes)], [X(x1), Y(bottoms[k][1] + bytes)]);
+      bot.push([X(x0), Y(bottoms[k][1])], [X(x1), Y(bottoms[k][1])]);
+    }
+    if (!top.length) return false;
+    ctx.beginPath();
+    top.forEach(function (q, k) { if (k) ctx.lineTo(q[0], q[1]); else ctx.moveTo(q[0], q[1]); });
+    for (var r = bot.length - 1; r >= 0; r--) ctx.lineTo(bot[r][0], bot[r][1]);
+    ctx.closePath();
+    return true;
+  }
   function fmtBytes(b) {
     if (b == null || isNaN(b)) return '–';
     var neg = b < 0, v = Math.abs(b);
@@ -1044,6 +1097,7 @@
   }
 
   ML.el = el; ML.fmtBytes = fmtBytes; ML.fmtInt = fmtInt; ML.section = section; ML.richText = richText; ML.stackBlock = stackBlock;
+  ML.stackIntervals = stackIntervals; ML.bottomAt = bottomAt; ML.traceStacked = traceStacked;
   ML.CATEGORIES = CATEGORIES; ML.CAT_COLOR = CAT_COLOR; ML.showTip = showTip; ML.hideTip = hideTip; ML.tipLine = tipLine;
   renderHeader();
   guard('verdict', renderVerdict);

@@ -19,37 +19,18 @@
 
     /* Bottoms of each piece where they move: [event, bytes below it]. */
     var layout = (function () {
+      // Laid out at every event a piece is made or released at.
+      var items = pieces.map(function (p) { return [p[0] < 0 ? -Infinity : p[0], p[1] < 0 ? Infinity : p[1], p[2]]; });
       var at = {};
-      pieces.forEach(function (p, j) {
-        var s = p[0] < 0 ? -Infinity : p[0];
-        (at[s] = at[s] || { made: [], gone: [] }).made.push(j);
-        if (p[1] >= 0) (at[p[1]] = at[p[1]] || { made: [], gone: [] }).gone.push(j);
-      });
-      var keys = Object.keys(at).map(Number).sort(function (a, b) { return a - b; });
-      var order = [], bottoms = pieces.map(function () { return []; });
-      keys.forEach(function (k) {
-        at[k].made.forEach(function (j) { order.push(j); });
-        if (at[k].gone.length) { var g = {}; at[k].gone.forEach(function (j) { g[j] = 1; }); order = order.filter(function (j) { return !g[j]; }); }
-        var off = 0;
-        order.forEach(function (j) {
-          var b = bottoms[j];
-          if (!b.length || b[b.length - 1][1] !== off) b.push([k, off]);
-          off += pieces[j][2];
-        });
-      });
-      return bottoms;
+      items.forEach(function (it) { at[it[0]] = it[0]; if (it[1] !== Infinity) at[it[1]] = it[1]; });
+      var keys = Object.keys(at).map(function (k) { return at[k]; }).sort(function (a, b) { return a - b; });
+      return ML.stackIntervals(items, keys).bottoms;
     })();
     /* Bytes of the pieces reserved right after event e. */
     function reservedAfter(e) {
       var sum = 0;
       for (var j = 0; j < pieces.length; j++) { var p = pieces[j]; if (p[0] <= e && (p[1] < 0 || p[1] > e)) sum += p[2]; }
       return sum;
-    }
-    /* The bottom of piece j right after event e. */
-    function bottomAt(j, e) {
-      var b = layout[j], v = 0;
-      for (var k = 0; k < b.length && b[k][0] <= e; k++) v = b[k][1];
-      return v;
     }
     function spanOf(p) { return [p[0] < 0 ? first : p[0], p[1] < 0 ? last + 1 : p[1]]; }
 
@@ -61,19 +42,7 @@
       ctx.beginPath(); ctx.rect(bb.left, bb.top, bb.width, bb.height); ctx.clip();
       pieces.forEach(function (p, j) {
         var sp = spanOf(p), b = layout[j];
-        if (sp[1] <= sp[0] || !b.length) return;
-        var top = [], bot = [];
-        for (var k = 0; k < b.length; k++) {
-          var e0 = Math.max(sp[0], b[k][0]), e1 = k + 1 < b.length ? b[k + 1][0] : sp[1];
-          if (e1 <= e0) continue;
-          top.push([X(e0), Y(b[k][1] + p[2])], [X(e1), Y(b[k][1] + p[2])]);
-          bot.push([X(e0), Y(b[k][1])], [X(e1), Y(b[k][1])]);
-        }
-        if (!top.length) return;
-        ctx.beginPath();
-        top.forEach(function (q, k) { if (k) ctx.lineTo(q[0], q[1]); else ctx.moveTo(q[0], q[1]); });
-        for (var r = bot.length - 1; r >= 0; r--) ctx.lineTo(bot[r][0], bot[r][1]);
-        ctx.closePath();
+        if (sp[1] <= sp[0] || !b.length || !ML.traceStacked(ctx, X, Y, b, sp[0], sp[1], p[2])) return;
         ctx.fillStyle = PALETTE[j % PALETTE.length];
         ctx.fill();
         if (Y(0) - Y(p[2]) >= 3 * devicePixelRatio) { ctx.strokeStyle = edge; ctx.lineWidth = devicePixelRatio; ctx.stroke(); }
@@ -86,7 +55,7 @@
       for (var j = 0; j < pieces.length; j++) {
         var p = pieces[j], sp = spanOf(p);
         if (e < sp[0] || e >= sp[1]) continue;
-        var b0 = bottomAt(j, e);
+        var b0 = ML.bottomAt(layout[j], e);
         if (bytes < b0 || bytes >= b0 + p[2]) continue;
         var el = ML.el, box = el('div', { id: 'segment-panel' });
         box.appendChild(el('h3', { text: 'event ' + ML.fmtInt(Math.max(first, e)) + ' · one cached segment' }));

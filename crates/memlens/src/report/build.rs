@@ -92,8 +92,8 @@ pub fn from_diagnosis_with_ranks<'s>(
         }
     };
     let index = &an.sites;
-    let site_category = site_categories(d);
-    let category_of = |site: &str| site_category.get(site).map_or(Category::Other, |e| e.1);
+    let site_category = SiteCategories::of_peak(d);
+    let category_of = |site: &str| site_category.of(site);
 
     let device = d.peak.device;
     let trace = shown_trace(snap, device);
@@ -172,19 +172,28 @@ pub(super) fn shown_trace(snap: &Snapshot, device: u32) -> Option<usize> {
 }
 
 /// The category of each site, from what was live at the peak (the largest
-/// group of the site wins; blocks of other sites are "other"), with that
-/// group's bytes.
-pub(super) fn site_categories(d: &Diagnosis) -> HashMap<String, (u64, Category)> {
-    let mut site_category: HashMap<String, (u64, Category)> = HashMap::default();
-    for l in &d.peak.live_at_peak {
-        let e = site_category
-            .entry(l.site.clone())
-            .or_insert((0, l.category));
-        if l.bytes > e.0 {
-            *e = (l.bytes, l.category);
+/// group of the site wins); blocks of other sites are "other".
+pub(super) struct SiteCategories(HashMap<String, (u64, Category)>);
+
+impl SiteCategories {
+    /// The categories of the sites live at `d`'s peak.
+    pub(super) fn of_peak(d: &Diagnosis) -> SiteCategories {
+        let mut site_category: HashMap<String, (u64, Category)> = HashMap::default();
+        for l in &d.peak.live_at_peak {
+            let e = site_category
+                .entry(l.site.clone())
+                .or_insert((0, l.category));
+            if l.bytes > e.0 {
+                *e = (l.bytes, l.category);
+            }
         }
+        SiteCategories(site_category)
     }
-    site_category
+
+    /// The category of `site`.
+    pub(super) fn of(&self, site: &str) -> Category {
+        self.0.get(site).map_or(Category::Other, |e| e.1)
+    }
 }
 
 /// What the report draws from the trace of the shown device.

@@ -18,10 +18,10 @@
 //! for an earlier one.
 
 use super::build::{
-    from_diagnosis_in, segments_of_state, shown_snapshot, shown_trace, site_categories, state_flame,
+    from_diagnosis_in, segments_of_state, shown_snapshot, shown_trace, state_flame, SiteCategories,
 };
 use super::model::XUnit;
-use super::model::{Category, Flame, SegmentMap};
+use super::model::{Flame, SegmentMap};
 use super::segments::{cap_segments, DEFAULT_MAX_BLOCKS_PER_SEGMENT, DEFAULT_MAX_SEGMENTS};
 use super::shapes::{stretch_allocations, StretchAllocations, SHAPES_MAX_EVENTS};
 use super::timeline::{TimelineBuilder, TimelinePoint};
@@ -29,10 +29,10 @@ use crate::analysis::peak::AnalysedSet;
 use crate::analysis::state::{event_state, EventState};
 use crate::doctor::Diagnosis;
 use crate::http::{Request, Response};
+use crate::replay::during_read::PeakPass;
 use crate::replay::{LiveBlock, Replay, ReplayOptions, ReplayState};
 use crate::snapshot::Snapshot;
 use crate::trace::Analysed;
-use hashbrown::HashMap;
 use serde::Serialize;
 
 /// Where the served page asks for the state at an event (`?event=N`).
@@ -91,7 +91,7 @@ struct Shown<'a, 's> {
     snap: &'s Snapshot,
     an: &'a Analysed<'s>,
     trace: usize,
-    categories: HashMap<String, (u64, Category)>,
+    categories: SiteCategories,
     /// The replay the last state came from, kept to go on forward.
     replay: Option<Replay<'s>>,
 }
@@ -111,7 +111,7 @@ impl<'a, 's> Explorer<'a, 's> {
                 snap,
                 an,
                 trace,
-                categories: site_categories(d),
+                categories: SiteCategories::of_peak(d),
                 replay: None,
             })
         });
@@ -140,7 +140,7 @@ impl<'a, 's> Explorer<'a, 's> {
         let st = shown.replayed_to(index);
         let state = event_state(shown.an, shown.trace, &st, SERVED_TOP_SITES)?;
         let categories = &shown.categories;
-        let category_of = |site: &str| categories.get(site).map_or(Category::Other, |e| e.1);
+        let category_of = |site: &str| categories.of(site);
         let when = format!(
             "at event {} (replayed by memlens)",
             crate::units::group_digits(st.index as u64)
@@ -193,7 +193,7 @@ impl<'a, 's> Explorer<'a, 's> {
         }
         out.allocations = (count <= SHAPES_MAX_EVENTS)
             .then(|| {
-                let before = shown.live_before(from);
+                let before = shown.live_before(from, &pass);
                 stretch_allocations(shown.an, shown.trace, &pass, &before, (from, to))
             })
             .flatten();
@@ -242,14 +242,12 @@ fn json(value: &impl Serialize) -> Response {
 }
 
 impl<'s> Shown<'_, 's> {
-    /// The blocks live right before event `index`.
-    fn live_before(&mut self, index: usize) -> Vec<LiveBlock> {
+    /// The blocks live right before event `index` (before the first: those
+    /// the trace's one replay began with).
+    fn live_before(&mut self, index: usize, pass: &PeakPass) -> Vec<LiveBlock> {
         match index.checked_sub(1) {
             Some(prev) => self.replayed_to(prev).live,
-            None => {
-                let device = self.snap.traces[self.trace].device;
-                Replay::new(self.snap, device, &ReplayOptions::default()).live_blocks()
-            }
+            None => pass.watched.start_live.clone(),
         }
     }
 
