@@ -298,9 +298,12 @@ class Snapshot:
         (in the order taken) (``memlens leaks``)."""
         return self._run("leaks", *later)
 
-    def oom(self, message: Optional[str] = None) -> Result:
-        """Why an allocation failed and what would fix it (``memlens oom``)."""
-        return self._run("oom", message=message)
+    def oom(self, message: Optional[str] = None, optimizer: Optional[str] = None) -> Result:
+        """Why an allocation failed and what would fix it (``memlens oom``).
+        ``optimizer`` ("adamw", "adam", "sgd-momentum", "sgd"): the run's, whose
+        state a run that failed in its first step had not made yet (Adam(W)'s
+        is assumed without it)."""
+        return self._run("oom", message=message, optimizer=optimizer)
 
     def simulate(
         self,

@@ -103,6 +103,10 @@ CASES = [
              "message": Path(corpus("oom/frag_cap.message.txt")).read_text()},
      ["oom", corpus("oom/frag_cap.pickle.zst"), "--message-file", corpus("oom/frag_cap.message.txt"),
       "--top", "1000"]),
+    ("oom", {"snapshot": corpus("oom/first_step/resnet_amp.b28.pickle.zst"), "batch": 28,
+             "optimizer": "sgd-momentum"},
+     ["oom", corpus("oom/first_step/resnet_amp.b28.pickle.zst"), "--batch", "28",
+      "--optimizer", "sgd-momentum", "--top", "1000"]),
     ("fit", {"probes": [corpus("fit/gpt.b2.pickle.zst"), corpus("fit/gpt.b4.pickle.zst")],
              "recorded_batch": [2, 4], "batch": 16, "memory_limit": "2GiB"},
      ["fit", corpus("fit/gpt.b2.pickle.zst"), corpus("fit/gpt.b4.pickle.zst"),
@@ -210,6 +214,7 @@ def test_bad_questions_are_tool_errors_and_the_server_goes_on(tmp_path):
             "no_oom": await error(s, "oom", snapshot=fixture("resnet.pickle.zst")),
             "event": await error(s, "state", snapshot=fixture("resnet.pickle.zst"), event=10**9),
             "by": await error(s, "peak", snapshot=fixture("resnet.pickle.zst"), by="file"),
+            "optimizer": await error(s, "oom", snapshot=fixture("oom.at_oom.pickle.zst"), optimizer="lion"),
         }
         after = await ask(s, "summary", snapshot=fixture("resnet.pickle.zst"))
         return msgs, after
@@ -225,6 +230,7 @@ def test_bad_questions_are_tool_errors_and_the_server_goes_on(tmp_path):
     assert "no OOM" in msgs["no_oom"]
     assert "past the trace" in msgs["event"]
     assert "neither site nor module" in msgs["by"]
+    assert "unknown" in msgs["optimizer"] and "sgd-momentum" in msgs["optimizer"]
     for m in msgs.values():
         assert "\n" not in m.strip() and "Traceback" not in m and "panicked" not in m, m
     assert after["reserved_bytes"] > 0

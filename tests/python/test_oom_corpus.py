@@ -48,3 +48,20 @@ def test_two_ooms_one_choice(memlens_exe):
     assert doctor["diagnosis"]["oom"]["cause"] == oom["cause"]
     finding = next(f for f in doctor["findings"] if f["kind"] == "oom")
     assert finding["bytes"] == 1 << 30
+
+
+def test_the_runs_optimizer_reaches_the_model_as_on_the_command_line(memlens_exe):
+    """``snap.oom(optimizer=...)`` is ``memlens oom --optimizer``: resnet_amp at 28
+    failed in its first step, before its SGD with momentum made any state."""
+    import pytest
+
+    path = OOM / "first_step" / "resnet_amp.b28.pickle.zst"
+    snap = memlens.load(path)
+    for name, key in [(None, "adamw"), ("sgd-momentum", "sgd_momentum"), ("sgd", "sgd")]:
+        model = snap.oom(optimizer=name).to_dict()["step_model"]
+        args = ["oom", str(path), "--json"] + (["--optimizer", name] if name else [])
+        assert model == json.loads(cli(memlens_exe, *args))["step_model"]
+        assert model["first_step_optimizer"] == key
+        assert model["optimizer_given"] is (name is not None)
+    with pytest.raises(memlens.MemlensError, match="unknown optimizer"):
+        snap.oom(optimizer="lion")

@@ -35,4 +35,8 @@ fn bad_input_exits_2() {
         run(&["oom", "--message", MESSAGE, "--message-file", "x"]),
         2
     );
+    // The run's optimizer applies to a snapshot's model only; a name it
+    // does not know is refused.
+    assert_eq!(run(&["oom", "--message", MESSAGE, "--optimizer", "sgd"]), 2);
+    assert_eq!(run(&["oom", "snapshot.pickle", "--optimizer", "lion"]), 2);
 }

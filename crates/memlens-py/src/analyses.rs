@@ -90,6 +90,15 @@ pub static ANALYSES: &[Analysis] = &[
             if let Some(m) = o.string("message")? {
                 opts.message = Some(memlens::oom::message::find(&m)?);
             }
+            if let Some(name) = o.string("optimizer")? {
+                let known = memlens::oom::FirstStepOptimizer::parse(&name);
+                opts.optimizer = Some(known.ok_or_else(|| {
+                    Error::usage(format!(
+                        "unknown optimizer {name:?}: one of {}",
+                        memlens::oom::FirstStepOptimizer::NAMES.join(", ")
+                    ))
+                })?);
+            }
             // No OOM in the trace: the CLI's error (exit 2), here a MemlensError.
             doc(&render::documents::oom_doc(snap, s[0].name, &opts)?)
         },

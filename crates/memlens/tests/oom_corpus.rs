@@ -224,11 +224,12 @@ fn fits_only_with_margin_and_never_from_a_step_cut_at_the_failure() {
     let fits: Vec<_> = rep.fixes.iter().filter(|f| f.fits == Some(true)).collect();
     assert!(!fits.is_empty());
     let snap = load("gpt_warm");
+    let margin = rep.step_model.as_ref().expect("a step model").fit_margin();
     for f in &fits {
-        // The margin: 5% more of the batch still fits under the same limits.
+        // The margin: a little more of the batch still fits under the same limits.
         let spec = f.what_if.as_ref().expect("a what-if");
         let more = WhatIfSpec {
-            batch_fraction: spec.batch_fraction * 1.05,
+            batch_fraction: spec.batch_fraction * (1.0 + margin),
             ..spec.clone()
         };
         let sim = simulate_what_if_exact(&snap, &rep, &more).expect("simulates");
@@ -351,7 +352,7 @@ fn the_what_if_program_is_typed_operations() {
     let snap = load("gpt_warm");
     let rep = analyze("gpt_warm", true, 16);
     let an = memlens::trace::Analysed::new(&snap);
-    let w = WhatIf::new(&an, 0, rep.event_index).expect("a model");
+    let w = WhatIf::new(&an, 0, rep.event_index, None).expect("a model");
     let base = rep
         .fixes
         .iter()

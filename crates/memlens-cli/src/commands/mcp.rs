@@ -105,6 +105,10 @@ struct OomAsk {
     device_memory: Option<String>,
     /// The failing step's batch size.
     batch: Option<u64>,
+    /// The run's optimizer (`adamw`, `adam`, `sgd-momentum`, `sgd`), whose
+    /// state a run that failed in its first step had not made yet (Adam(W)'s
+    /// is assumed without it).
+    optimizer: Option<String>,
     /// The `OutOfMemoryError` text of the same failure (a traceback or log
     /// is fine): it tells the device's total and the memory cap.
     message: Option<String>,
@@ -243,11 +247,26 @@ impl Server {
         description = "Why an allocation failed (memlens oom): the cause, the state before the failure, and fixes checked by replaying the trace. Pages through live_at_oom."
     )]
     async fn oom(&self, Parameters(p): Parameters<OomAsk>) -> CallToolResult {
-        let q = device_memory(p.device_memory.as_deref()).map(|device_memory| Question::Oom {
-            snapshot: p.snapshot,
-            device_memory,
-            batch: p.batch,
-            message: p.message,
+        let optimizer = p
+            .optimizer
+            .as_deref()
+            .map(|name| {
+                memlens::oom::FirstStepOptimizer::parse(name).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "optimizer: unknown {name:?}: one of {}",
+                        memlens::oom::FirstStepOptimizer::NAMES.join(", ")
+                    )
+                })
+            })
+            .transpose();
+        let q = device_memory(p.device_memory.as_deref()).and_then(|device_memory| {
+            Ok(Question::Oom {
+                snapshot: p.snapshot,
+                device_memory,
+                batch: p.batch,
+                optimizer: optimizer?,
+                message: p.message,
+            })
         });
         self.ask(q, &p.page).await
     }

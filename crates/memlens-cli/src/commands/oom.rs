@@ -36,12 +36,26 @@ pub struct Args {
     /// The failing step's batch size, to say which batch fits.
     #[arg(long, value_name = "N")]
     pub batch: Option<u64>,
+    /// The run's optimizer (adamw, adam, sgd-momentum, sgd): a run that failed
+    /// in its first step had not made its state yet, which every later step
+    /// holds; without it Adam(W)'s is assumed (and said).
+    #[arg(long, value_name = "NAME", value_parser = parse_optimizer)]
+    pub optimizer: Option<memlens::oom::FirstStepOptimizer>,
     /// Allocation sites to list as live at the OOM.
     #[arg(long, default_value_t = 10)]
     pub top: usize,
     /// Print JSON (`"schema": "memlens/1"`).
     #[arg(long)]
     pub json: bool,
+}
+
+fn parse_optimizer(s: &str) -> Result<memlens::oom::FirstStepOptimizer, String> {
+    memlens::oom::FirstStepOptimizer::parse(s).ok_or_else(|| {
+        format!(
+            "unknown optimizer {s:?}: one of {}",
+            memlens::oom::FirstStepOptimizer::NAMES.join(", ")
+        )
+    })
 }
 
 fn parse_device_memory(s: &str) -> Result<u64, String> {
@@ -53,9 +67,10 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
     if let Some(p) = args.snap.as_ref().filter(|p| p.as_os_str() != "-") {
         return run_snapshot(p, &args);
     }
-    if args.device_memory.is_some() || args.batch.is_some() {
+    if args.device_memory.is_some() || args.batch.is_some() || args.optimizer.is_some() {
         anyhow::bail!(
-            "--device-memory and --batch apply to a snapshot: memlens oom SNAP [--message TEXT]"
+            "--device-memory, --batch and --optimizer apply to a snapshot: memlens oom SNAP \
+             [--message TEXT]"
         );
     }
     let (text, origin) = match message_text(&args)? {
@@ -90,6 +105,7 @@ fn run_snapshot(path: &Path, args: &Args) -> anyhow::Result<u8> {
         top: args.top,
         // oom_doc reads what memlens.record wrote beside the snapshot.
         recorded: Vec::new(),
+        optimizer: args.optimizer,
     };
     let report = oom_doc(&snap, &path.display().to_string(), &opts)?;
     output::print(&report, args.json, render::oom::text)?;

@@ -44,4 +44,4 @@ pub use snapshot::{
     analyze_snapshot, simulate_what_if, simulate_what_if_exact, OomOptions, OomReport,
 };
 pub use triage::{diagnose, explain_message, MessageDiagnosis};
-pub use whatif::WhatIfSpec;
+pub use whatif::{FirstStepOptimizer, WhatIfSpec};

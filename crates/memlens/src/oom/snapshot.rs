@@ -45,6 +45,9 @@ pub struct OomOptions {
     /// ([`crate::device_file`]): the total and the cap the run had, where
     /// neither the message nor an option gives them.
     pub recorded: Vec<crate::device_file::RecordedDevice>,
+    /// The run's optimizer (`--optimizer`), whose state a first step's model
+    /// counts; `None`: Adam(W)'s, assumed and said.
+    pub optimizer: Option<super::whatif::FirstStepOptimizer>,
 }
 
 impl Default for OomOptions {
@@ -55,6 +58,7 @@ impl Default for OomOptions {
             batch: None,
             top: 10,
             recorded: Vec::new(),
+            optimizer: None,
         }
     }
 }
@@ -546,7 +550,13 @@ struct Predicting<'a, 'an> {
 fn predict_fixes(p: &Predicting<'_, '_>) -> (Option<WhatIf>, fixes::Outcome, Option<BatchModel>) {
     let (an, st, facts) = (p.an, p.st, p.facts);
     let snap = an.snap;
-    let whatif = WhatIf::with_empty_cache_at(an, p.trace, p.oom_index, &st.empty_cache_at);
+    let whatif = WhatIf::with_empty_cache_at(
+        an,
+        p.trace,
+        p.oom_index,
+        &st.empty_cache_at,
+        p.opts.optimizer,
+    );
     let leftovers = fixes::leftovers(snap, p.classifier, &st.live, whatif.as_ref());
     let ctx = fixes::Context {
         cause: p.cause,
@@ -1129,8 +1139,8 @@ fn explain(
 /// Replays the what-if run `spec` (a fix's `what_if`) of the OOM `report`
 /// describes: the recorded run up to the failing step, then the modelled
 /// step, through the allocator simulator. `num_ooms` is the verdict the fix
-/// was given: it counts a failed margin check too (the step with 5% more of
-/// its batch, [`super::fixes::FIT_MARGIN`]); [`simulate_what_if_exact`]
+/// was given: it counts a failed margin check too (the step with a little
+/// more of its batch, [`super::whatif::StepModel::fit_margin`]); [`simulate_what_if_exact`]
 /// replays `spec` alone.
 pub fn simulate_what_if(
     snap: &Snapshot,
@@ -1155,12 +1165,19 @@ fn what_if_of(snap: &Snapshot, report: &OomReport) -> crate::Result<WhatIf> {
         .iter()
         .position(|t| t.device == report.device)
         .ok_or_else(|| crate::Error::usage(format!("no trace for device {}", report.device)))?;
-    let w = WhatIf::new(&Analysed::new(snap), trace, report.event_index).ok_or_else(|| {
-        crate::Error::usage(format!(
-            "event {} of device {} is not an OOM this snapshot can model",
-            report.event_index, report.device
-        ))
-    })?;
+    // The optimizer the report's model counted, given or assumed.
+    let optimizer = report
+        .step_model
+        .as_ref()
+        .and_then(|m| m.first_step_optimizer);
+    let w = WhatIf::new(&Analysed::new(snap), trace, report.event_index, optimizer).ok_or_else(
+        || {
+            crate::Error::usage(format!(
+                "event {} of device {} is not an OOM this snapshot can model",
+                report.event_index, report.device
+            ))
+        },
+    )?;
     Ok(w)
 }
 

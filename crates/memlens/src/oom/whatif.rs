@@ -59,6 +59,58 @@ pub enum TemplateKind {
     FailingStepCompleted,
 }
 
+/// The optimizer whose state a first step's model counts: a run that fails
+/// in its first step fails before `optimizer.step()` made any, so the
+/// snapshot cannot show it (`oom --optimizer`; Adam(W) when not given, the
+/// most common, which errs toward a smaller batch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FirstStepOptimizer {
+    /// Adam or AdamW: two tensors the size of each parameter.
+    #[default]
+    #[serde(rename = "adamw")]
+    AdamW,
+    /// SGD with momentum: one (its momentum buffer).
+    SgdMomentum,
+    /// Plain SGD (no momentum): none.
+    Sgd,
+}
+
+impl FirstStepOptimizer {
+    /// Every name `--optimizer` takes, as the user writes it.
+    pub const NAMES: &'static [&'static str] = &["adamw", "adam", "sgd-momentum", "sgd"];
+
+    /// The optimizer named `name` (one of [`Self::NAMES`], any case).
+    pub fn parse(name: &str) -> Option<FirstStepOptimizer> {
+        match name.to_ascii_lowercase().as_str() {
+            "adamw" | "adam" => Some(FirstStepOptimizer::AdamW),
+            "sgd-momentum" | "sgd_momentum" => Some(FirstStepOptimizer::SgdMomentum),
+            "sgd" => Some(FirstStepOptimizer::Sgd),
+            _ => None,
+        }
+    }
+
+    /// The state tensors it holds per parameter, each the parameter's size.
+    pub fn tensors_per_parameter(self) -> usize {
+        match self {
+            FirstStepOptimizer::AdamW => 2,
+            FirstStepOptimizer::SgdMomentum => 1,
+            FirstStepOptimizer::Sgd => 0,
+        }
+    }
+
+    /// Its state in words ("Adam(W)'s, two tensors the size of each parameter").
+    pub fn state_words(self) -> &'static str {
+        match self {
+            FirstStepOptimizer::AdamW => "Adam(W)'s, two tensors the size of each parameter",
+            FirstStepOptimizer::SgdMomentum => {
+                "SGD with momentum's, one tensor the size of each parameter"
+            }
+            FirstStepOptimizer::Sgd => "plain SGD's, none",
+        }
+    }
+}
+
 /// Where the slopes (bytes per unit of batch) come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -101,6 +153,11 @@ pub struct StepModel {
     /// size of each parameter) and every later step holds. 0 when the run
     /// already held optimizer state, or held no parameters.
     pub optimizer_state_added_bytes: u64,
+    /// The optimizer whose state that is, for a first step whose run held
+    /// none yet (`None` otherwise), and whether the user named it.
+    pub first_step_optimizer: Option<FirstStepOptimizer>,
+    /// Whether `first_step_optimizer` was given (`oom --optimizer`), not assumed.
+    pub optimizer_given: bool,
     /// How a step that failed in its forward was completed (its backward
     /// modelled), when it was.
     pub completion: Option<StepCompletion>,
@@ -115,6 +172,21 @@ impl StepModel {
             TemplateKind::FailingStepOnly => true,
             TemplateKind::FailingStepCompleted => {
                 !self.completion.as_ref().is_some_and(|c| c.forward_whole)
+            }
+        }
+    }
+}
+
+impl StepModel {
+    /// The margin of this model's "fits" verdicts (the step must still fit
+    /// with this much more of its batch): [`super::fixes::FIT_MARGIN_WHOLE_STEP`]
+    /// for a step that ran whole before the failing one, else
+    /// [`super::fixes::FIT_MARGIN`].
+    pub fn fit_margin(&self) -> f64 {
+        match self.template {
+            TemplateKind::PreviousStep => super::fixes::FIT_MARGIN_WHOLE_STEP,
+            TemplateKind::FailingStepOnly | TemplateKind::FailingStepCompleted => {
+                super::fixes::FIT_MARGIN
             }
         }
     }
@@ -208,7 +280,14 @@ pub struct WhatIf {
 impl WhatIf {
     /// Builds the model of the step in which the `oom` event `oom_index` of
     /// trace `trace` happened.
-    pub fn new(an: &Analysed, trace: usize, oom_index: usize) -> Option<WhatIf> {
+    /// `optimizer`: the one a first step's model counts the state of (Adam(W)
+    /// when `None`).
+    pub fn new(
+        an: &Analysed,
+        trace: usize,
+        oom_index: usize,
+        optimizer: Option<FirstStepOptimizer>,
+    ) -> Option<WhatIf> {
         an.snap.traces.get(trace)?;
         // Where the program called empty_cache(), judged on the trace's one
         // replay under its recorded settings.
@@ -220,7 +299,7 @@ impl WhatIf {
             .iter()
             .copied()
             .collect();
-        WhatIf::with_empty_cache_at(an, trace, oom_index, &empty_cache_at)
+        WhatIf::with_empty_cache_at(an, trace, oom_index, &empty_cache_at, optimizer)
     }
 
     /// [`WhatIf::new`] given the events at which the program called
@@ -231,6 +310,7 @@ impl WhatIf {
         trace: usize,
         oom_index: usize,
         empty_cache_at: &HashSet<usize>,
+        optimizer: Option<FirstStepOptimizer>,
     ) -> Option<WhatIf> {
         let snap = an.snap;
         let t = snap.traces.get(trace)?;
@@ -262,11 +342,11 @@ impl WhatIf {
                 complete_forward_failure(&mut built, &live, &rec, &classifier, (oom_index, &oom))
             })
             .flatten();
-        let state = if f == 0 {
-            next_steps_optimizer_state(&live)
-        } else {
-            Vec::new()
-        };
+        let first_step_optimizer =
+            (f == 0 && !live.optimizer_state).then(|| optimizer.unwrap_or_default());
+        let state = first_step_optimizer
+            .map(|o| next_steps_optimizer_state(&live, o))
+            .unwrap_or_default();
         let optimizer_state_added_bytes = state.iter().map(|m| m.base as u64).sum();
         match completion.as_mut() {
             // A whole first step: run it, then the next with the state.
@@ -326,6 +406,8 @@ impl WhatIf {
                 scaling_allocations: scaling,
                 agreement: built.agreement,
                 optimizer_state_added_bytes,
+                first_step_optimizer,
+                optimizer_given: first_step_optimizer.is_some() && optimizer.is_some(),
                 completion,
             },
             step: built.ops,
@@ -429,19 +511,22 @@ fn live_parameters(
 }
 
 /// When the failing step is the run's first (parameters live, no optimizer
-/// state yet), the state the optimizer makes at its first step and every
-/// later step holds through its forward and backward: Adam(W)'s two tensors
-/// the size of each parameter, the most common optimizer's (a first step's
-/// failure cannot show which optimizer the run uses; SGD with momentum holds
-/// one, plain SGD none, so this errs toward a smaller batch). Empty otherwise.
-fn next_steps_optimizer_state(live: &LiveParameters) -> Vec<ModelOp> {
+/// state yet), the state `optimizer` makes at its first step and every later
+/// step holds through its forward and backward: its tensors the size of each
+/// parameter (a first step's failure cannot show which optimizer the run
+/// uses: [`FirstStepOptimizer`]). Empty otherwise.
+fn next_steps_optimizer_state(
+    live: &LiveParameters,
+    optimizer: FirstStepOptimizer,
+) -> Vec<ModelOp> {
     if live.optimizer_state {
         return Vec::new();
     }
+    let per_parameter = optimizer.tensors_per_parameter();
     let mut id = ADDED_STATE_IDS;
-    let mut out = Vec::with_capacity(live.params.len() * 2);
+    let mut out = Vec::with_capacity(live.params.len() * per_parameter);
     for &(size, stream) in &live.params {
-        for _ in 0..2 {
+        for _ in 0..per_parameter {
             id += 1;
             out.push(ModelOp {
                 op: Op::Alloc {

@@ -61,6 +61,8 @@ pub enum Question {
         device_memory: Option<u64>,
         /// The failing step's batch size.
         batch: Option<u64>,
+        /// The run's optimizer, as `--optimizer`.
+        optimizer: Option<crate::oom::FirstStepOptimizer>,
         /// The `OutOfMemoryError` text of the same failure (the device's
         /// total and the cap), as `--message`.
         message: Option<String>,
@@ -381,6 +383,7 @@ fn document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Value> {
             Question::Oom {
                 device_memory,
                 batch,
+                optimizer,
                 message,
                 ..
             },
@@ -398,6 +401,7 @@ fn document(q: &Question, named: &[(String, Arc<Analysed>)]) -> Result<Value> {
                 batch: *batch,
                 top: usize::MAX,
                 recorded: Vec::new(),
+                optimizer: *optimizer,
             };
             to_doc(&documents::oom_doc_analysed(an, name, &opts)?)
         }),
