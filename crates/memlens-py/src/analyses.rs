@@ -91,13 +91,7 @@ pub static ANALYSES: &[Analysis] = &[
                 opts.message = Some(memlens::oom::message::find(&m)?);
             }
             if let Some(name) = o.string("optimizer")? {
-                let known = memlens::oom::FirstStepOptimizer::parse(&name);
-                opts.optimizer = Some(known.ok_or_else(|| {
-                    Error::usage(format!(
-                        "unknown optimizer {name:?}: one of {}",
-                        memlens::oom::FirstStepOptimizer::NAMES.join(", ")
-                    ))
-                })?);
+                opts.optimizer = Some(memlens::oom::FirstStepOptimizer::named(&name)?);
             }
             // No OOM in the trace: the CLI's error (exit 2), here a MemlensError.
             doc(&render::documents::oom_doc(snap, s[0].name, &opts)?)

@@ -251,12 +251,8 @@ impl Server {
             .optimizer
             .as_deref()
             .map(|name| {
-                memlens::oom::FirstStepOptimizer::parse(name).ok_or_else(|| {
-                    anyhow::anyhow!(
-                        "optimizer: unknown {name:?}: one of {}",
-                        memlens::oom::FirstStepOptimizer::NAMES.join(", ")
-                    )
-                })
+                memlens::oom::FirstStepOptimizer::named(name)
+                    .map_err(|e| anyhow::anyhow!("optimizer: {e}"))
             })
             .transpose();
         let q = device_memory(p.device_memory.as_deref()).and_then(|device_memory| {

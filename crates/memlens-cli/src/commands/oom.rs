@@ -50,12 +50,7 @@ pub struct Args {
 }
 
 fn parse_optimizer(s: &str) -> Result<memlens::oom::FirstStepOptimizer, String> {
-    memlens::oom::FirstStepOptimizer::parse(s).ok_or_else(|| {
-        format!(
-            "unknown optimizer {s:?}: one of {}",
-            memlens::oom::FirstStepOptimizer::NAMES.join(", ")
-        )
-    })
+    memlens::oom::FirstStepOptimizer::named(s).map_err(|e| e.to_string())
 }
 
 fn parse_device_memory(s: &str) -> Result<u64, String> {

@@ -90,6 +90,17 @@ impl FirstStepOptimizer {
         }
     }
 
+    /// [`Self::parse`], or the usage error every surface gives for a name
+    /// it does not know (exit 2 on the command line).
+    pub fn named(name: &str) -> crate::Result<FirstStepOptimizer> {
+        Self::parse(name).ok_or_else(|| {
+            crate::Error::usage(format!(
+                "unknown optimizer {name:?}: one of {}",
+                Self::NAMES.join(", ")
+            ))
+        })
+    }
+
     /// The state tensors it holds per parameter, each the parameter's size.
     pub fn tensors_per_parameter(self) -> usize {
         match self {
@@ -175,9 +186,7 @@ impl StepModel {
             }
         }
     }
-}
 
-impl StepModel {
     /// The margin of this model's "fits" verdicts (the step must still fit
     /// with this much more of its batch): [`super::fixes::FIT_MARGIN_WHOLE_STEP`]
     /// for a step that ran whole before the failing one, else
