@@ -167,6 +167,23 @@ pub fn backward_node(function: &str) -> Option<&str> {
     (!machinery).then_some(name)
 }
 
+/// True when a native frame is `log_softmax`'s forward kernel (the
+/// log-probabilities `cross_entropy` computes and saves for its backward),
+/// not its backward (`_log_softmax_backward_data`).
+pub fn is_log_softmax_forward(function: &str) -> bool {
+    function.contains("log_softmax") && !function.contains("backward")
+}
+
+/// True when a native frame is NLL loss's backward (`NllLossBackward0`,
+/// `NllLoss2DBackward0` or its kernel `nll_loss_backward`/`nll_loss2d_backward`):
+/// the first node of `cross_entropy`'s backward, whose gradient
+/// `LogSoftmaxBackward0` takes next.
+pub fn is_nll_loss_backward(function: &str) -> bool {
+    backward_node(function).is_some_and(|n| n.starts_with("NllLoss"))
+        || function.contains("nll_loss_backward")
+        || function.contains("nll_loss2d_backward")
+}
+
 /// True when a frame is the autograd engine running backward: the Python
 /// entry points (`Tensor.backward`, `torch.autograd.backward/grad`) or the
 /// engine's C++ frames (`torch::autograd::Engine::...`, `evaluate_function`).
@@ -302,6 +319,25 @@ mod tests {
             classify("<eval_with_key>.3", "forward"),
             FrameKind::Compiled
         );
+    }
+
+    #[test]
+    fn cross_entropys_backward_and_log_softmax_are_told_from_native_frames() {
+        assert!(is_nll_loss_backward(
+            "at::(anonymous namespace)::structured_nll_loss_backward_out_cuda_functional::set_output_raw_strided(long)"
+        ));
+        assert!(is_nll_loss_backward(
+            "torch::autograd::generated::NllLossBackward0::apply(std::vector<at::Tensor>&&)"
+        ));
+        assert!(!is_nll_loss_backward(
+            "torch::autograd::generated::LogSoftmaxBackward0::apply(std::vector<at::Tensor>&&)"
+        ));
+        assert!(is_log_softmax_forward(
+            "at::(anonymous namespace)::structured_log_softmax_cuda_out_functional::set_output_raw_strided(long)"
+        ));
+        assert!(!is_log_softmax_forward(
+            "at::_ops::_log_softmax_backward_data::call(at::Tensor const&)"
+        ));
     }
 
     #[test]

@@ -41,6 +41,9 @@ use serde::Serialize;
 pub(super) const STEP_IDS: u64 = 1 << 62;
 /// The name of the failed request's tensor in a step modelled up to the failure.
 const FAILED_REQUEST_ID: u64 = STEP_IDS | (1 << 58);
+/// The gradient `LogSoftmaxBackward0` makes after a failure in NLL loss's
+/// backward ([`next_of_cross_entropy_backward`]).
+const CROSS_ENTROPY_NEXT_ID: u64 = FAILED_REQUEST_ID + 1;
 /// Optimizer state the model adds is named from here up.
 const ADDED_STATE_IDS: u64 = STEP_IDS | (1 << 57);
 
@@ -1138,6 +1141,57 @@ fn complete_forward_failure(
     ))
 }
 
+/// A failure in NLL loss's backward, the first node of `cross_entropy`'s
+/// backward, has a known next node: `LogSoftmaxBackward0` makes the
+/// gradient of the log-probabilities' input, the same size, while the failed
+/// gradient and the saved log-probabilities are still live, then lets the
+/// failed one go. Only when the step holds those log-probabilities (a live
+/// `log_softmax` output of the failed request's size; native frames tell
+/// both). On the 20 real first-step OOMs, hf_gpt2 at 24 failed there and its
+/// model said a batch one over the truth; bert at 32 failed there too.
+fn next_of_cross_entropy_backward(
+    rec: &Recorded,
+    classifier: &BlockClassifier,
+    (start, oom_index): (usize, usize),
+    oom: &TraceEvent,
+    failed: &ModelOp,
+) -> Vec<ModelOp> {
+    if !rec.snap.is_nll_loss_backward_stack(oom.stack) {
+        return Vec::new();
+    }
+    let log_softmax = rec.snap.log_softmax_stacks();
+    let saved = (start..oom_index.min(rec.events.len())).any(|i| {
+        let e = &rec.events[i];
+        e.action == Action::Alloc
+            && e.size == oom.size
+            && log_softmax.contains(e.stack)
+            && classifier.free_of(i).is_none_or(|x| x >= oom_index)
+    });
+    let Op::Alloc {
+        size, stream, tag, ..
+    } = failed.op
+    else {
+        return Vec::new();
+    };
+    if !saved {
+        return Vec::new();
+    }
+    vec![
+        ModelOp {
+            op: Op::Alloc {
+                id: CROSS_ENTROPY_NEXT_ID,
+                size,
+                stream,
+                tag,
+            },
+            ..*failed
+        },
+        ModelOp::fixed(Op::Free {
+            id: FAILED_REQUEST_ID,
+        }),
+    ]
+}
+
 /// The model from the failing step alone: its recorded operations up to the
 /// failure and the failed request, scaled by category.
 fn failing_step_only(
@@ -1188,7 +1242,7 @@ fn failing_step_only(
         },
         op => op,
     };
-    out.push(ModelOp {
+    let failed = ModelOp {
         op: failed,
         base: oom.size as f64,
         slope: if scales(&oom, oom_index) {
@@ -1196,7 +1250,10 @@ fn failing_step_only(
         } else {
             0.0
         },
-    });
+    };
+    let next = next_of_cross_entropy_backward(rec, classifier, (start, oom_index), &oom, &failed);
+    out.push(failed);
+    out.extend(next);
     Built {
         prefix_slopes: HashMap::new(),
         kind: TemplateKind::FailingStepOnly,

@@ -566,6 +566,19 @@ impl Snapshot {
         self.stacks_with_frame(crate::frames::is_loss)
     }
 
+    /// Stacks that compute `log_softmax`'s forward ([`crate::frames::is_log_softmax_forward`];
+    /// native frames only, as `stacks="all"` records them).
+    pub fn log_softmax_stacks(&self) -> StackSet {
+        self.stacks_with_frame(|_, function| crate::frames::is_log_softmax_forward(function))
+    }
+
+    /// Whether stack `id` is NLL loss's backward ([`crate::frames::is_nll_loss_backward`]).
+    pub fn is_nll_loss_backward_stack(&self, id: StackId) -> bool {
+        self.stack(id)
+            .iter()
+            .any(|&f| crate::frames::is_nll_loss_backward(self.str(self.frame(f).name)))
+    }
+
     /// Stacks with a frame that `rule` (file name, function) picks; each
     /// frame is judged once, and a snapshot with no such frame pays no pass
     /// over its stacks.
