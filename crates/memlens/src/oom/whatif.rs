@@ -1230,7 +1230,8 @@ fn failing_step_only(
         })
         .collect();
     // The failed request, classified by the phase it was made in; it stays
-    // live (the step needed it until its end, as far as anyone knows).
+    // live (the step needed it until its end, as far as anyone knows), but
+    // for NLL loss's backward, whose next node is known.
     let failed = match rec.alloc(&oom) {
         Op::Alloc {
             size, stream, tag, ..
