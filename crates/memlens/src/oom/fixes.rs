@@ -572,11 +572,10 @@ fn model_notes(w: &WhatIf, ctx: &Context) -> Vec<String> {
             bytes => format_bytes(bytes),
         };
         let how = if w.model.optimizer_given {
-            "as given by --optimizer".to_string()
+            "as given by --optimizer"
         } else {
             "assumed: SGD with momentum holds half of it, plain SGD none, which would leave room \
              for a larger batch (--optimizer sgd-momentum or sgd says which)"
-                .to_string()
         };
         warnings.push(format!(
             "the run failed in its first step, before the optimizer made its state: every figure \

@@ -1165,10 +1165,12 @@ fn what_if_of(snap: &Snapshot, report: &OomReport) -> crate::Result<WhatIf> {
         .iter()
         .position(|t| t.device == report.device)
         .ok_or_else(|| crate::Error::usage(format!("no trace for device {}", report.device)))?;
-    // The optimizer the report's model counted, given or assumed.
+    // The optimizer the user gave the report's model (none: assumed again,
+    // so the model rebuilt here is the report's, `optimizer_given` too).
     let optimizer = report
         .step_model
         .as_ref()
+        .filter(|m| m.optimizer_given)
         .and_then(|m| m.first_step_optimizer);
     let w = WhatIf::new(&Analysed::new(snap), trace, report.event_index, optimizer).ok_or_else(
         || {

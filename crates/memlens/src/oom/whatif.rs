@@ -498,9 +498,7 @@ fn live_parameters(
     let in_trace = trace.events[..oom_index.min(trace.events.len())]
         .iter()
         .enumerate()
-        .filter(|&(i, e)| {
-            e.action == Action::Alloc && classifier.free_of(i).is_none_or(|x| x >= oom_index)
-        })
+        .filter(|&(i, e)| e.action == Action::Alloc && classifier.live_at(i, oom_index))
         .map(|(i, e)| (Some(i as u32), e.stack, e.size, e.stream, e.addr));
     let mut live = LiveParameters {
         params: Vec::new(),
@@ -744,7 +742,7 @@ fn align_with_previous_step(
     let allocs_f = made_every_step(events, start_f..oom_index, classifier);
     let whole_p = steps.range(p);
     let allocs_whole_p = made_every_step(events, whole_p.clone(), classifier);
-    let persists = |j: usize| classifier.free_of(j).is_none_or(|x| x >= start_f);
+    let persists = |j: usize| classifier.live_at(j, start_f);
     // cuDNN's workspaces come from other C++ frames in the first step
     // (`try_configs` searches the plans the next steps take from its cache).
     let same = |i: usize, j: usize| {
@@ -1156,6 +1154,12 @@ fn next_of_cross_entropy_backward(
     oom: &TraceEvent,
     failed: &ModelOp,
 ) -> Vec<ModelOp> {
+    let Op::Alloc {
+        size, stream, tag, ..
+    } = failed.op
+    else {
+        return Vec::new();
+    };
     if !rec.snap.is_nll_loss_backward_stack(oom.stack) {
         return Vec::new();
     }
@@ -1165,14 +1169,8 @@ fn next_of_cross_entropy_backward(
         e.action == Action::Alloc
             && e.size == oom.size
             && log_softmax.contains(e.stack)
-            && classifier.free_of(i).is_none_or(|x| x >= oom_index)
+            && classifier.live_at(i, oom_index)
     });
-    let Op::Alloc {
-        size, stream, tag, ..
-    } = failed.op
-    else {
-        return Vec::new();
-    };
     if !saved {
         return Vec::new();
     }

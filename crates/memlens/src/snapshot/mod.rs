@@ -548,9 +548,14 @@ impl Snapshot {
     /// its frames is the function that does
     /// ([`crate::frames::is_cudnn_workspace`]).
     pub fn is_cudnn_workspace_stack(&self, id: StackId) -> bool {
+        self.stack_has_function(id, crate::frames::is_cudnn_workspace)
+    }
+
+    /// Whether a frame of stack `id` names a function `rule` picks.
+    fn stack_has_function(&self, id: StackId, rule: impl Fn(&str) -> bool) -> bool {
         self.stack(id)
             .iter()
-            .any(|&f| crate::frames::is_cudnn_workspace(self.str(self.frame(f).name)))
+            .any(|&f| rule(self.str(self.frame(f).name)))
     }
 
     /// Every stack that allocates a cuDNN convolution's workspace
@@ -566,17 +571,15 @@ impl Snapshot {
         self.stacks_with_frame(crate::frames::is_loss)
     }
 
-    /// Stacks that compute `log_softmax`'s forward ([`crate::frames::is_log_softmax_forward`];
-    /// native frames only, as `stacks="all"` records them).
+    /// Stacks that compute `log_softmax`'s forward ([`crate::frames::is_log_softmax_forward`]:
+    /// its native kernel, as `stacks="all"` records it, or `F.log_softmax`'s Python frame).
     pub fn log_softmax_stacks(&self) -> StackSet {
         self.stacks_with_frame(|_, function| crate::frames::is_log_softmax_forward(function))
     }
 
     /// Whether stack `id` is NLL loss's backward ([`crate::frames::is_nll_loss_backward`]).
     pub fn is_nll_loss_backward_stack(&self, id: StackId) -> bool {
-        self.stack(id)
-            .iter()
-            .any(|&f| crate::frames::is_nll_loss_backward(self.str(self.frame(f).name)))
+        self.stack_has_function(id, crate::frames::is_nll_loss_backward)
     }
 
     /// Stacks with a frame that `rule` (file name, function) picks; each

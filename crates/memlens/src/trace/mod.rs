@@ -411,6 +411,12 @@ impl<'a> BlockClassifier<'a> {
             .filter(|&f| f != u32::MAX as usize && f < self.until)
     }
 
+    /// Whether the block made by `alloc_index` is still live at event `at`
+    /// (not freed before it).
+    pub fn live_at(&self, alloc_index: usize, at: usize) -> bool {
+        self.free_of(alloc_index).is_none_or(|f| f >= at)
+    }
+
     /// The category and birth phase of the block made by the `alloc` event
     /// `alloc_index` (`None`: a block from before the trace, known by `stack`).
     pub fn classify(&self, alloc_index: Option<u32>, stack: StackId) -> (Category, Phase) {
