@@ -11,13 +11,15 @@ taken. A dispatch mode over it sees every tensor an operator returns; a new
 storage on a CUDA device is an allocation (rounded up to 512 bytes, as the
 caching allocator does), and a weak reference on it tells when it dies (a
 storage's Python object lives exactly as long as the storage). What no
-operator returns is not seen: a kernel's own scratch memory (cuDNN's and
-attention's workspaces) and memory outside PyTorch. Two kinds of scratch are
-added as PyTorch makes them: cuBLAS's workspace, which PyTorch allocates
-through its allocator once per thread and stream and keeps, at the first
-matrix product on each thread (``workspace_bytes``); and the staging buffer
-of a ``sum`` or ``mean`` split across thread blocks (a bias's gradient),
-allocated and freed around its kernel (``_reduce_scratch``).
+operator returns is not seen: a kernel's own scratch memory and memory
+outside PyTorch. Three kinds of scratch are added as PyTorch makes them:
+cuBLAS's workspace, which PyTorch allocates through its allocator once per
+thread and stream and keeps, at the first matrix product on each thread
+(``workspace_bytes``); the staging buffer of a ``sum`` or ``mean`` split
+across thread blocks (a bias's gradient), allocated and freed around its
+kernel (``_reduce_scratch``); and cuDNN's convolution workspaces, measured
+by running each convolution once per layout on the visible GPU
+(``_kernel_scratch``). Not added: the fused attention kernels' workspaces.
 
 A value the program reads back from the GPU (``.item()``, ``bool(t)``) has no
 data here: a test is taken as False, a number as 1, each counted in the
@@ -36,6 +38,7 @@ import weakref
 from typing import Any, Callable, Dict, List, Optional
 
 from ._fake_ddp import one_rank
+from ._kernel_scratch import CUDNN_WORKSPACE_FRAME, MEASURED_OPS, KernelScratch
 from ._reduce_scratch import reduction_scratch
 from ._snapshot_file import STEP_MARKER, write_snapshot
 
@@ -142,7 +145,8 @@ def _python_frames() -> List[Dict[str, Any]]:
     return out
 
 
-def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int, gpu: "tuple[int, int]") -> Any:
+def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int, gpu: "tuple[int, int]",
+                 kernel_scratch: Optional[KernelScratch]) -> Any:
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_leaves
 
@@ -172,6 +176,9 @@ def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int, gpu: "tuple[
                 workspace(("cublas", threading.get_ident()), workspace_bytes, frames)
                 if op in _CUBLASLT_OPS:
                     workspace("cublaslt", CUBLASLT_WORKSPACE, frames)
+            pattern = None
+            if kernel_scratch is not None and op in MEASURED_OPS:
+                pattern = kernel_scratch.pattern(func, args, kwargs or {})
             try:
                 out = func(*args, **(kwargs or {}))
             except RuntimeError:
@@ -179,15 +186,40 @@ def _tracer_mode(torch: Any, events: _Events, workspace_bytes: int, gpu: "tuple[
                     raise
                 out = grouped_mm_in_fp32(args, kwargs or {})
             frames = None
+            if pattern is not None:
+                frames = _op_frames(func)
+                measured_call(pattern, out, frames)
             for t in tree_leaves(out):
                 if isinstance(t, torch.Tensor) and t.device.type == "cuda":
                     if frames is None:
                         frames = _op_frames(func)
                     note_storage(t, frames)
             reduced = reductions.get(func)
-            if reduced is not None:
+            # A measured call's own reductions (a convolution's bias) are in
+            # its pattern already.
+            if reduced is not None and pattern is None:
                 scratch(func, *reduced(args, kwargs or {}))
             return out
+
+    def measured_call(pattern: List[Any], out: Any, frames: List[Dict[str, Any]]) -> None:
+        """The call as the GPU made it (``_kernel_scratch.call_pattern``):
+        each output the real call allocated is the fake output of its size
+        (in order), each scratch block allocated and freed where it was."""
+        pending = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor) and t.device.type == "cuda"]
+        # cuDNN's workspace, named as a recording's C++ frames name it.
+        workspace_frames = [{"filename": "??", "line": 0, "name": CUDNN_WORKSPACE_FRAME}] + frames
+        keys: Dict[int, int] = {}
+        for step in pattern:
+            if step[0] == "output":
+                for i, t in enumerate(pending):
+                    if _rounded(t.untyped_storage().nbytes()) == step[1]:
+                        note_storage(pending.pop(i), frames)
+                        break
+            elif step[0] == "alloc":
+                keys[step[1]] = next(scratch_keys)
+                events.alloc(keys[step[1]], step[2], workspace_frames if step[3] else frames)
+            else:
+                events.free(keys.pop(step[1]))
 
     def scratch(func: Any, t: Any, dims: Any) -> None:
         """The staging buffer and semaphores the reduction kernel asks of
@@ -340,6 +372,7 @@ def trace_step(
     precision: Optional[str] = None,
     workspace_bytes: Optional[int] = None,
     world_size: Optional[int] = None,
+    measure_scratch: bool = True,
 ) -> Trace:
     """Runs ``build()`` and then ``step(built)`` ``steps`` times under fake
     tensors, and returns the :class:`Trace` of every CUDA allocation they
@@ -354,8 +387,12 @@ def trace_step(
     ``build``): PyTorch's fake process group is started as rank 0 when none
     is running, and DDP's gradient buckets are traced (``_fake_ddp``: what
     stands in for the communication, and a comm hook of the step's not run).
-    A GPU must be visible to PyTorch (none of its memory is
-    used): with none, PyTorch's autograd engine fails in the backward pass
+    ``measure_scratch``: run each convolution once per layout on the GPU to
+    measure cuDNN's workspaces (``_kernel_scratch``; one convolution's
+    inputs, outputs and workspace on the GPU at a time); False leaves them
+    out, and the trace under-counts by them.
+    A GPU must be visible to PyTorch (nothing of the step is allocated on
+    it): with none, PyTorch's autograd engine fails in the backward pass
     and autocast turns itself off (``RuntimeError`` saying so)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -364,8 +401,10 @@ def trace_step(
         raise RuntimeError(NO_GPU)
     events = _Events()
     workspace = default_workspace_bytes(torch) if workspace_bytes is None else workspace_bytes
+    kernel_scratch = KernelScratch(torch) if measure_scratch else None
     with _plain_module_moves(torch), one_rank(world_size) as ranks:
-        trace = _traced(torch, FakeTensorMode, events, workspace, gpu_shape(torch), build, step, steps, precision)
+        trace = _traced(torch, FakeTensorMode, events, workspace, gpu_shape(torch), kernel_scratch, build, step,
+                        steps, precision)
     trace.snapshot[TRACE_KEY].update(world_size=world_size or 1, ddp_bucket_bytes=ranks.bucket_bytes,
                                      comm_hooks_ignored=len(ranks.hooks_not_run))
     return trace
@@ -421,10 +460,11 @@ def _plain_module_moves(torch: Any) -> Any:
         torch.nn.Module._apply = original
 
 
-def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, gpu: "tuple[int, int]", build: Any,
-            step: Any, steps: int, precision: Optional[str]) -> Trace:
+def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, gpu: "tuple[int, int]",
+            kernel_scratch: Optional[KernelScratch], build: Any, step: Any, steps: int,
+            precision: Optional[str]) -> Trace:
     step_peaks: List[int] = []
-    with fake_mode(allow_non_fake_inputs=True), _tracer_mode(torch, events, workspace, gpu):
+    with fake_mode(allow_non_fake_inputs=True), _tracer_mode(torch, events, workspace, gpu, kernel_scratch):
         # Modules made without a device are made on the GPU, where a
         # training script moves them (nothing is allocated before the move).
         with torch.device("cuda:0"):
@@ -451,6 +491,11 @@ def _traced(torch: Any, fake_mode: Any, events: _Events, workspace: int, gpu: "t
             "multiprocessors": gpu[0],
             "threads_per_multiprocessor": gpu[1],
             "unknown_values": events.unknown_values,
+            # Layouts of kernels with scratch of their own run on the GPU
+            # (measured) or not (unmeasured: out of memory, or not asked).
+            "scratch_measured": kernel_scratch.measured if kernel_scratch else 0,
+            "scratch_unmeasured": kernel_scratch.unmeasured if kernel_scratch else 0,
+            "scratch_measuring": kernel_scratch is not None,
             "torch": str(torch.__version__),
         },
     }

@@ -13,7 +13,9 @@ ViT) and Hugging Face causal and masked LMs built from configs (the families
 of issue 30: Llama, GPT-NeoX, OPT, Gemma2, Phi-3, Mixtral, BERT).
 Run with CUDA_VISIBLE_DEVICES="" a case is traced only (no GPU to run it
 on): the check of what tracing needs of the machine. FAKE_ONLY=1 traces
-each case without running it on the GPU (its truth already measured).
+each case without running it on the GPU (its truth already measured);
+REAL_ONLY=1 runs it on the GPU without the trace before it, RECORD_REAL=1
+records that run (OUT_DIR/real.<case>.pickle).
 A workload `cfg-<family>` is an HF family of the list below built by
 memlens.predict_config's front from its saved config.json (memlens._hf).
 `calib` measures cuBLAS's workspace per thread on this GPU; `batches=W`
@@ -22,6 +24,7 @@ largest batch under a cap, for `memlens fit TRACE --limit CAP`
 (tests/gpu/fake_largest.py runs the whole search, memlens.predict).
 """
 
+import contextlib
 import importlib
 import json
 import os
@@ -152,11 +155,15 @@ def worker(case, out_dir):
     result = {"case": case, "workload": workload, "precision": precision, "steps": STEPS}
     t0 = time.time()
     try:
+        if os.environ.get("REAL_ONLY"):
+            raise RuntimeError("REAL_ONLY: not traced")
         fake = trace.trace_step(build, step, steps=STEPS, precision=None if precision == "fp32" else precision)
         path = os.path.join(out_dir, "traces", case.replace(":", ".") + ".pickle")
         fake.save(path)
+        meta = fake.snapshot[trace.TRACE_KEY]
         result.update(fake_peak_allocated=fake.peak_allocated_bytes, fake_step_peaks=fake.step_peaks,
                       unknown_values=fake.unknown_values, events=len(fake.snapshot["device_traces"][0]),
+                      scratch_measured=meta.get("scratch_measured"), scratch_unmeasured=meta.get("scratch_unmeasured"),
                       trace=os.path.basename(path))
     except Exception as e:  # noqa: BLE001 - a row, not the end
         result["fake_error"] = (repr(e) + " <- " + repr(e.__cause__))[:600]
@@ -170,17 +177,31 @@ def worker(case, out_dir):
         print("RESULT " + json.dumps(result), flush=True)
         return
     result["allocated_after_fake"] = torch.cuda.memory_allocated()
+    # The trace ran its convolutions and attention kernels once on the GPU
+    # to measure their workspaces: the run below starts from an empty
+    # allocator all the same.
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
     t1 = time.time()
+    if os.environ.get("RECORD_REAL"):
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000)
     try:
         state = build()
         for _ in range(STEPS):
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=precision == "bf16"):
+            # As the trace ran it: an fp32 case under no autocast context at
+            # all. (A disabled one still counts as a nesting level, and the
+            # weights' casts of an autocast region inside the step, as in
+            # resnet_amp, then stay cached until the outer one ends: 30 MB
+            # more at ResNet-50's peak than the run traced.)
+            with torch.autocast("cuda", dtype=torch.bfloat16) if precision == "bf16" else contextlib.nullcontext():
                 step(state)
         torch.cuda.synchronize()
         result.update(max_allocated=torch.cuda.max_memory_allocated(), max_reserved=torch.cuda.max_memory_reserved())
     except Exception as e:  # noqa: BLE001
         result["real_error"] = repr(e)[:400]
     result["real_seconds"] = round(time.time() - t1, 2)
+    if os.environ.get("RECORD_REAL"):
+        torch.cuda.memory._dump_snapshot(os.path.join(out_dir, "real." + case.replace(":", ".") + ".pickle"))
     if "max_allocated" in result and "fake_peak_allocated" in result:
         result["allocated_error"] = round(result["fake_peak_allocated"] / result["max_allocated"] - 1, 4)
     print("RESULT " + json.dumps(result), flush=True)
@@ -197,6 +218,8 @@ def batches(workload, out_dir):
     `memlens fit TRACE --limit CAP` to say which fit."""
     trace = trace_module()
     import fit_probes
+
+    os.makedirs(os.path.join(out_dir, "traces"), exist_ok=True)
 
     truth = LARGEST[workload]
     for batch in sorted({16, 32, truth - 1, truth, truth + 1}):

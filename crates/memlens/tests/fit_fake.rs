@@ -36,7 +36,8 @@ fn error(predicted: u64, measured: &serde_json::Value) -> f64 {
 /// (cuBLAS's workspaces, reductions' staging buffers): transformers. The
 /// convolutional ones (ResNet-50, the ViT's patch embedding) run kernels
 /// with scratch memory of their own (cuDNN's workspaces, seen in their
-/// recordings' C++ frames), which no fake tensor shows.
+/// recordings' C++ frames), which no fake tensor shows: the tracer measures
+/// them on the GPU (`python/memlens/_kernel_scratch.py`).
 fn has_convolutions(workload: &str) -> bool {
     matches!(workload, "resnet_amp" | "vit")
 }
@@ -56,11 +57,13 @@ fn fake_traces_of_transformers_predict_the_gpu_within_about_one_percent() {
         let workload = case["workload"].as_str().expect("workload");
         // Transformers: allocated within 1.5%, reserved from 3% under to
         // 1.5% over (measured: -0.1..+1.1% and -2.6..+1.0%). Convolutional
-        // models: under by the kernels' scratch, at most 8% reserved
-        // (measured: allocated -5.2..+0.6%, reserved -7.2..-1.5%; the ViT's
-        // were -6.5% and -8.1% before the reductions' staging buffers).
+        // models, their cuDNN workspaces measured: allocated within 2%,
+        // reserved from 4% under to 2.5% over (measured: allocated -1.6..
+        // +0.6%, reserved -3.9..+2.2%; without the workspaces ResNet-50 was
+        // -1.0% / -2.7%, the ViTs' reserved -3.9% and -1.5%, and before the
+        // reductions' staging buffers the ViT's -6.5% and -8.1%).
         let ok = if has_convolutions(workload) {
-            (-0.06..=0.015).contains(&a) && (-0.08..=0.0).contains(&v)
+            a.abs() <= 0.02 && (-0.04..=0.025).contains(&v)
         } else {
             a.abs() <= 0.015 && (-0.03..=0.015).contains(&v)
         };
@@ -96,13 +99,14 @@ fn the_largest_batch_from_fake_traces_is_the_gpu_s_or_one_below() {
                 assert!(!fits(largest + 1), "{w}: one more does not");
             }
             // One below. The ResNet: what the GPU ran at the largest fits
-            // only just (891.3 MB of an 892.3 MB cap). The ViT: without its
-            // reductions' staging buffers the trace called batch 26, which
-            // ran out of memory on the GPU, a fit; with them, 25 (the true
-            // largest, which ran) is called too big under the cap: an error
-            // on the safe side whose cause was not found (the workspaces
-            // the trace still lacks, cuDNN's and attention's, would push
-            // the other way).
+            // only just (891.3 MB of an 892.3 MB cap); with its cuDNN
+            // workspaces measured (done without where they cannot be had)
+            // the answer is unchanged. The ViT: without its reductions'
+            // staging buffers the trace called batch 26, which ran out of
+            // memory on the GPU, a fit; with them, 25 (the true largest,
+            // which ran) is called too big under the cap: an error on the
+            // safe side whose cause was not found (the attention kernels'
+            // workspaces the trace still lacks would push the other way).
             "resnet_amp" | "vit" => {
                 assert!(fits(largest - 1), "{w}: one below fits");
                 assert!(
@@ -127,12 +131,28 @@ fn a_fake_trace_is_known_by_its_schema_and_carries_its_caveats() {
     let r = predict("llama.bf16.pickle.zst", None);
     assert!(r.warnings[0].contains("scratch memory"), "{:?}", r.warnings);
     assert_eq!(r.basis.precision.as_deref(), Some("bf16"));
-    // A step with convolutions is told the headroom its workspaces took.
+    // A step with convolutions is told its workspaces were measured.
     for file in ["resnet_amp.fp32.pickle.zst", "vit.bf16.pickle.zst"] {
+        let snap = Snapshot::load(&corpus().join(file)).expect("reads");
+        let fake = snap.fake_trace.as_ref().expect("a fake trace");
+        assert!(fake.scratch_measuring && fake.scratch_unmeasured == 0);
+        assert!(fake.scratch_measured > 0);
         let w = &predict(file, None).warnings[0];
         assert!(
-            w.contains("runs convolutions") && w.contains("headroom"),
+            w.contains("runs convolutions") && w.contains("were measured on the GPU"),
             "{w}"
         );
     }
+    // Their workspaces are cuDNN's, as a recording's C++ frames name them:
+    // the allocator model does without one that cannot be had.
+    let snap = Snapshot::load(&corpus().join("resnet_amp.fp32.pickle.zst")).expect("reads");
+    let workspaces = snap.cudnn_workspace_stacks();
+    let device = snap.first_traced_device();
+    let in_workspaces = snap
+        .device_trace(device)
+        .iter()
+        .filter(|e| e.action == memlens::snapshot::Action::Alloc)
+        .filter(|e| workspaces.contains(e.stack))
+        .count();
+    assert!(in_workspaces > 0, "cuDNN's workspaces are marked");
 }

@@ -543,19 +543,7 @@ fn convolutions(snap: &crate::snapshot::Snapshot, device: u32) -> usize {
 /// What a fake trace cannot hold, said with each prediction made from one
 /// (`convolutions`: its allocations made by convolutions).
 fn fake_trace_warnings(f: &crate::snapshot::FakeTrace, convolutions: usize) -> Vec<String> {
-    let mut out = vec![if convolutions > 0 {
-        format!(
-            "this step runs convolutions ({convolutions} tensors made by them): cuDNN's \
-             workspaces, made and freed inside each call, are not in a fake trace, and on an \
-             H100 the GPU reserved 1.5-7.2% more than predicted (a ViT 1.5-3.9%, ResNet-50 \
-             7.2%): leave that much headroom"
-        )
-    } else {
-        "a fake trace holds what PyTorch's operators return, not a kernel's own scratch memory \
-         nor memory outside PyTorch (the CUDA context, NCCL); on transformers the GPU's peaks \
-         were within 1.1% (allocated) and 2.6% (reserved) of the prediction"
-            .to_string()
-    }];
+    let mut out = vec![scratch_caveat(f, convolutions)];
     if f.unknown_values > 0 {
         out.push(format!(
             "the step read {} values back from the GPU (.item(), if tensor: ...), which a fake \
@@ -591,6 +579,44 @@ fn fake_trace_warnings(f: &crate::snapshot::FakeTrace, convolutions: usize) -> V
         ));
     }
     out
+}
+
+/// What a fake trace holds of kernels' own scratch memory, and how far the
+/// GPU's peaks were from predictions made with as much.
+fn scratch_caveat(f: &crate::snapshot::FakeTrace, convolutions: usize) -> String {
+    if convolutions == 0 {
+        return "a fake trace holds what PyTorch's operators return, not a kernel's own scratch \
+                memory nor memory outside PyTorch (the CUDA context, NCCL); on transformers the \
+                GPU's peaks were within 1.1% (allocated) and 2.6% (reserved) of the prediction"
+            .to_string();
+    }
+    if f.scratch_measuring && f.scratch_unmeasured == 0 {
+        return format!(
+            "this step runs convolutions ({convolutions} tensors made by them): cuDNN's \
+             workspaces were measured on the GPU ({} layouts, each run once) and are in the \
+             trace, done without where they cannot be had, as PyTorch does; the fused attention \
+             kernels' workspaces and memory outside PyTorch (the CUDA context, NCCL) are not. On \
+             an H200 the GPU's peaks were within 1.6% (allocated) and 3.9% (reserved) of the \
+             prediction (ResNet-50, a ViT)",
+            f.scratch_measured
+        );
+    }
+    let why = if f.scratch_measuring {
+        format!(
+            "{} of its convolutions' layouts could not be run on the GPU to measure them",
+            f.scratch_unmeasured
+        )
+    } else {
+        "the trace was made without measuring them (measure_scratch=False, or a memlens before \
+         the measuring)"
+            .to_string()
+    };
+    format!(
+        "this step runs convolutions ({convolutions} tensors made by them): cuDNN's workspaces, \
+         made and freed inside each call, are not in this trace ({why}); without them an H200 \
+         reserved up to 3.9% more than predicted (ResNet-50 2.7%, a ViT 3.9%): leave that much \
+         headroom"
+    )
 }
 
 /// Predicts the run recorded in `snap` (named `name`) with every call of
@@ -695,5 +721,41 @@ impl Model<'_> {
             }
         }
         Ok(Some(lo))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scratch_caveat;
+    use crate::snapshot::FakeTrace;
+
+    #[test]
+    fn a_trace_with_convolutions_says_whether_their_workspaces_were_measured() {
+        let measured = FakeTrace {
+            scratch_measuring: true,
+            scratch_measured: 46,
+            ..FakeTrace::default()
+        };
+        let w = &scratch_caveat(&measured, 10);
+        assert!(w.contains("were measured on the GPU (46 layouts"), "{w}");
+        // An older trace, or one made with measure_scratch=False.
+        let w = &scratch_caveat(&FakeTrace::default(), 10);
+        assert!(
+            w.contains("without measuring them") && w.contains("headroom"),
+            "{w}"
+        );
+        // Some layouts the GPU could not run.
+        let short = FakeTrace {
+            scratch_unmeasured: 2,
+            ..measured
+        };
+        let w = &scratch_caveat(&short, 10);
+        assert!(
+            w.contains("2 of its convolutions' layouts could not be run"),
+            "{w}"
+        );
+        // No convolution: the general caveat, measuring or not.
+        let w = &scratch_caveat(&FakeTrace::default(), 0);
+        assert!(w.contains("not a kernel's own scratch memory"), "{w}");
     }
 }

@@ -894,6 +894,9 @@ fn fake_trace(heap: &Heap, v: Value) -> Option<super::FakeTrace> {
         world_size: f.u64_lenient("world_size", 1).max(1),
         comm_hooks_ignored: f.u64_lenient("comm_hooks_ignored", 0),
         ddp_bucket_bytes: f.u64_lenient("ddp_bucket_bytes", 0),
+        scratch_measuring: f.bool_or("scratch_measuring", false),
+        scratch_measured: f.u64_lenient("scratch_measured", 0),
+        scratch_unmeasured: f.u64_lenient("scratch_unmeasured", 0),
     })
 }
 

@@ -365,6 +365,16 @@ pub struct FakeTrace {
     /// One set of the DDP modules' gradient buckets, in bytes (0: none, or
     /// a trace that did not say).
     pub ddp_bucket_bytes: u64,
+    /// Whether the tracer measured the scratch of kernels that take it
+    /// inside their call (cuDNN's convolutions, fused attention) by
+    /// running each layout once on the GPU (false: an older trace, or
+    /// `measure_scratch=False`).
+    pub scratch_measuring: bool,
+    /// Layouts of such kernels measured on the GPU.
+    pub scratch_measured: u64,
+    /// Layouts of such kernels the GPU could not run (out of memory, or
+    /// the allocator already recording): traced without their scratch.
+    pub scratch_unmeasured: u64,
 }
 
 impl FakeTrace {
