@@ -1,7 +1,8 @@
 """GPU checks of the memlens Python package (run by tests/gpu/run.sh).
 
     python3 gpu_checks.py all OUTDIR        every check, each in its own process
-    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf, graphs, cupy, top)
+    python3 gpu_checks.py CHECK OUTDIR      one check (train, leak, oom, marker, multi, ring, alloc_conf, graphs, cupy, top,
+                                            trace_conv)
 
 Each check prints `PASS name: ...` or `FAIL name: ...` lines (and `INFO` lines
 with figures); `all` ends with a `N passed, N failed` line and exits 1 when
@@ -511,9 +512,70 @@ def check_top(out: str) -> None:
     report(ok, "top.gpu_accounted", f"GPU {gpu['index']} used {gpu['used_bytes']} = {account}")
 
 
+def check_trace_conv(out: str) -> None:
+    """memlens.trace_step on a small CNN: cuDNN's workspaces measured on the
+    GPU (each convolution layout run once), nothing of the step's left on
+    it, the trace's peak against the same steps run for real; and with the
+    user's own allocator recording on, nothing measured and the recording
+    kept."""
+    import torch
+
+    import memlens
+
+    def build():
+        torch.manual_seed(0)
+        layers = []
+        width = 3
+        for w in (64, 128, 256):
+            layers += [torch.nn.Conv2d(width, w, 3, padding=1, bias=False), torch.nn.BatchNorm2d(w),
+                       torch.nn.ReLU(), torch.nn.MaxPool2d(2)]
+            width = w
+        model = torch.nn.Sequential(*layers, torch.nn.Flatten(), torch.nn.Linear(256 * 8 * 8, 10)).cuda()
+        return model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def step(state):
+        model, opt = state
+        x = torch.randn(64, 3, 64, 64, device="cuda")
+        y = torch.randint(0, 10, (64,), device="cuda")
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    before = torch.cuda.memory_allocated()
+    trace = memlens.trace_step(build, step, steps=2)
+    meta = trace.snapshot["memlens"]
+    left = torch.cuda.memory_allocated() - before
+    report(meta["scratch_measuring"] and meta["scratch_measured"] >= 6 and meta["scratch_unmeasured"] == 0
+           and left == 0, "trace_conv.workspaces_measured",
+           f"{meta['scratch_measured']} layouts measured, {meta['scratch_unmeasured']} not; {left} B left on the GPU")
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    state = build()
+    for _ in range(2):
+        step(state)
+    torch.cuda.synchronize()
+    real = torch.cuda.max_memory_allocated()
+    error = trace.peak_allocated_bytes / real - 1
+    report(abs(error) <= 0.03, "trace_conv.peak_within_3_percent",
+           f"traced {trace.peak_allocated_bytes}, GPU {real} ({error:+.2%})")
+    del state
+    torch.cuda.memory._record_memory_history(max_entries=100_000)
+    try:
+        x = torch.empty(1 << 20, device="cuda")
+        trace = memlens.trace_step(build, step, steps=1)
+        kept = any(e.get("size") == x.untyped_storage().nbytes()
+                   for e in torch.cuda.memory._snapshot()["device_traces"][0] if e["action"] == "alloc")
+    finally:
+        torch.cuda.memory._record_memory_history(enabled=None)
+    meta = trace.snapshot["memlens"]
+    report(meta["scratch_measured"] == 0 and meta["scratch_unmeasured"] > 0 and kept,
+           "trace_conv.user_recording_left_alone",
+           f"{meta['scratch_unmeasured']} layouts not measured; the user's recording kept: {kept}")
+
+
 CHECKS = {"train": check_train, "leak": check_leak, "oom": check_oom, "marker": check_marker, "multi": check_multi,
           "ring": check_ring, "alloc_conf": check_alloc_conf, "stopped": check_stopped,
-          "graphs": check_graphs, "cupy": check_cupy, "top": check_top}
+          "graphs": check_graphs, "cupy": check_cupy, "top": check_top, "trace_conv": check_trace_conv}
 
 
 def main() -> int:

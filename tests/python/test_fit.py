@@ -250,8 +250,9 @@ def test_the_search_on_the_h200_s_peaks_traces_what_it_traced_there():
     # tests/gpu/fake_largest.py's rows: each trace the search made on the
     # GPU host, in order, with its answer and peaks. Fed those answers, the
     # search asks for the same batches in the same order and names the same
-    # batch (five traces on four models, seven on the ViT; bisecting from
-    # batch 2 took nine on each).
+    # batch (five traces on three models, seven on the ViT and on the ResNet,
+    # whose measured cuDNN workspaces put its peaks without a cap over it;
+    # bisecting from batch 2 took nine on each).
     import json
     import os
 
