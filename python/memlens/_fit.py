@@ -122,7 +122,7 @@ def predict_config(config, *, batch=8, seq=512, optimizer="adamw", precision=Non
     object; random weights, nothing downloaded): a training step of ``batch``
     x ``seq`` random token ids as inputs and labels, with ``optimizer``
     (``adamw``, ``adamw-fused``, ``adamw-for-loop``, ``adam``, ``sgd``),
-    traced with fake tensors (no GPU memory used; a GPU visible) and
+    traced with fake tensors (none of its memory on the GPU; a GPU visible) and
     replayed. ``alloc_config``: allocator settings; the rest as
     :func:`predict`. The answer adds ``seq`` and ``optimizer``.
 

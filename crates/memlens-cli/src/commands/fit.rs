@@ -74,7 +74,7 @@ pub struct Args {
 /// with what predicts it instead: refused in one line, not guessed.
 fn not_from_a_recording(args: &Args) -> Option<String> {
     let traced = "memlens.predict(build, step, batch=N, limit=..., largest=True) in Python traces \
-                  the step with fake tensors (no GPU memory used) and replays it";
+                  the step with fake tensors (none of the step's memory on the GPU) and replays it";
     if let Some(p) = &args.precision {
         return Some(format!(
             "--precision {p}: not from a recording yet (autocast changes which operators run and \

@@ -77,7 +77,7 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelSpec> {
                 format!(
                     "model_type {other:?} is not supported (supported: {SUPPORTED}); any \
                      transformers config: memlens.predict_config(\"config.json\", batch=8, seq=512) \
-                     in Python traces the step with fake tensors (a GPU visible, none of its memory used)"
+                     in Python traces the step with fake tensors (a GPU visible, none of the step's memory on it)"
                 ),
             ))
         }

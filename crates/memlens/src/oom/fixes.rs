@@ -557,7 +557,7 @@ fn model_notes(w: &WhatIf, ctx: &Context) -> Vec<String> {
         };
         warnings.push(format!(
             "no complete earlier step ran the same code: {missing} (predictions are lower \
-             bounds); for the whole step, trace it with fake tensors (no GPU memory used): \
+             bounds); for the whole step, trace it with fake tensors (none of the step's memory on the GPU): \
              memlens.predict(build, step, batch=N, limit={limit}, largest=True) in Python gives \
              the largest batch under this limit"
         ));
