@@ -61,11 +61,15 @@ _CUBLASLT_OPS = ("addmm", "_addmm_activation")
 # Recorded as PyTorch records it: this key in the snapshot says how it was made.
 TRACE_KEY = "memlens"
 TRACE_SCHEMA = "memlens-fake-trace/1"
-# Checked on an H200 with CUDA_VISIBLE_DEVICES="" (tests/gpu/RESULTS.md).
+# Checked on an H200 with CUDA_VISIBLE_DEVICES="" (torch 2.11) and on a
+# machine with no GPU (torch 2.15): fake tensors stand in for 8 CUDA
+# devices, and the engine asks the real CUDA runtime, which has none, about
+# each (tests/gpu/RESULTS.md, twenty-third session).
 NO_GPU = (
-    "memlens.trace_step needs a CUDA GPU visible to PyTorch (nothing is allocated on it): with none, "
-    "PyTorch's autograd engine asks for device 0's context in the backward pass (torch 2.11: "
-    "\"hasPrimaryContext expects a valid device index\") and torch.autocast(\"cuda\") turns itself off"
+    "memlens.trace_step needs a CUDA GPU visible to PyTorch (none of the step's memory is put on it): with "
+    "none, PyTorch's autograd engine asks the CUDA runtime for device 0's context in the backward pass "
+    "(torch 2.11-2.15: \"hasPrimaryContext expects a valid device index\") and torch.autocast(\"cuda\") "
+    "turns itself off"
 )
 _THIS_FILE = os.path.normcase(os.path.abspath(__file__))
 _MAX_FRAMES = 48
