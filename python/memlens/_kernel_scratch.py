@@ -70,9 +70,11 @@ def call_pattern(entries: Iterable[Dict[str, Any]]) -> List[Step]:
 
 
 def _tensor_layout(torch: Any, value: Any) -> Any:
+    """What a measurement of ``value`` depends on: a tensor's shape, strides,
+    dtype and device (its offset in its storage is not reproduced by the
+    measurement, so not part of it); anything else as it prints."""
     if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype), value.device.type,
-                value.storage_offset())
+        return ("tensor", tuple(value.shape), tuple(value.stride()), str(value.dtype), value.device.type)
     if isinstance(value, (list, tuple)):
         return tuple(_tensor_layout(torch, v) for v in value)
     if isinstance(value, dict):
@@ -112,11 +114,9 @@ class KernelScratch:
         torch = self.torch
         cudnn = torch.backends.cudnn
         key = (func, _tensor_layout(torch, list(args)), _tensor_layout(torch, kwargs), bool(cudnn.benchmark),
-               bool(cudnn.deterministic), bool(cudnn.allow_tf32), bool(torch.backends.cuda.matmul.allow_tf32))
+               bool(cudnn.deterministic), bool(cudnn.allow_tf32))
         if key not in self._patterns:
-            self._patterns[key] = self._measure(func, args, kwargs) if self.enabled else None
-            if not self.enabled:
-                self.unmeasured += 1
+            self._patterns[key] = self._measure(func, args, kwargs)
         patterns = self._patterns[key]
         if patterns is None:
             return None
@@ -125,6 +125,11 @@ class KernelScratch:
         return patterns[0] if seen == 0 else patterns[1]
 
     def _measure(self, func: Any, args: Sequence[Any], kwargs: Dict[str, Any]) -> Optional[List[List[Step]]]:
+        """The patterns of a first and a later call of this layout, or None
+        (counted unmeasured) when it cannot be run."""
+        if not self.enabled:
+            self.unmeasured += 1
+            return None
         torch = self.torch
         from torch.utils._python_dispatch import _disable_current_modes
         from torch.utils._pytree import tree_map

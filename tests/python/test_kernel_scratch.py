@@ -54,3 +54,34 @@ def test_a_free_of_a_block_made_before_the_call_is_not_the_call_s():
 def test_the_measured_operators_are_cudnn_s_convolutions():
     # Not attention: its fp32 backward crashed on uninitialised inputs.
     assert MEASURED_OPS == {"convolution", "convolution_backward"}
+
+
+def test_with_the_user_s_own_recording_on_each_layout_is_counted_unmeasured_once():
+    # A stand-in for torch whose allocator is already recording: nothing is
+    # run, and each layout (not each call) counts once.
+    import types
+
+    from memlens._kernel_scratch import KernelScratch
+
+    class Tensor:
+        def __init__(self, shape):
+            self.shape, self.dtype, self.device = shape, "float32", types.SimpleNamespace(type="cuda")
+
+        def stride(self):
+            return (1,) * len(self.shape)
+
+    def record(enabled="all", context="all", stacks="all", max_entries=0, clear_history=False):
+        raise AssertionError("a measurement must not touch the user's recording")
+
+    torch = types.SimpleNamespace(
+        Tensor=Tensor,
+        _C=types.SimpleNamespace(_cuda_isHistoryEnabled=lambda: True),
+        backends=types.SimpleNamespace(cudnn=types.SimpleNamespace(benchmark=False, deterministic=False,
+                                                                   allow_tf32=True)),
+        cuda=types.SimpleNamespace(memory=types.SimpleNamespace(_record_memory_history=record)),
+    )
+    scratch = KernelScratch(torch)
+    assert not scratch.enabled
+    for shape in [(8, 3), (8, 3), (16, 3)]:
+        assert scratch.pattern("convolution", [Tensor(shape)], {}) is None
+    assert (scratch.measured, scratch.unmeasured) == (0, 2)

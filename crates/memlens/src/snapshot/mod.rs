@@ -366,9 +366,8 @@ pub struct FakeTrace {
     /// a trace that did not say).
     pub ddp_bucket_bytes: u64,
     /// Whether the tracer measured the scratch of kernels that take it
-    /// inside their call (cuDNN's convolutions, fused attention) by
-    /// running each layout once on the GPU (false: an older trace, or
-    /// `measure_scratch=False`).
+    /// inside their call (cuDNN's convolutions) by running each layout once
+    /// on the GPU (false: an older trace, or `measure_scratch=False`).
     pub scratch_measuring: bool,
     /// Layouts of such kernels measured on the GPU.
     pub scratch_measured: u64,
