@@ -42,7 +42,7 @@ def worker(workload):
         answer = replay_traced(build, step, batch, *rest)
         p = answer["predicted"]
         order.append([batch, p["fits"], p["peak_allocated_bytes"], p["peak_reserved_bytes"],
-                      round(time.time() - t, 2)])
+                      p.get("least_limit_bytes"), round(time.time() - t, 2)])
         return answer
 
     fit._replay_traced = logged

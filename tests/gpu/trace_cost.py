@@ -1,8 +1,9 @@
 """Where a fake-tensor search's time goes (issue 30): the process's imports,
-CUDA's start, and each trace of `memlens.trace_step` in one process, the
-first one profiled (cProfile, top entries by cumulative time).
+CUDA's start, and each trace of `memlens.trace_step` in one process, one
+profiled (cProfile, top entries by cumulative and by own time): the first,
+or the one at index `PROFILE` (`PROFILE=1`: the second, once warm).
 
-    python tests/gpu/trace_cost.py WORKLOAD [BATCH,...]
+    [PROFILE=I] python tests/gpu/trace_cost.py WORKLOAD [BATCH,...]
 """
 
 import cProfile
@@ -28,19 +29,21 @@ def main(workload, batches):
     import fit_probes
     import memlens
 
+    profiled = int(os.environ.get("PROFILE", "0"))
     for i, b in enumerate(batches):
         t = time.time()
-        if i == 0:
+        if i == profiled:
             prof = cProfile.Profile()
             prof.enable()
         trace = memlens.trace_step(lambda: fit_probes.build(workload, b), lambda s: s(), steps=3)
-        if i == 0:
+        if i == profiled:
             prof.disable()
         print(f"trace b={b} {time.time() - t:.2f} s, peak {trace.peak_allocated_bytes}", flush=True)
-        if i == 0:
-            out = io.StringIO()
-            pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(30)
-            print(out.getvalue()[:6000])
+        if i == profiled:
+            for order in ("cumulative", "tottime"):
+                out = io.StringIO()
+                pstats.Stats(prof, stream=out).sort_stats(order).print_stats(30)
+                print(out.getvalue()[:6000])
     print(f"total {time.time() - t0:.2f} s")
 
 

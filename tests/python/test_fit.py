@@ -178,7 +178,7 @@ def _search(peak, limit, start, max_batch=1 << 14):
 
     def measure(b):
         traced.append(b)
-        return peak(b) <= limit, peak(b), peak(b)
+        return peak(b) <= limit, peak(b), peak(b), None
 
     return _largest_batch(measure, start, max_batch, limit), traced
 
@@ -248,11 +248,11 @@ def test_no_batch_fits_when_batch_one_does_not():
 
 def test_the_search_on_the_h200_s_peaks_traces_what_it_traced_there():
     # tests/gpu/fake_largest.py's rows: each trace the search made on the
-    # GPU host, in order, with its answer and peaks. Fed those answers, the
-    # search asks for the same batches in the same order and names the same
-    # batch (five traces on three models, seven on the ViT and on the ResNet,
-    # whose measured cuDNN workspaces put its peaks without a cap over it;
-    # bisecting from batch 2 took nine on each).
+    # GPU host, in order, with its answer, peaks and least limit. Fed those
+    # answers, the search asks for the same batches in the same order and
+    # names the same batch: five traces on each model (bisecting from batch
+    # 2 took nine; the line through the reserved peaks, seven on the ResNet
+    # and the ViT).
     import json
     import os
 
@@ -263,7 +263,7 @@ def test_the_search_on_the_h200_s_peaks_traces_what_it_traced_there():
         rows = json.load(f)
     assert len(rows) == 5
     for row in rows:
-        recorded = {b: (fits, allocated, reserved) for b, fits, allocated, reserved, _ in row["traces"]}
+        recorded = {b: (fits, allocated, reserved, least) for b, fits, allocated, reserved, least, _ in row["traces"]}
         asked = []
 
         def measure(b):
@@ -273,8 +273,72 @@ def test_the_search_on_the_h200_s_peaks_traces_what_it_traced_there():
         answer = _largest_batch(measure, 2, 1 << 14, row["cap"])
         assert answer == row["predicted_largest"], row["workload"]
         assert asked == [t[0] for t in row["traces"]], row["workload"]
-        assert len(asked) <= 7
+        assert len(asked) == 5
         assert row["true_largest"] - answer in (0, 1), row["workload"]
+
+
+def _curves():
+    import json
+    import os
+
+    path = os.path.join(os.path.dirname(__file__), "..", "corpus", "fit", "fake", "peak_curves.json")
+    with open(path) as f:
+        return json.load(f)["workloads"]
+
+
+def _search_curve(batches, limit, least=True):
+    """The search over a traced curve ([batch, allocated, reserved, least
+    limit] rows), a step fitting where its least limit is at most
+    ``limit``; ``least=False`` hides the least limits (the search's line
+    then takes the reserved peaks)."""
+    from memlens._fit import _largest_batch
+
+    rows = {b: (a, r, n) for b, a, r, n in batches}
+    asked = []
+
+    def measure(b):
+        asked.append(b)
+        a, r, n = rows[b]
+        return n <= limit, a, r, (n if least else None)
+
+    return _largest_batch(measure, 2, len(rows), limit), asked
+
+
+def test_the_least_limit_line_finds_the_edge_in_five_traces_on_every_h200_curve():
+    # The five workloads' steps traced at every batch from 1 to 30 on the
+    # H200: under the caps of truth.json the search traces 2, 4, 16 and the
+    # two batches at the edge on each. Its line once took the reserved
+    # peaks, whose cache (and, on the ResNet, largest cuDNN workspaces) a
+    # step under a cap does without: seven traces on the ResNet and the ViT.
+    for name, w in _curves().items():
+        rows = {b: n for b, _, _, n in w["batches"]}
+        truth = max(b for b, n in rows.items() if n <= w["cap"])
+        answer, asked = _search_curve(w["batches"], w["cap"])
+        assert answer == truth, name
+        assert len(asked) == 5, (name, asked)
+        _, before = _search_curve(w["batches"], w["cap"], least=False)
+        assert len(before) == (7 if name in ("resnet_amp", "vit") else 5), (name, before)
+
+
+def test_the_least_limit_line_is_right_under_any_cap_and_costs_fewer_traces():
+    # Every cap between two batches' least limits on the five curves (112
+    # searches): the answer is the batch a scan finds, and the least limits'
+    # line traces fewer batches on average than the reserved peaks' did.
+    with_least, without = [], []
+    for name, w in _curves().items():
+        rows = {b: n for b, _, _, n in w["batches"]}
+        for k in range(5, 29):
+            if rows[k + 1] <= rows[k]:
+                continue
+            cap = (rows[k] + rows[k + 1]) // 2
+            answer, asked = _search_curve(w["batches"], cap)
+            fits = [b for b, n in rows.items() if n <= cap]
+            assert answer in fits and (answer == 30 or rows[answer + 1] > cap), (name, cap, asked)
+            with_least.append(len(asked))
+            without.append(len(_search_curve(w["batches"], cap, least=False)[1]))
+    assert len(with_least) == 112
+    assert sum(with_least) < sum(without)
+    assert sum(with_least) / len(with_least) < 5
 
 
 def test_a_ddp_rank_s_trace_says_what_it_is_and_what_it_cannot_hold(tmp_path):

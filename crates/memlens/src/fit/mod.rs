@@ -291,21 +291,61 @@ pub fn program_fits(
     Ok(true)
 }
 
+/// The unit of [`least_limit`]: no segment is smaller than 2 MiB, so a
+/// finer limit tells no two runs apart that matter.
+pub const LEAST_LIMIT_STEP: u64 = 2 << 20;
+
+/// The smallest limit, a multiple of [`LEAST_LIMIT_STEP`], under which the
+/// program `ops` fits ([`program_fits`]), found by bisection between nothing
+/// and `peak_reserved` (its reserved peak with no limit, under which it
+/// fits: the allocator never asks for more). Under a limit the allocator
+/// frees its cache and retries before it fails, and a cuDNN workspace is
+/// done without, so this is often well below the reserved peak, and it is
+/// what decides where a larger batch stops fitting. Whether a program fits
+/// need not rise with the limit everywhere (a limit changes which blocks
+/// the cache frees); the answer is the edge the bisection meets.
+pub fn least_limit(
+    ops: &[Op],
+    device: u32,
+    config: &AllocatorConfig,
+    peak_reserved: u64,
+) -> crate::Result<u64> {
+    // In steps: `hi` fits, `lo` does not (nothing fits under no memory).
+    let (mut lo, mut hi) = (0, peak_reserved.div_ceil(LEAST_LIMIT_STEP));
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if program_fits(ops, device, config, mid * LEAST_LIMIT_STEP)? {
+            hi = mid;
+        } else {
+            lo = mid;
+        }
+    }
+    Ok(hi * LEAST_LIMIT_STEP)
+}
+
 /// The peaks of the program `ops` under `config` ([`program_peaks`]) and,
-/// under a `limit`, whether it fits ([`program_fits`]).
+/// under a `limit`, whether it fits ([`program_fits`]) and the least limit
+/// it fits under ([`least_limit`]), plus `held_beyond` (bytes the run holds
+/// that the program does not: a DDP rank's extra buckets).
 fn run_peaks(
     ops: &[Op],
     device: u32,
     config: &AllocatorConfig,
     limit: Option<u64>,
+    held_beyond: u64,
 ) -> crate::Result<RunPeaks> {
     let (peak_allocated_bytes, peak_reserved_bytes) = program_peaks(ops, device, config)?;
+    let judged = limit.map(|l| l.saturating_sub(held_beyond));
     Ok(RunPeaks {
         peak_allocated_bytes,
         peak_reserved_bytes,
-        fits: limit
+        fits: judged
             .map(|l| program_fits(ops, device, config, l))
             .transpose()?,
+        least_limit_bytes: judged
+            .map(|_| least_limit(ops, device, config, peak_reserved_bytes))
+            .transpose()?
+            .map(|l| l + held_beyond),
     })
 }
 
@@ -334,6 +374,10 @@ pub struct RunPeaks {
     pub peak_reserved_bytes: u64,
     /// Whether it runs under the limit (`None`: no limit given).
     pub fits: Option<bool>,
+    /// With a limit: the least limit it runs under, to 2 MiB
+    /// ([`least_limit`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub least_limit_bytes: Option<u64>,
 }
 
 /// `memlens fit --checkpoint`'s answer.
@@ -495,9 +539,8 @@ pub fn fit_run(
     // gradient buckets at the peak than the trace does (see
     // `fake_trace_warnings`); whether it fits is judged with them.
     let outliving = fake.map_or(0, |f| f.outliving_buckets());
-    let judged_limit = opts.limit.map(|l| l.saturating_sub(outliving));
     Ok(RunReport {
-        predicted: run_peaks(&ops, device, &config, judged_limit)?,
+        predicted: run_peaks(&ops, device, &config, opts.limit, outliving)?,
         limit_bytes: opts.limit,
         method: "every allocation and free of the run replayed through the allocator model \
                  with new segments at rising and at falling addresses, the higher peak taken"
@@ -650,8 +693,8 @@ pub fn fit_checkpoint_with(
     let config = opts.config_for(snap);
     let device = snap.first_traced_device();
     Ok(CheckpointReport {
-        recorded: run_peaks(&run.recorded, device, &config, opts.limit)?,
-        predicted: run_peaks(&run.checkpointed, device, &config, opts.limit)?,
+        recorded: run_peaks(&run.recorded, device, &config, opts.limit, 0)?,
+        predicted: run_peaks(&run.checkpointed, device, &config, opts.limit, 0)?,
         limit_bytes: opts.limit,
         method: "the recorded run rewritten as non-reentrant torch.utils.checkpoint runs it: \
                  the tensors each call kept for the backward freed when the module that holds \
