@@ -98,6 +98,9 @@ def predict(build, step, *, batch=None, limit=None, precision=None, config=None,
             return answers[b]
 
         answer = dict(at(batch))
+        # The least limit steers the search only: the model's edge, not a
+        # size to run under (see memlens fit's FitOptions::least_limit).
+        answer["predicted"] = {k: v for k, v in answer["predicted"].items() if k != "least_limit_bytes"}
         if save is not None:
             import shutil
 
@@ -146,7 +149,7 @@ def _replay_traced(build, step, batch, steps, precision, limit, config, tmp, wor
     make = (lambda: build(batch)) if batch is not None else build
     trace = trace_step(make, step, steps=steps, precision=precision, world_size=world_size)
     path = trace.save(os.path.join(tmp, f"step.b{batch}.pickle"))
-    answer = json.loads(_native.fit_json([path], [], None, limit, config, None))
+    answer = json.loads(_native.fit_json([path], [], None, limit, config, None, least_limit=limit is not None))
     answer["_path"] = path
     return answer
 
@@ -157,23 +160,24 @@ def _largest_batch(measure, start, max_batch, limit):
 
     ``measure(b)`` traces batch ``b`` and gives ``(fits, peak_allocated,
     peak_reserved, least_limit)`` (``least_limit``: the least limit the
-    step fits under, ``memlens fit``'s ``least_limit_bytes``; None: the
-    reserved peak stands for it). Whether a batch fits is only ever taken
-    from its own trace: the answer is a batch that fits next to one that
-    does not (or ``max_batch``), as a bisection would find it. The peaks
-    only choose which batch to trace next: the allocated peak grows about
-    linearly with the batch, so the line through the two traced batches
-    nearest the edge says where it reaches the limit less what the step
-    needs above its allocated peak under a limit (a secant step), and the
-    batch just past a guess that fits (or just below one that does not) is
-    traced next. Two steps in a row that do not halve the gap are followed
-    by a bisection, so a peak far from a line still ends in a bracket (on
-    20,000 random curves: 5.9 traces on average where doubling and
-    bisecting took 9.4, at worst 11 more; on five models' steps traced at
-    every batch from 1 to 30 on an H200, 4.89 on average under 112 caps
-    between two batches, at worst 9, where the reserved peaks' line took
-    5.05, at worst 8). Starts from
-    ``start`` and its double (or half). None when not even batch 1 fits."""
+    step fits under in the model, ``fit_json(..., least_limit=True)``'s
+    ``least_limit_bytes``; None: the reserved peak stands for it). Whether
+    a batch fits is only ever taken from its own trace: the answer is a
+    batch that fits next to one that does not (or ``max_batch``), as a
+    bisection would find it. The peaks only choose which batch to trace
+    next: the allocated peak grows about linearly with the batch, so the
+    line through the two traced batches nearest the edge says where it
+    reaches the limit less what the step needs above its allocated peak
+    under a limit (a secant step; ``_secant``), and the batch just past a
+    guess that fits (or just below one that does not) is traced next. Two
+    steps in a row that do not halve the gap are followed by a bisection,
+    so a peak far from a line still ends in a bracket (on 20,000 random
+    curves: 5.9 traces on average where doubling and bisecting took 9.4,
+    at worst 11 more; on five models' steps traced at every batch from 1
+    to 30 on an H200, 5.05 on average under 110 caps between two batches,
+    at worst 9, where the line to the limit less the reserved peaks' cache
+    took 5.75, at worst 13). Starts from ``start`` and its double (or
+    half). None when not even batch 1 fits."""
     peaks = {}
     lo = hi = None  # the largest batch known to fit, the smallest known not to
 
@@ -223,19 +227,33 @@ def _largest_batch(measure, start, max_batch, limit):
             slow = slow + 1 if 2 * (hi - lo) > gap else 0
 
 
+# A line through two traced peaks is flat when it rises, a batch, by less
+# than this share of the larger peak over its batch (what a peak all made of
+# activations would rise): the optimizer step, not the activations, sets the
+# peak there (a ViT's allocated peak at batches 2, 4 and 8 within 1%: 1.7%),
+# and the line points far past the edge; the search doubles instead. Lines
+# through peaks the activations set rose by 19-60% on five models.
+FLAT_RISE = 0.05
+
+
 def _secant(peaks, lo, hi, limit):
     """The batch where the line through the allocated peaks of the two
     traced batches nearest the edge (``lo`` and ``hi`` when both are known,
     else the two largest or the two smallest traced) reaches ``limit`` less
     what the step needs above its allocated peak under a limit (its least
-    limit less its allocated peak) at the smallest batch known not to fit,
-    else the largest traced, rounded down; None when those two peaks are
-    equal or fall. The least limit, not the reserved peak: without a limit
-    the allocator keeps freed blocks cached and a convolution takes its
-    largest workspace, which a step near the limit does without (ResNet-50
-    under 851 MiB: 94 MiB reserved above its allocated peak at batch 22,
-    25 MiB needed; the reserved peaks' line stopped at 20 and the search
-    stepped up one batch at a time to 23)."""
+    limit less its allocated peak) at the largest batch known to fit, else
+    the smallest known not to, rounded down; None when the line is flat
+    (``FLAT_RISE``) or falls.
+
+    The least limit, not the reserved peak: without a limit the allocator
+    keeps freed blocks cached and a convolution takes its largest
+    workspace, which a step near the limit does without (ResNet-50 under
+    851 MiB: 94 MiB reserved above its allocated peak at batch 22, 25 MiB
+    needed; the reserved peaks' line stopped at 20 and the search stepped up
+    one batch at a time to 23). At the batch that fits, not the one that
+    does not: past the edge the margin grows (the ViT at 32: 103 MiB, at 24:
+    61 MiB), and taken there the line fell short of the edge step after
+    step."""
     traced = sorted(peaks)
     if lo is not None and hi is not None:
         a, b = lo, hi
@@ -245,8 +263,8 @@ def _secant(peaks, lo, hi, limit):
         a, b = traced[0], traced[1]
     (alloc_a, _), (alloc_b, _) = peaks[a], peaks[b]
     rise = alloc_b - alloc_a
-    if rise <= 0:
+    if rise * b <= FLAT_RISE * alloc_b * (b - a):
         return None
-    near = hi if hi is not None else traced[-1]
+    near = lo if lo is not None else hi
     above = peaks[near][1] - peaks[near][0]
     return a + (limit - above - alloc_a) * (b - a) // rise

@@ -40,5 +40,7 @@ export MEMLENS_REQUIRE_FRAMEWORKS=1
 # test_why.py: memlens.why against the real torch (CPU tensors); the suite of
 # run.sh has no torch and skips it. test_fake_ddp_torch.py: the stand-ins for
 # DDP's communication in a trace of one rank, on the real torch's DDP (CPU).
+# test_trace_torch.py: the tracer's view of torch's optimizer defaults.
 exec "$VENV/bin/python" -m pytest -p no:cacheprovider -q "$ROOT/tests/python/test_integrations_frameworks.py" \
-    "$ROOT/tests/python/test_why.py" "$ROOT/tests/python/test_fake_ddp_torch.py"
+    "$ROOT/tests/python/test_why.py" "$ROOT/tests/python/test_fake_ddp_torch.py" \
+    "$ROOT/tests/python/test_trace_torch.py"

@@ -144,26 +144,11 @@ fn fit_replays_a_step_traced_with_fake_tensors_and_other_commands_refuse_it() {
     assert_eq!(predicted["fits"], serde_json::json!(true));
     assert_eq!(doc["basis"]["source"], "fake tensors");
     assert_eq!(doc["limit_bytes"], serde_json::json!(2u64 << 30));
-    // The least limit it fits under, to 2 MiB: it fits there and not 2 MiB
-    // below; no more than the reserved peak, under which it always fits.
-    let least = predicted["least_limit_bytes"].as_u64().unwrap_or(0);
-    assert!(
-        least.is_multiple_of(2 << 20)
-            && least > 0
-            && least <= predicted["peak_reserved_bytes"].as_u64().unwrap_or(0),
-        "{doc}"
-    );
-    let fits_under = |limit: u64| {
-        let out = run::memlens(&["fit", &trace, "--limit", &limit.to_string(), "--json"]);
-        let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
-        assert_eq!(doc["predicted"]["least_limit_bytes"].as_u64(), Some(least));
-        doc["predicted"]["fits"] == serde_json::json!(true)
-    };
-    assert!(fits_under(least) && !fits_under(least - (2 << 20)));
+    // The model's least limit is for memlens.predict's search, not shown.
+    assert!(predicted.get("least_limit_bytes").is_none(), "{doc}");
     let out = run::memlens(&["fit", &trace, "--limit", "1.5GiB"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("does not fit under 1.50 GiB"), "{text}");
-    assert!(text.contains("(the least limit it fits under: "), "{text}");
     assert!(
         text.contains("a step traced with fake tensors (3 steps, fp32"),
         "{text}"

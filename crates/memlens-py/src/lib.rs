@@ -260,9 +260,12 @@ fn explain_oom_file(py: Python<'_>, path: PathBuf) -> PyResult<String> {
 /// `memlens fit` on the recordings at `paths`: the probes (snapshots of
 /// one run at the batch sizes `batches`, in order), or with `checkpoint`
 /// one recording with that module checkpointed. The JSON document the
-/// CLI's `--json` prints (the same library call).
+/// CLI's `--json` prints (the same library call); `least_limit` adds each
+/// run's least limit under `limit` (`FitOptions::least_limit`: the model's
+/// edge, for `memlens.predict`'s search).
 #[pyfunction]
-#[pyo3(signature = (paths, batches, batch = None, limit = None, config = None, checkpoint = None))]
+#[pyo3(signature = (paths, batches, batch = None, limit = None, config = None, checkpoint = None, least_limit = false))]
+#[allow(clippy::too_many_arguments)]
 fn fit_json(
     py: Python<'_>,
     paths: Vec<PathBuf>,
@@ -271,6 +274,7 @@ fn fit_json(
     limit: Option<u64>,
     config: Option<String>,
     checkpoint: Option<String>,
+    least_limit: bool,
 ) -> PyResult<String> {
     py.detach(|| {
         let snaps = paths
@@ -287,6 +291,7 @@ fn fit_json(
                 .map(memlens::sim::AllocatorConfig::parse)
                 .transpose()
                 .map_err(|e| memlens::Error::usage(format!("config: {e}")))?,
+            least_limit,
         };
         let report = memlens::fit::answer(&recordings, &batches, checkpoint.as_deref(), &opts)?;
         serde_json::to_string(&report).map_err(|e| memlens::Error::usage(e.to_string()))

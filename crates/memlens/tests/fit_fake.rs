@@ -55,17 +55,19 @@ fn fake_traces_of_transformers_predict_the_gpu_within_about_one_percent() {
         let a = error(r.predicted.peak_allocated_bytes, &case["max_allocated"]);
         let v = error(r.predicted.peak_reserved_bytes, &case["max_reserved"]);
         let workload = case["workload"].as_str().expect("workload");
-        // Transformers: allocated within 1.5%, reserved from 3% under to
-        // 1.5% over (measured: -0.1..+1.1% and -2.6..+1.0%). Convolutional
+        // Transformers: allocated and reserved within 1.5% (measured:
+        // -0.1..+1.1% and -0.4..+1.2%; -2.6..+1.0% reserved before the
+        // optimizer ran its foreach kernels as on the GPU). Convolutional
         // models, their cuDNN workspaces measured: allocated within 2%,
-        // reserved from 4% under to 2.5% over (measured: allocated -1.6..
-        // +0.6%, reserved -3.9..+2.2%; without the workspaces ResNet-50 was
-        // -1.0% / -2.7%, the ViTs' reserved -3.9% and -1.5%, and before the
-        // reductions' staging buffers the ViT's -6.5% and -8.1%).
+        // reserved from 4% under to 2.5% over (measured: allocated +0.2..
+        // +0.6%, reserved -3.3..+2.2%; the ViT in bf16 was -1.6% / -1.2%
+        // with the one-tensor optimizer, ResNet-50 -1.0% / -2.7% without
+        // the workspaces, and before the reductions' staging buffers the
+        // ViT's reserved -6.5% and -8.1%).
         let ok = if has_convolutions(workload) {
             a.abs() <= 0.02 && (-0.04..=0.025).contains(&v)
         } else {
-            a.abs() <= 0.015 && (-0.03..=0.015).contains(&v)
+            a.abs() <= 0.015 && v.abs() <= 0.015
         };
         if !ok {
             failures.push(format!("{name}: allocated {a:+.3}, reserved {v:+.3}"));
@@ -155,4 +157,57 @@ fn a_fake_trace_is_known_by_its_schema_and_carries_its_caveats() {
         .filter(|e| workspaces.contains(e.stack))
         .count();
     assert!(in_workspaces > 0, "cuDNN's workspaces are marked");
+}
+
+#[test]
+fn the_least_limit_is_where_the_model_s_verdict_turns() {
+    // What memlens.predict's search steers by: the trace fits under its
+    // least limit and not 2 MiB below it, which is at most the reserved peak
+    // (under which every run fits) and at least the allocated peak less the
+    // workspaces a run under a limit does without.
+    let file = "resnet_amp.b22.pickle.zst";
+    let snap = Snapshot::load(&corpus().join(file)).expect("trace reads");
+    let at = |limit: u64, least_limit: bool| {
+        let opts = FitOptions {
+            limit: Some(limit),
+            least_limit,
+            ..FitOptions::default()
+        };
+        fit_run(file, &snap, &opts).expect("prediction").predicted
+    };
+    let p = at(1 << 40, true);
+    let least = p.least_limit_bytes.expect("asked for");
+    assert_eq!(least % (2 << 20), 0);
+    assert!(least <= p.peak_reserved_bytes && least > p.peak_allocated_bytes / 2);
+    // A convolution's largest workspaces are done without near the edge:
+    // the least limit is well under the reserved peak (844 against 912 MiB).
+    assert!(least < p.peak_reserved_bytes - (32 << 20), "{least} {p:?}");
+    assert_eq!(at(least, false).fits, Some(true));
+    assert_eq!(at(least - (2 << 20), false).fits, Some(false));
+    assert_eq!(at(least, false).least_limit_bytes, None, "only when asked");
+}
+
+#[test]
+fn fake_traces_at_batch_two_hold_the_optimizer_step_s_foreach_temporaries() {
+    // At batch 2 the step's peak is the optimizer's (AdamW's multi-tensor
+    // kernels hold one more copy of the parameters at once): traced with the
+    // one-tensor-at-a-time loop a fake parameter used to get, the ViT was
+    // 15.4% under the GPU's allocated peak and the GPT 9.4%. Measured on the
+    // H200 with no cap (tests/gpu/least_limit_check.py --uncapped).
+    let t = truth();
+    let cases = t["small_batch"]["workloads"]
+        .as_object()
+        .expect("small_batch");
+    assert_eq!(cases.len(), 5);
+    let mut failures = Vec::new();
+    for (name, case) in cases {
+        let r = predict(case["trace"].as_str().expect("trace"), None);
+        let a = error(r.predicted.peak_allocated_bytes, &case["max_allocated"]);
+        let v = error(r.predicted.peak_reserved_bytes, &case["max_reserved"]);
+        // Measured: allocated -0.7..+0.3%, reserved -0.9..+1.9%.
+        if a.abs() > 0.01 || v.abs() > 0.025 {
+            failures.push(format!("{name}: allocated {a:+.3}, reserved {v:+.3}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
 }

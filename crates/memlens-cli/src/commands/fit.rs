@@ -126,6 +126,7 @@ pub fn run(args: Args) -> anyhow::Result<u8> {
             .map(AllocatorConfig::parse)
             .transpose()
             .context("--config")?,
+        least_limit: false,
     };
     let recordings: Vec<(&str, &memlens::Snapshot)> =
         snaps.iter().map(|(n, s)| (n.as_str(), s)).collect();

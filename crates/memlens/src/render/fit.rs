@@ -145,13 +145,8 @@ pub fn checkpoint_text(r: &CheckpointReport) -> String {
 
 fn peaks_line(what: &str, p: &RunPeaks, limit: Option<&str>) -> String {
     let verdict = verdict(p.fits, limit);
-    // The limit that decides, beside the peak without one: under a limit
-    // the allocator frees its cache and does without workspaces first.
-    let least = p.least_limit_bytes.map_or(String::new(), |l| {
-        format!(" (the least limit it fits under: {})", format_bytes(l))
-    });
     format!(
-        "  {what}: peak allocated {}, peak reserved {}{verdict}{least}\n",
+        "  {what}: peak allocated {}, peak reserved {}{verdict}\n",
         format_bytes(p.peak_allocated_bytes),
         format_bytes(p.peak_reserved_bytes)
     )

@@ -504,6 +504,7 @@ fn fit_document(
         batch,
         limit,
         config,
+        least_limit: false,
     };
     let recordings: Vec<(&str, &Snapshot)> = snaps.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     to_doc(&crate::fit::answer(

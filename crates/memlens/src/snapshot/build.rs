@@ -895,6 +895,7 @@ fn fake_trace(heap: &Heap, v: Value) -> Option<super::FakeTrace> {
         comm_hooks_ignored: f.u64_lenient("comm_hooks_ignored", 0),
         ddp_bucket_bytes: f.u64_lenient("ddp_bucket_bytes", 0),
         scratch_measuring: f.bool_or("scratch_measuring", false),
+        foreach_as_gpu: f.bool_or("foreach_as_gpu", false),
         scratch_measured: f.u64_lenient("scratch_measured", 0),
         scratch_unmeasured: f.u64_lenient("scratch_unmeasured", 0),
     })

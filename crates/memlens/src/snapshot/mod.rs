@@ -369,6 +369,11 @@ pub struct FakeTrace {
     /// inside their call (cuDNN's convolutions) by running each layout once
     /// on the GPU (false: an older trace, or `measure_scratch=False`).
     pub scratch_measuring: bool,
+    /// Whether the tracer let an optimizer (and `clip_grad_norm_`) built
+    /// without `foreach`/`fused` pick its multi-tensor kernels as it does
+    /// for real CUDA tensors (false: a trace by a memlens before it, which
+    /// ran such an optimizer one tensor at a time).
+    pub foreach_as_gpu: bool,
     /// Layouts of such kernels measured on the GPU.
     pub scratch_measured: u64,
     /// Layouts of such kernels the GPU could not run (out of memory, or
