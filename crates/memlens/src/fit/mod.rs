@@ -56,9 +56,11 @@ pub struct FitOptions {
     /// With a limit, also find each run's least limit ([`least_limit`]):
     /// the model's edge, which `memlens.predict`'s largest-batch search
     /// steers by. Not a size to run under: on the H200 a traced step run
-    /// under exactly its least limit failed 15 times in 25 (the GPU's own
-    /// peaks are within a few percent of the model's, and the edge is
-    /// sharp), so the terminal text never shows it.
+    /// under exactly its least limit failed 15 times in 25 (traces made
+    /// before the tracer ran the optimizer's foreach kernels; under 1.04
+    /// times it, 3 failed, all small batches those traces got wrong): the
+    /// GPU's peaks are within a few percent of the model's and the edge is
+    /// sharp, so no answer gives it.
     pub least_limit: bool,
 }
 

@@ -202,7 +202,7 @@ struct ViewInput<'a> {
     trace: usize,
     device: u32,
     events: &'a [crate::snapshot::TraceEvent],
-    category_of: &'a dyn Fn(&str) -> Category,
+    category_of: &'a (dyn Fn(&str) -> Category + Sync),
 }
 
 /// What the one replay of the shown trace gives the report.
@@ -252,9 +252,18 @@ fn observe_views<'s>(snap: &'s Snapshot, d: &Diagnosis, inp: &ViewInput<'s>) -> 
         category_of: inp.category_of,
         index: &inp.an.sites,
     };
-    let moments = super::moments::moments_of_pass(snap, &moment_input, &pass);
-    let mut timeline = TimelineWalk::new(snap, d, (inp.an, inp.trace), inp.category_of, inp.events);
-    timeline.walk(inp.events, &pass);
+    // Three walks over the same events, each on its own: the moments on one
+    // core, the timeline and the segments' lifetimes on the other.
+    let (moments, (timeline, segment_timeline)) = rayon::join(
+        || super::moments::moments_of_pass(snap, &moment_input, &pass),
+        || {
+            let mut timeline =
+                TimelineWalk::new(snap, d, (inp.an, inp.trace), inp.category_of, inp.events);
+            timeline.walk(inp.events, &pass);
+            let segments = super::segment_timeline::segment_timeline(pass.initial(), inp.events);
+            (timeline.finish(), segments)
+        },
+    );
     let oom_state = match (oom, oom_state_here) {
         (Some((_, i)), Some(st)) => Some((i, st, inp.events)),
         (Some((dev, i)), None) if dev != inp.device => {
@@ -264,10 +273,10 @@ fn observe_views<'s>(snap: &'s Snapshot, d: &Diagnosis, inp: &ViewInput<'s>) -> 
         _ => None,
     };
     Views {
-        timeline: timeline.finish(),
+        timeline,
         peak_state,
         moments,
-        segment_timeline: super::segment_timeline::segment_timeline(pass.initial(), inp.events),
+        segment_timeline,
         oom_state,
     }
 }
@@ -579,10 +588,11 @@ impl TimelineWalk<'_> {
             }
             self.live.insert(b.addr, (b.size, k, b.pending_free));
         }
+        let mut sizes = pass.watched.block_sizes(&pass.config);
         for ((index, e), (allocated, reserved)) in events.iter().enumerate().zip(pass.totals()) {
             match e.action {
                 Action::Alloc => {
-                    let size = pass.watched.block_size(&pass.config, index, e);
+                    let size = sizes.at(index, e);
                     let k = self.band_of(e.stack, index);
                     if let Some(k) = k {
                         self.bands[k] = self.bands[k].saturating_add(size);

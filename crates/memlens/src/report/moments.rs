@@ -76,7 +76,7 @@ pub(super) struct MomentInput<'a> {
     /// The states whose segment map must be saved (the peak, the OOM).
     pub must: Vec<&'a ReplayState>,
     /// The category of a site.
-    pub category_of: &'a dyn Fn(&str) -> Category,
+    pub category_of: &'a (dyn Fn(&str) -> Category + Sync),
     /// Sites of stacks (for the segment maps).
     pub index: &'a SiteIndex,
 }
@@ -177,10 +177,11 @@ impl<'a> MomentsWalk<'a> {
                 min,
             );
         }
+        let mut sizes = pass.watched.block_sizes(&pass.config);
         for (i, e) in self.inp.events.iter().enumerate() {
             match e.action {
                 Action::Alloc => {
-                    let size = pass.watched.block_size(&pass.config, i, e);
+                    let size = sizes.at(i, e);
                     self.consider(
                         Interval {
                             alloc: i as i64,

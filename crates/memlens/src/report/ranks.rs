@@ -154,11 +154,12 @@ fn rank_series(
     let mut site_max = vec![0u64; sites.len()];
     let mut peak_alloc = 0u64;
     let mut bucket: Option<(i64, u64, u64, u64)> = None; // time, event, alloc, reserved
+    let mut sizes = pass.watched.block_sizes(&pass.config);
     for ((i, e), (allocated, reserved)) in events.iter().enumerate().zip(pass.totals()) {
         match e.action {
             Action::Alloc => {
                 if let Some(k) = which(e.stack) {
-                    let size = pass.watched.block_size(&pass.config, i, e);
+                    let size = sizes.at(i, e);
                     site_bytes[k] += size;
                     live.insert(e.addr, (k, size));
                 }

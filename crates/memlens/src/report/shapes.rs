@@ -70,11 +70,12 @@ pub(super) fn stretch_allocations(
     for b in before.iter().filter(|b| !b.pending_free) {
         w.open(-1, b.size, b.requested, b.addr, b.alloc_index, b.stack);
     }
+    let mut sizes = pass.watched.block_sizes(&pass.config);
     for (k, e) in events.iter().enumerate() {
         let index = from + k;
         match e.action {
             Action::Alloc => {
-                let size = pass.watched.block_size(&pass.config, index, e);
+                let size = sizes.at(index, e);
                 let alloc = u32::try_from(index).ok();
                 w.open(index as i64, size, e.size, e.addr, alloc, e.stack);
             }
