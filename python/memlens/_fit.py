@@ -94,7 +94,9 @@ def predict(build, step, *, batch=None, limit=None, precision=None, config=None,
 
         def at(b):
             if b not in answers:
-                answers[b] = _replay_traced(build, step, b, steps, precision, limit, config, tmp, world_size)
+                # The least limit only when searching: it steers the search.
+                answers[b] = _replay_traced(build, step, b, steps, precision, limit, config, tmp, world_size,
+                                            largest)
             return answers[b]
 
         answer = dict(at(batch))
@@ -142,14 +144,15 @@ def predict_config(config, *, batch=8, seq=512, optimizer="adamw", precision=Non
     return answer
 
 
-def _replay_traced(build, step, batch, steps, precision, limit, config, tmp, world_size=None):
-    """One trace (at ``batch``, or of ``build()`` when None) replayed."""
+def _replay_traced(build, step, batch, steps, precision, limit, config, tmp, world_size=None, least_limit=False):
+    """One trace (at ``batch``, or of ``build()`` when None) replayed; with
+    ``least_limit`` (and a limit), its least limit in the model too."""
     from ._trace import trace_step
 
     make = (lambda: build(batch)) if batch is not None else build
     trace = trace_step(make, step, steps=steps, precision=precision, world_size=world_size)
     path = trace.save(os.path.join(tmp, f"step.b{batch}.pickle"))
-    answer = json.loads(_native.fit_json([path], [], None, limit, config, None, least_limit=limit is not None))
+    answer = json.loads(_native.fit_json([path], [], None, limit, config, None, least_limit=least_limit and limit is not None))
     answer["_path"] = path
     return answer
 
